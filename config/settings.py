@@ -1,0 +1,182 @@
+"""Palisade settings, read from the environment.
+
+DATABASE_URL selects the database (PostgreSQL in production and tests). Unset, Palisade runs on an
+embedded SQLite file in WAL mode with IMMEDIATE transactions so a newcomer needs nothing installed.
+REDIS_URL, when set, carries the channel layer. Job-platform knobs live in JOBS, each overridable by
+an environment variable named JOBS_<KEY>.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and env_bool("PALISADE_REQUIRE_SECRET_KEY", False):
+        raise RuntimeError("SECRET_KEY must be set when PALISADE_REQUIRE_SECRET_KEY is on")
+    SECRET_KEY = "palisade-insecure-development-key-change-me"  # noqa: S105
+ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "daphne",  # first: makes `runserver` the ASGI server (HTTP + websockets)
+    "jobs",  # before django_q: our `qcluster` adds the embedded scheduler to django-q2's
+    "dashboard",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "django_q",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+SQLITE_PATH = Path(os.environ.get("PALISADE_SQLITE_PATH", BASE_DIR / "var" / "palisade.sqlite3"))
+
+
+def database_from_env() -> dict[str, Any]:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        db = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        return dict(db)
+    SQLITE_PATH.parent.mkdir(parents=True, exist_ok=True)
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": SQLITE_PATH,
+        "OPTIONS": {
+            # WAL lets the web server read while a worker writes; IMMEDIATE takes the write lock
+            # at BEGIN so two writers queue on `timeout` instead of failing mid-transaction.
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+        },
+    }
+
+
+DATABASES = {"default": database_from_env()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+MEDIA_ROOT = Path(os.environ.get("MEDIA_ROOT", BASE_DIR / "var" / "media"))
+MEDIA_URL = "media/"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+if DEBUG:
+    STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
+
+LOGIN_URL = "admin:login"
+
+JOBS_WORKERS = int(os.environ.get("JOBS_WORKERS", "2"))
+
+# Job-platform settings; every key can be overridden by the environment variable JOBS_<KEY>.
+# jobs.conf validates and types them; `manage.py check` reports bad combinations.
+JOBS: dict[str, Any] = {
+    "LEASE_SECONDS": 30.0,  # lease set by a claim, from the database clock
+    "HEARTBEAT_SECONDS": 10.0,  # background heartbeat interval (must be <= lease / 3)
+    "REAPER_SECONDS": 1.0,  # how often the embedded scheduler reclaims expired leases
+    "POLL_SECONDS": 0.5,  # dispatcher poll when no LISTEN/NOTIFY wake-up arrives
+    "DRAIN_SECONDS": 10.0,  # one django-q2 drain task stops claiming after this long
+    "CLAIM_BATCH": 8,  # jobs claimed per statement by one drain
+    "MAX_ATTEMPTS": 3,
+    "MAX_PAYLOAD_BYTES": 256 * 1024,
+    "RETRY_BASE_SECONDS": 2.0,
+    "RETRY_MAX_SECONDS": 3600.0,
+    "QUEUES": None,  # None: this cluster serves every queue; or a comma-separated list
+    "STAGING_STORAGE": "default",
+    "ORPHAN_GRACE_SECONDS": 3600.0,
+}
+
+Q_CLUSTER = {
+    "name": "palisade",
+    "workers": JOBS_WORKERS,
+    # Transport only: the job tables decide. The ORM broker keeps Palisade on the database alone.
+    "orm": "default",
+    "poll": float(os.environ.get("Q_POLL", "0.05")),
+    # One drain task runs many jobs; `timeout` caps a drain (and so the longest single job), and
+    # `retry` must stay above it or django-q2 redelivers a task still running (checked: jobs.E002).
+    "timeout": int(os.environ.get("Q_TIMEOUT", "1800")),
+    "retry": int(os.environ.get("Q_RETRY", "1860")),
+    "ack_failures": True,
+    "max_attempts": 1,  # retries live in jobs.Job.run_at, never in django-q2
+    "save_limit": -1,  # keep no success rows: our tables are the audit trail
+    "queue_limit": JOBS_WORKERS,
+    "catch_up": False,
+    "label": "Transport (django-q2)",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "loggers": {
+        "jobs": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
+        "django_q": {"handlers": ["console"], "level": os.environ.get("Q_LOG_LEVEL", "WARNING")},
+    },
+}

@@ -1,0 +1,63 @@
+"""Typed view of settings.JOBS with JOBS_<KEY> environment overrides.
+
+Owns: reading configuration. Never: caches across `override_settings` (the cache is cleared on
+setting_changed), so tests can change a knob per test.
+"""
+
+import os
+from dataclasses import dataclass, fields
+from functools import cache
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+
+@dataclass(frozen=True)
+class JobsSettings:
+    LEASE_SECONDS: float = 30.0
+    HEARTBEAT_SECONDS: float = 10.0
+    REAPER_SECONDS: float = 1.0
+    POLL_SECONDS: float = 0.5
+    DRAIN_SECONDS: float = 10.0
+    CLAIM_BATCH: int = 8
+    MAX_ATTEMPTS: int = 3
+    MAX_PAYLOAD_BYTES: int = 256 * 1024
+    RETRY_BASE_SECONDS: float = 2.0
+    RETRY_MAX_SECONDS: float = 3600.0
+    QUEUES: tuple[str, ...] | None = None
+    STAGING_STORAGE: str = "default"
+    ORPHAN_GRACE_SECONDS: float = 3600.0
+
+
+def _coerce(name: str, raw: object, default: object) -> object:
+    if name == "QUEUES":
+        if raw is None or raw == "":
+            return None
+        items = raw.split(",") if isinstance(raw, str) else list(raw)  # type: ignore[call-overload]
+        return tuple(q.strip() for q in items if q.strip()) or None
+    if isinstance(default, bool) or default is None:
+        return raw
+    try:
+        return type(default)(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"JOBS[{name!r}] = {raw!r} is not a {type(default).__name__}") from exc
+
+
+@cache
+def jobs_settings() -> JobsSettings:
+    configured = dict(getattr(settings, "JOBS", {}) or {})
+    unknown = set(configured) - {f.name for f in fields(JobsSettings)}
+    if unknown:
+        raise ValueError(f"unknown JOBS settings: {sorted(unknown)}")
+    values = {}
+    for f in fields(JobsSettings):
+        raw = os.environ.get(f"JOBS_{f.name}", configured.get(f.name, f.default))
+        values[f.name] = _coerce(f.name, raw, f.default)
+    return JobsSettings(**values)  # type: ignore[arg-type]
+
+
+@receiver(setting_changed)
+def _reset(setting: str, **kwargs: object) -> None:
+    if setting == "JOBS":
+        jobs_settings.cache_clear()

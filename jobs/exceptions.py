@@ -1,0 +1,46 @@
+"""One exception root for the job platform; names say what happened."""
+
+
+class JobsError(Exception):
+    """Root of every error the job platform raises on purpose."""
+
+
+class LeaseLost(JobsError):
+    """A fenced write changed zero rows: this attempt no longer owns the job.
+
+    The worker that gets it discards its work and never retries the write.
+    """
+
+    def __init__(self, job_id: int, attempt: int, write: str) -> None:
+        super().__init__(f"job {job_id} attempt {attempt}: {write} rejected, lease lost")
+        self.job_id = job_id
+        self.attempt = attempt
+        self.write = write
+
+
+class EnqueueError(JobsError, ValueError):
+    """Enqueue refused its input; nothing was written."""
+
+
+class UnknownKind(EnqueueError):
+    """No handler is registered under this kind."""
+
+
+class InvalidPayload(EnqueueError):
+    """The payload is not JSON (or is too large)."""
+
+
+class PayloadTooLarge(InvalidPayload):
+    """The payload's JSON encoding exceeds JOBS['MAX_PAYLOAD_BYTES']."""
+
+
+class InvalidQueue(EnqueueError):
+    """The queue name is not a short slug."""
+
+
+class InvalidOption(EnqueueError):
+    """priority, run_at, max_attempts, lease_seconds or unique_key is out of range."""
+
+
+class HandlerAlreadyRegistered(JobsError):
+    """Two handlers claimed the same kind."""

@@ -1,0 +1,80 @@
+"""The background heartbeat: one thread per drain that keeps the held leases alive.
+
+Owns: periodic fenced lease extension for every job a drain holds (claimed, not yet finished).
+Never: decides a job's outcome. A heartbeat that changes zero rows is recorded by
+transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
+its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
+
+Hazards: the thread has its own database connection (Django connections are per thread) and
+closes it on exit. A database error in a beat is logged and retried at the next tick; the commit's
+compare-and-set remains the last word, so a missed beat can cost a lease, never correctness.
+"""
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, connection
+
+from jobs import transitions
+from jobs.transitions import Fence
+
+logger = logging.getLogger("jobs.heartbeat")
+
+
+@dataclass
+class Held:
+    fence: Fence
+    lease_seconds: float
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+class Heartbeater:
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._held: dict[int, Held] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeater":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 30)
+
+    def hold(self, fence: Fence, lease_seconds: float) -> Held:
+        held = Held(fence, lease_seconds)
+        with self._lock:
+            self._held[fence.job_id] = held
+            # A shorter lease than the one held here means beating more often.
+            self.interval = min(self.interval, lease_seconds / 3.0)
+        return held
+
+    def release(self, fence: Fence) -> None:
+        with self._lock:
+            self._held.pop(fence.job_id, None)
+
+    def beat_now(self) -> None:
+        with self._lock:
+            batch = list(self._held.values())
+        if not batch:
+            return
+        lost = transitions.heartbeat_many([(h.fence, h.lease_seconds) for h in batch])
+        for h in batch:
+            if h.fence.job_id in lost:
+                h.lost.set()
+                self.release(h.fence)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.beat_now()
+                except DatabaseError:
+                    logger.exception("heartbeat failed; retrying next tick")
+                    connection.close()
+        finally:
+            connection.close()

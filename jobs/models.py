@@ -1,0 +1,237 @@
+"""The job tables: the only truth about a job (django-q2's tables are transport).
+
+Owns: schema, constraints and read-only query methods. Never: changes a job's state, attempt,
+lease or result -- jobs/transitions.py is the only writer of those. Creating a queued row is an
+enqueue (jobs/enqueuer.py, or a plain create/bulk_create/raw INSERT by the application).
+"""
+
+from datetime import datetime
+
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from jobs.states import AttemptOutcome, EventType, JobState, Write
+
+TERMINAL = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def queued(self) -> "JobQuerySet":
+        return self.filter(state=JobState.QUEUED)
+
+    def running(self) -> "JobQuerySet":
+        return self.filter(state=JobState.RUNNING)
+
+    def terminal(self) -> "JobQuerySet":
+        return self.filter(state__in=TERMINAL)
+
+    def due(self) -> "JobQuerySet":
+        return self.queued().filter(run_at__lte=Now())
+
+    def expired_leases(self, now: datetime | None = None) -> "JobQuerySet":
+        """Running jobs whose lease ran out, compared with the database clock unless `now`."""
+        return self.running().filter(lease_expires_at__lt=now if now is not None else Now())
+
+
+class JobManager(models.Manager["Job"]):
+    def get_queryset(self) -> JobQuerySet:
+        return JobQuerySet(self.model, using=self._db)
+
+    def enqueue(self, kind: str, payload: object = None, **options: object) -> "Job":
+        from jobs.enqueuer import enqueue
+
+        return enqueue(kind, payload, **options)  # type: ignore[arg-type]
+
+    def queued(self) -> JobQuerySet:
+        return self.get_queryset().queued()
+
+    def running(self) -> JobQuerySet:
+        return self.get_queryset().running()
+
+    def due(self) -> JobQuerySet:
+        return self.get_queryset().due()
+
+    def expired_leases(self, now: datetime | None = None) -> JobQuerySet:
+        return self.get_queryset().expired_leases(now)
+
+
+class Job(models.Model):
+    kind = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict, db_default={}, blank=True)
+    queue = models.CharField(max_length=64, default="default", db_default="default")
+    priority = models.SmallIntegerField(default=0, db_default=0, help_text="higher runs first")
+    state = models.CharField(
+        max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_default=JobState.QUEUED
+    )
+    # The fencing token: bumped by every claim, presented by every later write.
+    attempt = models.IntegerField(default=0, db_default=0)
+    # NULL: the handler's limit, else JOBS['MAX_ATTEMPTS'] (resolved by jobs.policy).
+    max_attempts = models.IntegerField(null=True, blank=True)
+    lease_seconds = models.FloatField(null=True, blank=True)
+    run_at = models.DateTimeField(db_default=Now())
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    result_ref = models.CharField(max_length=500, blank=True, default="", db_default="")
+    error = models.TextField(blank=True, default="", db_default="")
+    unique_key = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobManager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=JobState.values), name="jobs_job_state_valid"
+            ),
+            models.CheckConstraint(condition=Q(attempt__gte=0), name="jobs_job_attempt_nonneg"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gte=1),
+                name="jobs_job_max_attempts_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(lease_seconds__isnull=True) | Q(lease_seconds__gt=0),
+                name="jobs_job_lease_positive",
+            ),
+            # A running job always carries a lease and has been claimed at least once.
+            models.CheckConstraint(
+                condition=~Q(state=JobState.RUNNING)
+                | (Q(lease_expires_at__isnull=False) & Q(attempt__gte=1)),
+                name="jobs_job_running_has_lease",
+            ),
+            # A terminal job has finished_at; a live one does not.
+            models.CheckConstraint(
+                condition=(Q(state__in=TERMINAL) & Q(finished_at__isnull=False))
+                | (~Q(state__in=TERMINAL) & Q(finished_at__isnull=True)),
+                name="jobs_job_finished_iff_terminal",
+            ),
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                condition=Q(state__in=[JobState.QUEUED, JobState.RUNNING])
+                & Q(unique_key__isnull=False),
+                name="jobs_job_unique_key_live",
+            ),
+        ]
+        indexes = [
+            # Picking the next job: an index scan in claim order over queued rows only.
+            models.Index(
+                F("priority").desc(),
+                "run_at",
+                "id",
+                condition=Q(state=JobState.QUEUED),
+                name="jobs_job_pick_idx",
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(state=JobState.RUNNING),
+                name="jobs_job_lease_idx",
+            ),
+            models.Index(fields=["-updated_at"], name="jobs_job_updated_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}#{self.pk} ({self.state}, attempt {self.attempt})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+class Attempt(models.Model):
+    """One row per claim; `number` is the attempt (fencing token) that claim produced."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.IntegerField()
+    worker = models.CharField(max_length=200, help_text="<hostname>:<pid> running the handler")
+    claimed_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(
+        max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING
+    )
+    staging_ref = models.CharField(max_length=500, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            # Invariant 2: each attempt value is claimed exactly once.
+            models.UniqueConstraint(fields=["job", "number"], name="jobs_attempt_job_number_uniq"),
+            models.CheckConstraint(
+                condition=Q(outcome__in=AttemptOutcome.values), name="jobs_attempt_outcome_valid"
+            ),
+            models.CheckConstraint(condition=Q(number__gte=1), name="jobs_attempt_number_pos"),
+        ]
+        ordering = ["job_id", "number"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number} ({self.outcome})"
+
+
+class JobEvent(models.Model):
+    """Every transition of a job, written in the same transaction; the attempt timeline."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    attempt = models.IntegerField()
+    type = models.CharField(max_length=32, choices=EventType.choices)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    at = models.DateTimeField(db_default=Now())
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "id"], name="jobs_event_job_idx")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt}: {self.type}"
+
+
+class RejectedWrite(models.Model):
+    """A fenced write that changed zero rows: the evidence that fencing worked."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rejected_writes")
+    attempt_presented = models.IntegerField()
+    attempt_current = models.IntegerField()
+    state_current = models.CharField(max_length=16, choices=JobState.choices)
+    worker = models.CharField(max_length=200)
+    write = models.CharField(max_length=16, choices=Write.choices)
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "id"], name="jobs_rejected_job_idx")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return (
+            f"job {self.job_id}: {self.write} by attempt {self.attempt_presented} rejected "
+            f"(current {self.attempt_current})"
+        )
+
+
+class IdempotencyKey(models.Model):
+    """The effect ledger: one row per (job, step); key is "<job_id>:<step>", never the attempt."""
+
+    class Status(models.TextChoices):
+        STARTED = "started", "Started"
+        DONE = "done", "Done"
+
+    key = models.CharField(max_length=300, unique=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="idempotency_keys")
+    step = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.STARTED)
+    result = models.JSONField(null=True, blank=True)
+    attempt = models.IntegerField(help_text="the attempt that performed the effect")
+    repeats = models.IntegerField(default=0, help_text="deduplicated repeats")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="jobs_idem_job_step_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key

@@ -1,0 +1,63 @@
+"""Pure decisions: retry/backoff, lease lengths, and what an expired lease means.
+
+Owns: deciding. Never: reads a clock or the database; callers pass everything in, so tests need
+no sleeps and no rows.
+"""
+
+from dataclasses import dataclass
+
+from jobs.conf import JobsSettings
+from jobs.registry import Handler
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    retry: bool
+    delay_seconds: float = 0.0
+
+
+def max_attempts_for(
+    job_max_attempts: int | None, handler: Handler | None, cfg: JobsSettings
+) -> int:
+    """The job's own limit wins, then the handler's, then the platform default."""
+    if job_max_attempts is not None:
+        return job_max_attempts
+    if handler is not None and handler.max_attempts is not None:
+        return handler.max_attempts
+    return cfg.MAX_ATTEMPTS
+
+
+def lease_seconds_for(job_lease: float | None, handler: Handler | None, cfg: JobsSettings) -> float:
+    if job_lease is not None:
+        return float(job_lease)
+    if handler is not None and handler.lease_seconds is not None:
+        return float(handler.lease_seconds)
+    return cfg.LEASE_SECONDS
+
+
+def heartbeat_interval(lease_seconds: float, cfg: JobsSettings) -> float:
+    """Beat at least three times per lease so one slow beat never loses a healthy lease."""
+    return min(cfg.HEARTBEAT_SECONDS, lease_seconds / 3.0)
+
+
+def backoff_seconds(attempt: int, base: float, cap: float, jitter: float) -> float:
+    """Exponential backoff base * 2^(attempt-1), capped, spread by `jitter` in [0, 1)."""
+    if attempt < 1:
+        raise ValueError("attempt numbers start at 1")
+    raw = min(cap, base * (2 ** min(attempt - 1, 40)))
+    return raw * (1.0 + 0.25 * jitter)
+
+
+def decide_failure(
+    attempt: int, max_attempts: int, cfg: JobsSettings, jitter: float
+) -> RetryDecision:
+    """After attempt `attempt` failed (or expired), retry while attempts remain."""
+    if attempt >= max_attempts:
+        return RetryDecision(retry=False)
+    delay = backoff_seconds(attempt, cfg.RETRY_BASE_SECONDS, cfg.RETRY_MAX_SECONDS, jitter)
+    return RetryDecision(retry=True, delay_seconds=delay)
+
+
+def decide_expiry(attempt: int, max_attempts: int) -> RetryDecision:
+    """An expired lease is reclaimed at once (the attempt is already late) unless it was the last."""
+    return RetryDecision(retry=attempt < max_attempts, delay_seconds=0.0)

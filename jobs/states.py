@@ -1,0 +1,78 @@
+"""Job states and attempt outcomes as data, with the allowed transitions as a table.
+
+Owns: the vocabulary of states. Never: writes anything. The database mirrors these values in CHECK
+constraints (see models.py); tests/unit/test_states.py keeps both in step.
+"""
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    # enqueue (or any committed INSERT) puts a job here; the reaper and a retrying fail() put it
+    # back; a claim takes it out.
+    QUEUED = "queued", "Queued"
+    # only a claim moves a job here (attempt + 1, lease from the database clock); commit, fail,
+    # the reaper's reclaim and cancel take it out, each fenced by (id, attempt, state).
+    RUNNING = "running", "Running"
+    # terminal: only commit() by the current attempt.
+    SUCCEEDED = "succeeded", "Succeeded"
+    # terminal: fail() of the last attempt, or the reaper reclaiming an expired last attempt.
+    FAILED = "failed", "Failed"
+    # terminal: cancel() by an operator.
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+LIVE_STATES = frozenset({JobState.QUEUED, JobState.RUNNING})
+
+# (from, to) pairs any writer may perform. A transition missing here is a bug in the writer.
+ALLOWED_TRANSITIONS: frozenset[tuple[JobState, JobState]] = frozenset(
+    {
+        (JobState.QUEUED, JobState.RUNNING),  # claim
+        (JobState.QUEUED, JobState.CANCELLED),  # cancel
+        (JobState.RUNNING, JobState.SUCCEEDED),  # commit
+        (JobState.RUNNING, JobState.QUEUED),  # fail with retry, reaper reclaim
+        (JobState.RUNNING, JobState.FAILED),  # fail, last attempt; reaper on last attempt
+        (JobState.RUNNING, JobState.CANCELLED),  # cancel
+        (JobState.FAILED, JobState.QUEUED),  # operator requeue
+        (JobState.CANCELLED, JobState.QUEUED),  # operator requeue
+    }
+)
+
+
+def can_transition(source: JobState, target: JobState) -> bool:
+    return (source, target) in ALLOWED_TRANSITIONS
+
+
+class AttemptOutcome(models.TextChoices):
+    RUNNING = "running", "Running"  # set by the claim
+    SUCCEEDED = "succeeded", "Succeeded"  # its commit was accepted
+    FAILED = "failed", "Failed"  # its handler raised and the failure was accepted
+    REJECTED = "rejected", "Rejected"  # its commit (or failure) was stale: zero rows
+    LOST = "lost", "Lost"  # a heartbeat found the lease gone; the work was discarded
+    EXPIRED = "expired", "Expired"  # its lease ran out and the reaper reclaimed the job
+    CANCELLED = "cancelled", "Cancelled"  # an operator cancelled the job while it ran
+
+
+class EventType(models.TextChoices):
+    ENQUEUED = "enqueued", "Enqueued"
+    CLAIMED = "claimed", "Claimed"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    RETRY_SCHEDULED = "retry_scheduled", "Retry scheduled"
+    EXPIRED = "expired", "Lease expired"
+    REJECTED = "rejected", "Stale write rejected"
+    LOST = "lost", "Lease lost"
+    CANCELLED = "cancelled", "Cancelled"
+    REQUEUED = "requeued", "Requeued"
+
+
+class Write(models.TextChoices):
+    """Which fenced write was presented; the label of jobs_stale_writes_rejected_total."""
+
+    HEARTBEAT = "heartbeat", "Heartbeat"
+    CHECKPOINT = "checkpoint", "Checkpoint"
+    COMMIT = "commit", "Commit"
+    FAIL = "fail", "Fail"
+    RECLAIM = "reclaim", "Reaper reclaim"
+    CANCEL = "cancel", "Cancel"

@@ -1,0 +1,173 @@
+"""The only writer of a job's state, attempt, lease and result.
+
+Owns: claim, heartbeat, checkpoint, commit, fail, reclaim_expired -- each one conditional statement
+decided inside the database against (id, attempt, state), with its Attempt and event rows in the
+same transaction. Never: reads a job into Python and saves it back; retries or forces a write that
+changed zero rows.
+
+A write that changes zero rows is a lost lease. `_rejected` records it (job, attempt presented,
+attempt current, worker, which write) in its own short transaction, logs one line with both
+attempts and raises LeaseLost; the caller discards its work.
+"""
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+
+from jobs.exceptions import LeaseLost
+from jobs.sql import ClaimedRow, Driver, FenceRow, driver_for
+from jobs.states import AttemptOutcome, Write
+
+logger = logging.getLogger("jobs.fencing")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a worker carries after a claim and presents on every write."""
+
+    job_id: int
+    attempt: int
+    worker: str
+
+
+@dataclass(frozen=True)
+class Claimed:
+    fence: Fence
+    kind: str
+    payload: Any
+    max_attempts: int | None
+    lease_seconds: float | None
+
+
+def _driver() -> Driver:
+    return driver_for(connection.vendor)
+
+
+def claim(
+    worker: str, *, limit: int = 1, lease_seconds: float, queues: Sequence[str] | None = None
+) -> list[Claimed]:
+    """Take up to `limit` due queued jobs: attempt + 1, lease from the database clock."""
+    with transaction.atomic(durable=True), connection.cursor() as cur:
+        rows: list[ClaimedRow] = _driver().claim(cur, worker, limit, lease_seconds, queues)
+    return [
+        Claimed(Fence(r.id, r.attempt, worker), r.kind, r.payload, r.max_attempts, r.lease_seconds)
+        for r in rows
+    ]
+
+
+def heartbeat_many(fences: Sequence[tuple[Fence, float]]) -> set[int]:
+    """Extend the leases still owned; record and return the job ids whose lease is gone."""
+    if not fences:
+        return set()
+    rows = [FenceRow(f.job_id, f.attempt, lease) for f, lease in fences]
+    with transaction.atomic(), connection.cursor() as cur:
+        held = _driver().heartbeat(cur, rows)
+    lost = {f.job_id for f, _ in fences if f.job_id not in held}
+    for fence, _ in fences:
+        if fence.job_id in lost:
+            _record(fence, Write.HEARTBEAT, AttemptOutcome.LOST)
+    return lost
+
+
+def heartbeat(fence: Fence, lease_seconds: float) -> None:
+    """Extend one lease; raise LeaseLost when it changed zero rows."""
+    if heartbeat_many([(fence, lease_seconds)]):
+        raise LeaseLost(fence.job_id, fence.attempt, Write.HEARTBEAT)
+
+
+def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
+    """Store progress and extend the lease in one fenced write."""
+    with transaction.atomic(), connection.cursor() as cur:
+        ok = _driver().checkpoint(cur, fence.job_id, fence.attempt, progress, lease_seconds)
+    if not ok:
+        _rejected(fence, Write.CHECKPOINT, AttemptOutcome.LOST)
+
+
+def commit(fence: Fence, result: Any, result_ref: str = "") -> None:
+    """End the attempt as succeeded; the compare-and-set is the outermost transaction.
+
+    Anything else the caller must make durable only with the commit (intents, fenced writes to
+    other tables) belongs inside the same durable block; a zero-row CAS rolls it all back.
+    """
+    try:
+        with transaction.atomic(durable=True), connection.cursor() as cur:
+            if not _driver().commit(
+                cur, fence.job_id, fence.attempt, fence.worker, result, result_ref
+            ):
+                raise _StaleWrite
+    except _StaleWrite:
+        _rejected(fence, Write.COMMIT, AttemptOutcome.REJECTED)
+
+
+def fail(fence: Fence, error: str, retry_in: float | None) -> None:
+    """End the attempt as failed: queued again after `retry_in` seconds, or failed for good.
+
+    Fenced like commit, so a stale failure can never overwrite a newer attempt's outcome.
+    """
+    with transaction.atomic(durable=True), connection.cursor() as cur:
+        ok = _driver().fail(cur, fence.job_id, fence.attempt, fence.worker, error, retry_in)
+    if not ok:
+        _rejected(fence, Write.FAIL, AttemptOutcome.REJECTED)
+
+
+def reclaim_expired(job_id: int, attempt: int, *, terminal: bool, worker: str) -> bool:
+    """The reaper's compare-and-set; False (recorded) when a commit or heartbeat got there first."""
+    with transaction.atomic(durable=True), connection.cursor() as cur:
+        ok = _driver().reclaim_expired(cur, job_id, attempt, terminal, worker)
+    if not ok:
+        _record(Fence(job_id, attempt, worker), Write.RECLAIM, None)
+    return ok
+
+
+def mark_lost(fence: Fence) -> None:
+    """Close the attempt row of work discarded after its lease was lost (already recorded)."""
+    with transaction.atomic(), connection.cursor() as cur:
+        _driver().end_attempt(cur, fence.job_id, fence.attempt, AttemptOutcome.LOST)
+
+
+def read_outcome(job_id: int) -> tuple[str, int, str] | None:
+    """(state, attempt, result_ref) as the database has it now; used after an unknown commit."""
+    with connection.cursor() as cur:
+        return _driver().read_job(cur, job_id)
+
+
+def count_due(limit: int, queues: Sequence[str] | None = None) -> int:
+    with connection.cursor() as cur:
+        return _driver().count_due(cur, limit, queues)
+
+
+def find_expired(limit: int) -> list[tuple[int, int, str, int | None]]:
+    with connection.cursor() as cur:
+        return _driver().find_expired(cur, limit)
+
+
+class _StaleWrite(Exception):
+    """Rolls back a durable block whose compare-and-set changed zero rows."""
+
+
+def _record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | None:
+    with transaction.atomic(), connection.cursor() as cur:
+        d = _driver()
+        current = d.record_rejection(cur, fence.job_id, fence.attempt, fence.worker, write)
+        if outcome is not None:
+            d.end_attempt(cur, fence.job_id, fence.attempt, outcome)
+    attempt_current, state_current = current if current else (None, "deleted")
+    logger.warning(
+        "stale %s rejected: job=%s attempt_presented=%s attempt_current=%s state_current=%s "
+        "worker=%s",
+        write,
+        fence.job_id,
+        fence.attempt,
+        attempt_current,
+        state_current,
+        fence.worker,
+    )
+    return current
+
+
+def _rejected(fence: Fence, write: str, outcome: str) -> None:
+    _record(fence, write, outcome)
+    raise LeaseLost(fence.job_id, fence.attempt, write)
