@@ -168,6 +168,7 @@ Q_CLUSTER = {
     "queue_limit": JOBS_WORKERS,
     "catch_up": False,
     "label": "Transport (django-q2)",
+    "log_level": os.environ.get("Q_LOG_LEVEL", "WARNING"),  # django-q2 logs to "django-q"
 }
 
 LOGGING = {
@@ -177,6 +178,5 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
     "loggers": {
         "jobs": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
-        "django_q": {"handlers": ["console"], "level": os.environ.get("Q_LOG_LEVEL", "WARNING")},
     },
 }

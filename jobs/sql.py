@@ -71,6 +71,8 @@ class Driver:
     """Statements shared by both vendors; vendor drivers fill in the clock and the hot path."""
 
     now = ""  # SQL expression of the database clock
+    # True when claim, heartbeat, checkpoint, commit and fail are each one statement.
+    single_statement_writes = False
 
     def later(self, seconds_param: str) -> str:
         raise NotImplementedError
@@ -222,6 +224,7 @@ def _claimed(rows: Sequence[Sequence[Any]]) -> list[ClaimedRow]:
 
 class PostgresDriver(Driver):
     now = "clock_timestamp()"
+    single_statement_writes = True
 
     def later(self, seconds_param: str) -> str:
         return f"clock_timestamp() + make_interval(secs => %({seconds_param})s)"

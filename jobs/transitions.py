@@ -11,7 +11,8 @@ attempts and raises LeaseLost; the caller discards its work.
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +47,35 @@ def _driver() -> Driver:
     return driver_for(connection.vendor)
 
 
+@contextmanager
+def _fenced_write(*, outermost: bool) -> Iterator[None]:
+    """The transaction a fenced write runs in.
+
+    On PostgreSQL each hot-path transition is one statement, atomic on its own: running it in
+    autocommit saves the BEGIN and COMMIT round trips (about 30% of drain throughput). SQLite's
+    driver issues several statements, so it gets a real transaction. `outermost` writes (claim,
+    commit, fail, reclaim) must never join a caller's transaction -- their decision would then
+    only count once that caller commits -- exactly as `atomic(durable=True)` enforces.
+    """
+    if outermost and connection.in_atomic_block and not _inside_test_case():
+        raise RuntimeError("a fenced transition must not run inside another transaction")
+    if _driver().single_statement_writes and not connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        yield
+
+
+def _inside_test_case() -> bool:
+    # Django's TestCase wraps each test in atomic blocks it marks; durable=True exempts them too.
+    return all(getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
+
+
 def claim(
     worker: str, *, limit: int = 1, lease_seconds: float, queues: Sequence[str] | None = None
 ) -> list[Claimed]:
     """Take up to `limit` due queued jobs: attempt + 1, lease from the database clock."""
-    with transaction.atomic(durable=True), connection.cursor() as cur:
+    with _fenced_write(outermost=True), connection.cursor() as cur:
         rows: list[ClaimedRow] = _driver().claim(cur, worker, limit, lease_seconds, queues)
     return [
         Claimed(Fence(r.id, r.attempt, worker), r.kind, r.payload, r.max_attempts, r.lease_seconds)
@@ -63,7 +88,7 @@ def heartbeat_many(fences: Sequence[tuple[Fence, float]]) -> set[int]:
     if not fences:
         return set()
     rows = [FenceRow(f.job_id, f.attempt, lease) for f, lease in fences]
-    with transaction.atomic(), connection.cursor() as cur:
+    with _fenced_write(outermost=False), connection.cursor() as cur:
         held = _driver().heartbeat(cur, rows)
     lost = {f.job_id for f, _ in fences if f.job_id not in held}
     for fence, _ in fences:
@@ -80,25 +105,17 @@ def heartbeat(fence: Fence, lease_seconds: float) -> None:
 
 def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
     """Store progress and extend the lease in one fenced write."""
-    with transaction.atomic(), connection.cursor() as cur:
+    with _fenced_write(outermost=False), connection.cursor() as cur:
         ok = _driver().checkpoint(cur, fence.job_id, fence.attempt, progress, lease_seconds)
     if not ok:
         _rejected(fence, Write.CHECKPOINT, AttemptOutcome.LOST)
 
 
 def commit(fence: Fence, result: Any, result_ref: str = "") -> None:
-    """End the attempt as succeeded; the compare-and-set is the outermost transaction.
-
-    Anything else the caller must make durable only with the commit (intents, fenced writes to
-    other tables) belongs inside the same durable block; a zero-row CAS rolls it all back.
-    """
-    try:
-        with transaction.atomic(durable=True), connection.cursor() as cur:
-            if not _driver().commit(
-                cur, fence.job_id, fence.attempt, fence.worker, result, result_ref
-            ):
-                raise _StaleWrite
-    except _StaleWrite:
+    """End the attempt as succeeded; the compare-and-set is never part of a caller's transaction."""
+    with _fenced_write(outermost=True), connection.cursor() as cur:
+        ok = _driver().commit(cur, fence.job_id, fence.attempt, fence.worker, result, result_ref)
+    if not ok:
         _rejected(fence, Write.COMMIT, AttemptOutcome.REJECTED)
 
 
@@ -107,7 +124,7 @@ def fail(fence: Fence, error: str, retry_in: float | None) -> None:
 
     Fenced like commit, so a stale failure can never overwrite a newer attempt's outcome.
     """
-    with transaction.atomic(durable=True), connection.cursor() as cur:
+    with _fenced_write(outermost=True), connection.cursor() as cur:
         ok = _driver().fail(cur, fence.job_id, fence.attempt, fence.worker, error, retry_in)
     if not ok:
         _rejected(fence, Write.FAIL, AttemptOutcome.REJECTED)
@@ -142,10 +159,6 @@ def count_due(limit: int, queues: Sequence[str] | None = None) -> int:
 def find_expired(limit: int) -> list[tuple[int, int, str, int | None]]:
     with connection.cursor() as cur:
         return _driver().find_expired(cur, limit)
-
-
-class _StaleWrite(Exception):
-    """Rolls back a durable block whose compare-and-set changed zero rows."""
 
 
 def _record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | None:

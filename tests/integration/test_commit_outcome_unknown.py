@@ -1,0 +1,87 @@
+"""Invariant 10: a commit whose outcome is unknown is resolved by re-reading on a fresh connection."""
+
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+
+import jobs
+from jobs import runner, transitions
+from jobs.models import Job, RejectedWrite
+from jobs.states import JobState
+from tests.integration.pgproxy import PgProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def proxied() -> Iterator[PgProxy]:
+    """Route Django's connection through a proxy that can cut it during the commit."""
+    settings = connection.settings_dict
+    host, port = settings["HOST"] or "127.0.0.1", settings["PORT"] or 5432
+    proxy = PgProxy(host, int(port))
+    connection.close()
+    settings["HOST"], settings["PORT"] = "127.0.0.1", proxy.port
+    try:
+        yield proxy
+    finally:
+        connection.close()
+        settings["HOST"], settings["PORT"] = host, port
+        proxy.close()
+
+
+# The commit statement (autocommit on PostgreSQL: it commits as it runs).
+COMMIT_MARKER = b"state = 'succeeded'"
+
+
+def claimed_fence():
+    jobs.enqueue("test.echo")
+    (claimed,) = transitions.claim("host-a:1", lease_seconds=30)
+    return claimed.fence
+
+
+def commit_resolving(fence, result):
+    runner.write_resolving(
+        fence, lambda: transitions.commit(fence, result), JobState.SUCCEEDED
+    )
+
+
+def test_a_commit_that_landed_before_the_connection_died_is_reported_as_landed(proxied, caplog):
+    fence = claimed_fence()
+    proxied.cut_on(COMMIT_MARKER, after_reply=True)
+    commit_resolving(fence, {"v": 1})
+    assert proxied.cuts == 1
+    job = Job.objects.get(pk=fence.job_id)
+    assert (job.state, job.attempt, job.result) == (JobState.SUCCEEDED, 1, {"v": 1})
+    assert not RejectedWrite.objects.exists()
+    assert any("the write had landed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_commit_lost_with_its_connection_is_presented_again_and_lands(proxied):
+    fence = claimed_fence()
+    proxied.cut_on(COMMIT_MARKER, after_reply=False)
+    commit_resolving(fence, {"v": 2})
+    assert proxied.cuts == 1
+    job = Job.objects.get(pk=fence.job_id)
+    assert (job.state, job.result) == (JobState.SUCCEEDED, {"v": 2})
+    assert not RejectedWrite.objects.exists()
+
+
+def test_a_lost_commit_whose_job_moved_on_is_rejected_not_forced(proxied, second_connection):
+    fence = claimed_fence()
+    proxied.cut_on(COMMIT_MARKER, after_reply=False)
+
+    def commit_then_lose_the_job():
+        try:
+            transitions.commit(fence, "zombie")
+        finally:
+            # Meanwhile the job was reclaimed and claimed again elsewhere.
+            second_connection.execute(
+                "UPDATE jobs_job SET attempt = 2 WHERE id = %s", [fence.job_id]
+            )
+
+    with pytest.raises(jobs.LeaseLost):
+        runner.write_resolving(fence, commit_then_lose_the_job, JobState.SUCCEEDED)
+    job = Job.objects.get(pk=fence.job_id)
+    assert (job.state, job.attempt) == (JobState.RUNNING, 2)
+    assert RejectedWrite.objects.get(job=job).attempt_presented == 1

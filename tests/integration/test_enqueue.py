@@ -1,0 +1,115 @@
+import datetime as dt
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+import jobs
+from jobs.models import Job, JobEvent
+from jobs.states import JobState
+
+pytestmark = pytest.mark.django_db
+
+
+def test_enqueue_returns_a_queued_job_with_its_options():
+    run_at = timezone.now() + dt.timedelta(minutes=5)
+    job = jobs.enqueue(
+        "test.echo", {"a": 1}, queue="mail", priority=5, run_at=run_at, max_attempts=4,
+        lease_seconds=12,
+    )
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.queue, job.priority) == (JobState.QUEUED, 0, "mail", 5)
+    assert (job.payload, job.max_attempts, job.lease_seconds) == ({"a": 1}, 4, 12.0)
+    assert job.run_at == run_at
+    assert JobEvent.objects.filter(job=job, type="enqueued").exists()
+
+
+def test_the_manager_enqueue_is_the_same_operation():
+    job = Job.objects.enqueue("test.echo", {"b": 2})
+    assert Job.objects.get(pk=job.pk).payload == {"b": 2}
+
+
+def test_run_at_defaults_to_the_database_clock():
+    job = jobs.enqueue("test.echo")
+    with connection.cursor() as cur:
+        cur.execute("SELECT clock_timestamp()")
+        db_now = cur.fetchone()[0]
+    job.refresh_from_db()
+    assert abs((db_now - job.run_at).total_seconds()) < 5
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload", "options", "error"),
+    [
+        ("no.such.kind", {}, {}, jobs.UnknownKind),
+        ("test.echo", {"when": dt.datetime(2026, 1, 1)}, {}, jobs.InvalidPayload),
+        ("test.echo", {"x": float("nan")}, {}, jobs.InvalidPayload),
+        ("test.echo", {"big": "x" * (256 * 1024)}, {}, jobs.PayloadTooLarge),
+        ("test.echo", {}, {"queue": "bad queue!"}, jobs.InvalidQueue),
+        ("test.echo", {}, {"queue": ""}, jobs.InvalidQueue),
+        ("test.echo", {}, {"priority": "high"}, jobs.InvalidOption),
+        ("test.echo", {}, {"priority": 10**6}, jobs.InvalidOption),
+        ("test.echo", {}, {"priority": True}, jobs.InvalidOption),
+        ("test.echo", {}, {"run_at": dt.datetime(2030, 1, 1)}, jobs.InvalidOption),
+        ("test.echo", {}, {"max_attempts": 0}, jobs.InvalidOption),
+        ("test.echo", {}, {"lease_seconds": -1}, jobs.InvalidOption),
+        ("test.echo", {}, {"unique_key": ""}, jobs.InvalidOption),
+    ],
+)
+def test_bad_input_raises_a_value_error_and_writes_nothing(kind, payload, options, error):
+    with pytest.raises(error) as excinfo:
+        jobs.enqueue(kind, payload, **options)
+    assert isinstance(excinfo.value, ValueError)
+    assert not Job.objects.exists()
+    assert not JobEvent.objects.exists()
+
+
+def test_a_duplicate_unique_key_returns_the_live_job():
+    first = jobs.enqueue("test.echo", {"n": 1}, unique_key="invoice-7")
+    second = jobs.enqueue("test.echo", {"n": 2}, unique_key="invoice-7")
+    assert second.pk == first.pk
+    assert (first.duplicate, second.duplicate) == (False, True)
+    assert Job.objects.count() == 1
+
+
+def test_a_unique_key_is_free_again_once_its_job_is_terminal(make_job):
+    done = make_job(state=JobState.SUCCEEDED, unique_key="report-1")
+    again = jobs.enqueue("test.echo", unique_key="report-1")
+    assert again.pk != done.pk
+
+
+def test_a_duplicate_inside_the_callers_transaction_leaves_it_usable():
+    with transaction.atomic():
+        jobs.enqueue("test.echo", unique_key="k")
+        jobs.enqueue("test.echo", unique_key="k")
+        jobs.enqueue("test.echo", {"other": True})
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_is_invisible_to_others_until_the_caller_commits(second_connection):
+    def visible() -> int:
+        return second_connection.execute("SELECT count(*) FROM jobs_job").fetchone()[0]
+
+    with transaction.atomic():
+        jobs.enqueue("test.echo")
+        assert visible() == 0
+    assert visible() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_enqueue_leaves_no_job():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        jobs.enqueue("test.echo")
+        raise RuntimeError("the caller changed its mind")
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_committed_enqueue_notifies_the_scheduler(second_connection):
+    second_connection.execute("LISTEN jobs_enqueued")
+    with transaction.atomic():
+        jobs.enqueue("test.echo")
+        assert list(second_connection.notifies(timeout=0.2)) == []
+    received = list(second_connection.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in received] == ["jobs_enqueued"]

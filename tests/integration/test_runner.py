@@ -1,0 +1,83 @@
+"""The runner in this process against PostgreSQL: claim -> handler -> classify -> one write."""
+
+import pytest
+from django.test import override_settings
+
+import jobs
+from jobs import runner
+from jobs.models import Attempt, Job, RejectedWrite
+from jobs.states import AttemptOutcome, JobState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_drain_runs_due_jobs_and_commits_their_results():
+    a = jobs.enqueue("test.echo", {"n": 1})
+    b = jobs.enqueue("test.echo", {"n": 2})
+    assert runner.drain() == 2
+    for job, n in ((a, 1), (b, 2)):
+        job.refresh_from_db()
+        assert job.state == JobState.SUCCEEDED
+        assert job.result == {"echo": {"n": n}, "attempt": 1}
+    assert Attempt.objects.get(job=a).worker == runner.worker_identity()
+
+
+def test_drain_returns_zero_when_nothing_is_due():
+    assert runner.drain() == 0
+
+
+@override_settings(JOBS={"RETRY_BASE_SECONDS": 0.0})
+def test_a_raising_handler_is_retried_then_failed():
+    job = jobs.enqueue("test.fail")  # the handler allows 2 attempts
+    runner.drain()
+    runner.drain()
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.FAILED, 2)
+    assert "boom on attempt 2" in job.error
+    outcomes = list(Attempt.objects.filter(job=job).values_list("outcome", flat=True))
+    assert outcomes == [AttemptOutcome.FAILED, AttemptOutcome.FAILED]
+
+
+def test_a_failure_schedules_the_retry_with_backoff():
+    job = jobs.enqueue("test.fail")
+    runner.drain()
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.attempt == 1
+    assert runner.drain() == 0  # not due yet: backoff of about RETRY_BASE_SECONDS
+
+
+def test_a_job_of_an_unregistered_kind_fails_instead_of_running():
+    job = Job.objects.create(kind="removed.kind", max_attempts=1)
+    runner.drain()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and "removed.kind" in job.error
+
+
+def test_a_result_that_is_not_json_fails_the_attempt(swap_handler):
+    job = jobs.enqueue("test.echo", {"n": 1}, max_attempts=1)
+    swap_handler("test.echo", lambda ctx: {1, 2, 3})
+    runner.drain()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and "unusable result" in job.error
+
+
+def test_a_handler_whose_lease_was_taken_discards_its_work(second_connection, swap_handler):
+    """The handler's own checkpoint finds the lease gone: no commit is even attempted."""
+    from tests.app.handlers import checkpointing
+
+    job = jobs.enqueue("test.checkpointing", {"seconds_by_attempt": {"1": 30}})
+
+    def steal_then_continue(ctx):
+        # Another worker takes the job over (as a reclaim + claim would) mid-run.
+        second_connection.execute(
+            "UPDATE jobs_job SET attempt = attempt + 1 WHERE id = %s", [ctx.job_id]
+        )
+        return checkpointing(ctx)
+
+    swap_handler("test.checkpointing", steal_then_continue)
+    runner.drain()
+    assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.LOST
+    assert list(RejectedWrite.objects.filter(job=job).values_list("write", flat=True)) == [
+        "checkpoint"
+    ]
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING  # attempt 2's, untouched

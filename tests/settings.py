@@ -1,0 +1,11 @@
+"""Test settings: PostgreSQL (DATABASE_URL, default the local cluster) plus test-only handlers."""
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/palisade")
+
+from config.settings import *  # noqa: E402,F403
+from config.settings import INSTALLED_APPS  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.app"]
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

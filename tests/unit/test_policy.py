@@ -1,0 +1,62 @@
+import pytest
+
+from jobs import policy
+from jobs.conf import JobsSettings
+from jobs.registry import Handler
+
+CFG = JobsSettings(RETRY_BASE_SECONDS=2.0, RETRY_MAX_SECONDS=60.0, MAX_ATTEMPTS=3)
+
+
+def test_backoff_doubles_per_attempt():
+    delays = [policy.backoff_seconds(a, 2.0, 1000.0, jitter=0.0) for a in (1, 2, 3, 4)]
+    assert delays == [2.0, 4.0, 8.0, 16.0]
+
+
+def test_backoff_is_capped_even_for_huge_attempt_numbers():
+    assert policy.backoff_seconds(500, 2.0, 60.0, jitter=0.0) == 60.0
+
+
+def test_jitter_spreads_by_at_most_a_quarter():
+    assert policy.backoff_seconds(1, 2.0, 60.0, jitter=0.999) == pytest.approx(2.0 * 1.24975)
+
+
+def test_backoff_rejects_attempt_zero():
+    with pytest.raises(ValueError):
+        policy.backoff_seconds(0, 2.0, 60.0, jitter=0.0)
+
+
+def test_a_failure_with_attempts_left_is_retried_with_backoff():
+    decision = policy.decide_failure(attempt=2, max_attempts=3, cfg=CFG, jitter=0.0)
+    assert decision.retry and decision.delay_seconds == 4.0
+
+
+def test_the_last_attempt_failing_is_final():
+    assert not policy.decide_failure(attempt=3, max_attempts=3, cfg=CFG, jitter=0.0).retry
+
+
+def test_an_attempt_beyond_the_limit_is_final():
+    assert not policy.decide_failure(attempt=5, max_attempts=3, cfg=CFG, jitter=0.0).retry
+
+
+def test_an_expired_lease_is_requeued_at_once_unless_it_was_the_last_attempt():
+    assert policy.decide_expiry(1, 3) == policy.RetryDecision(retry=True, delay_seconds=0.0)
+    assert not policy.decide_expiry(3, 3).retry
+
+
+def test_max_attempts_prefers_job_then_handler_then_default():
+    h = Handler("k", lambda ctx: None, max_attempts=7)
+    assert policy.max_attempts_for(2, h, CFG) == 2
+    assert policy.max_attempts_for(None, h, CFG) == 7
+    assert policy.max_attempts_for(None, None, CFG) == 3
+
+
+def test_lease_prefers_job_then_handler_then_default():
+    h = Handler("k", lambda ctx: None, lease_seconds=12)
+    assert policy.lease_seconds_for(5, h, CFG) == 5.0
+    assert policy.lease_seconds_for(None, h, CFG) == 12.0
+    assert policy.lease_seconds_for(None, None, CFG) == CFG.LEASE_SECONDS
+
+
+def test_heartbeat_beats_at_least_three_times_per_lease():
+    assert policy.heartbeat_interval(3.0, JobsSettings(HEARTBEAT_SECONDS=10.0)) == 1.0
+    assert policy.heartbeat_interval(300.0, JobsSettings(HEARTBEAT_SECONDS=10.0)) == 10.0
