@@ -1,0 +1,35 @@
+"""Create the demo superuser (if missing) and enqueue a handful of demo jobs."""
+
+import os
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+import jobs
+
+
+class Command(BaseCommand):
+    help = "Create the demo superuser and enqueue demo jobs (sleepers, flaky ones, no-ops)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--jobs", type=int, default=12, help="how many demo jobs to enqueue")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        username = os.environ.get("DEMO_ADMIN_USER", "admin")
+        password = os.environ.get("DEMO_ADMIN_PASSWORD", "palisade")
+        user_model = get_user_model()
+        if not user_model.objects.filter(username=username).exists():
+            user_model.objects.create_superuser(username, f"{username}@example.com", password)
+            self.stdout.write(f"created superuser {username!r} with password {password!r}")
+        count = options["jobs"]
+        with transaction.atomic():
+            for i in range(count):
+                if i % 3 == 0:
+                    jobs.enqueue("demo.sleep", {"seconds": 1 + i % 5})
+                elif i % 3 == 1:
+                    jobs.enqueue("demo.flaky", {"fail_rate": 0.5})
+                else:
+                    jobs.enqueue("demo.noop", {"n": i})
+        self.stdout.write(f"enqueued {count} demo jobs")
