@@ -39,7 +39,7 @@ def _coerce(name: str, raw: object, default: object) -> object:
     if isinstance(default, bool) or default is None:
         return raw
     try:
-        return type(default)(raw)
+        return type(default)(raw)  # type: ignore[call-arg]
     except (TypeError, ValueError) as exc:
         raise ValueError(f"JOBS[{name!r}] = {raw!r} is not a {type(default).__name__}") from exc
 

@@ -76,7 +76,8 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     result_ref = models.CharField(max_length=500, blank=True, default="", db_default="")
     error = models.TextField(blank=True, default="", db_default="")
-    unique_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "", means "no key": the partial unique index must ignore keyless jobs.
+    unique_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)

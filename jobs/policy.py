@@ -48,6 +48,21 @@ def backoff_seconds(attempt: int, base: float, cap: float, jitter: float) -> flo
     return raw * (1.0 + 0.25 * jitter)
 
 
+FAST_JOB_SECONDS = 0.05
+
+
+def next_claim_batch(current: int, seconds_per_job: float, cap: int) -> int:
+    """Grow the claim batch while jobs are quick; drop to one as soon as they are not.
+
+    Claimed jobs wait in the drain behind each other. Batching only quick jobs keeps that wait
+    short, and a slow job never has more than the rest of one quick batch queued behind it,
+    while another worker stays free to claim the remaining work.
+    """
+    if seconds_per_job < FAST_JOB_SECONDS:
+        return max(1, min(cap, current * 2))
+    return 1
+
+
 def decide_failure(
     attempt: int, max_attempts: int, cfg: JobsSettings, jitter: float
 ) -> RetryDecision:
@@ -59,5 +74,5 @@ def decide_failure(
 
 
 def decide_expiry(attempt: int, max_attempts: int) -> RetryDecision:
-    """An expired lease is reclaimed at once (the attempt is already late) unless it was the last."""
+    """An expired lease is reclaimed at once (it is already late) unless it was the last."""
     return RetryDecision(retry=attempt < max_attempts, delay_seconds=0.0)

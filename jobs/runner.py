@@ -58,7 +58,7 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
         result = handler.fn(ctx)
     except LeaseLost:
         return Outcome(succeeded=False, lost=True)
-    except Exception:  # a handler's failure is data: classified here, written once by settle()
+    except Exception:  # noqa: BLE001  a handler's failure is data: classified, then written once
         return Outcome(succeeded=False, error=traceback.format_exc()[-ERROR_LIMIT:])
     try:
         encode_payload(result, jobs_settings().MAX_PAYLOAD_BYTES)
@@ -75,18 +75,21 @@ def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = No
         budget_seconds if budget_seconds is not None else cfg.DRAIN_SECONDS
     )
     worker = worker_identity()
-    ran = 0
+    ran, size = 0, 1
     with Heartbeater(policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)) as beats:
         while time.monotonic() < deadline:
             batch = transitions.claim(
-                worker, limit=cfg.CLAIM_BATCH, lease_seconds=cfg.LEASE_SECONDS, queues=queues
+                worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
             )
             if not batch:
                 break
+            started = time.monotonic()
             held = [beats.hold(c.fence, _lease_for(c)) for c in batch]
             for claimed, h in zip(batch, held, strict=True):
                 run_claimed(claimed, h, beats)
-                ran += 1
+            ran += len(batch)
+            per_job = (time.monotonic() - started) / len(batch)
+            size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
     return ran
 
 

@@ -111,7 +111,12 @@ class Driver:
     def record_rejection(
         self, cur: CursorWrapper, job_id: int, attempt: int, worker: str, write: str
     ) -> tuple[int, str] | None:
-        params = {"id": job_id, "attempt": attempt, "worker": worker, "write": write}
+        params: dict[str, Any] = {
+            "id": job_id,
+            "attempt": attempt,
+            "worker": worker,
+            "write": write,
+        }
         cur.execute(
             "INSERT INTO jobs_rejectedwrite "
             "(job_id, attempt_presented, attempt_current, state_current, worker, write, at) "
@@ -129,7 +134,8 @@ class Driver:
     def end_attempt(self, cur: CursorWrapper, job_id: int, attempt: int, outcome: str) -> None:
         """Close an attempt row that a zombie still thinks is open (never a settled one)."""
         cur.execute(
-            f"UPDATE jobs_attempt SET outcome = %(outcome)s, ended_at = COALESCE(ended_at, {self.now}) "
+            "UPDATE jobs_attempt SET outcome = %(outcome)s, "
+            f"ended_at = COALESCE(ended_at, {self.now}) "
             f"WHERE job_id = %(id)s AND number = %(attempt)s "
             f"AND outcome IN ('{AttemptOutcome.RUNNING}', '{AttemptOutcome.EXPIRED}')",
             {"id": job_id, "attempt": attempt, "outcome": outcome},
@@ -231,6 +237,7 @@ class PostgresDriver(Driver):
 
     def claim(self, cur, worker, limit, lease, queues):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
+        queue_filter = _queue_filter(queues, params)
         # The inner SELECT walks jobs_job_pick_idx in claim order and skips rows another claimer
         # holds; the UPDATE bumps the fencing token; Attempt and event rows ride in the same
         # statement, so a claim is one round trip however many rows it takes.
@@ -238,7 +245,7 @@ class PostgresDriver(Driver):
             f"""
             WITH picked AS (
                 SELECT id FROM jobs_job
-                 WHERE state = '{QUEUED}' AND run_at <= clock_timestamp(){_queue_filter(queues, params)}
+                 WHERE state = '{QUEUED}' AND run_at <= clock_timestamp(){queue_filter}
                  ORDER BY priority DESC, run_at, id
                  LIMIT %(limit)s
                    FOR UPDATE SKIP LOCKED
@@ -251,8 +258,8 @@ class PostgresDriver(Driver):
                   FROM picked WHERE j.id = picked.id
                 RETURNING j.{_JOB_COLUMNS.replace(", ", ", j.")}
             ), attempts AS (
-                INSERT INTO jobs_attempt
-                       (job_id, number, worker, claimed_at, heartbeat_at, outcome, staging_ref, error)
+                INSERT INTO jobs_attempt (job_id, number, worker, claimed_at, heartbeat_at,
+                                          outcome, staging_ref, error)
                 SELECT id, attempt, %(worker)s, clock_timestamp(), clock_timestamp(),
                        '{AttemptOutcome.RUNNING}', '', ''
                   FROM claimed

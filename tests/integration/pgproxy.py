@@ -47,7 +47,9 @@ class PgProxy:
             except OSError:
                 return
             server = socket.create_connection(self.upstream)
-            threading.Thread(target=self._client_to_server, args=(client, server), daemon=True).start()
+            threading.Thread(
+                target=self._client_to_server, args=(client, server), daemon=True
+            ).start()
 
     def _client_to_server(self, client: socket.socket, server: socket.socket) -> None:
         relay = {"on": True, "answered": threading.Event()}

@@ -1,4 +1,4 @@
-"""Invariant 10: a commit whose outcome is unknown is resolved by re-reading on a fresh connection."""
+"""Invariant 10: a commit whose outcome is unknown is resolved by re-reading on a new connection."""
 
 from collections.abc import Iterator
 
@@ -41,9 +41,7 @@ def claimed_fence():
 
 
 def commit_resolving(fence, result):
-    runner.write_resolving(
-        fence, lambda: transitions.commit(fence, result), JobState.SUCCEEDED
-    )
+    runner.write_resolving(fence, lambda: transitions.commit(fence, result), JobState.SUCCEEDED)
 
 
 def test_a_commit_that_landed_before_the_connection_died_is_reported_as_landed(proxied, caplog):

@@ -14,7 +14,12 @@ pytestmark = pytest.mark.django_db
 def test_enqueue_returns_a_queued_job_with_its_options():
     run_at = timezone.now() + dt.timedelta(minutes=5)
     job = jobs.enqueue(
-        "test.echo", {"a": 1}, queue="mail", priority=5, run_at=run_at, max_attempts=4,
+        "test.echo",
+        {"a": 1},
+        queue="mail",
+        priority=5,
+        run_at=run_at,
+        max_attempts=4,
         lease_seconds=12,
     )
     job.refresh_from_db()

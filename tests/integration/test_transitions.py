@@ -1,4 +1,4 @@
-"""Each transition against PostgreSQL: the claim, and every fenced write rejecting a stale attempt."""
+"""Each transition on PostgreSQL: the claim, and every fenced write rejecting a stale attempt."""
 
 import datetime as dt
 
@@ -23,7 +23,9 @@ def db_now() -> dt.datetime:
 
 
 def claim_one(**kw) -> transitions.Claimed:
-    (claimed,) = transitions.claim(kw.pop("worker", WORKER), lease_seconds=kw.pop("lease", 30), **kw)
+    (claimed,) = transitions.claim(
+        kw.pop("worker", WORKER), lease_seconds=kw.pop("lease", 30), **kw
+    )
     return claimed
 
 
@@ -162,7 +164,11 @@ def test_commit_records_result_and_closes_the_attempt(make_job):
     job = make_job(state=JobState.RUNNING, attempt=1, worker=WORKER)
     transitions.commit(Fence(job.pk, 1, WORKER), {"rows": 3}, "jobs/1/attempt-1/out.csv")
     job.refresh_from_db()
-    assert (job.state, job.result, job.result_ref) == ("succeeded", {"rows": 3}, "jobs/1/attempt-1/out.csv")
+    assert (job.state, job.result, job.result_ref) == (
+        "succeeded",
+        {"rows": 3},
+        "jobs/1/attempt-1/out.csv",
+    )
     assert job.finished_at is not None and job.lease_expires_at is None
     assert Attempt.objects.get(job=job).outcome == AttemptOutcome.SUCCEEDED
 

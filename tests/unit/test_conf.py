@@ -26,7 +26,10 @@ def test_queues_are_read_from_a_comma_separated_list(monkeypatch):
 
 
 def test_an_unknown_jobs_key_is_an_error():
-    with override_settings(JOBS={"LEASE_SECONDZ": 3}), pytest.raises(ValueError, match="LEASE_SECONDZ"):
+    with (
+        override_settings(JOBS={"LEASE_SECONDZ": 3}),
+        pytest.raises(ValueError, match="LEASE_SECONDZ"),
+    ):
         jobs_settings()
 
 

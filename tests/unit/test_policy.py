@@ -60,3 +60,14 @@ def test_lease_prefers_job_then_handler_then_default():
 def test_heartbeat_beats_at_least_three_times_per_lease():
     assert policy.heartbeat_interval(3.0, JobsSettings(HEARTBEAT_SECONDS=10.0)) == 1.0
     assert policy.heartbeat_interval(300.0, JobsSettings(HEARTBEAT_SECONDS=10.0)) == 10.0
+
+
+def test_the_claim_batch_doubles_while_jobs_are_quick_up_to_the_cap():
+    sizes = [1]
+    for _ in range(5):
+        sizes.append(policy.next_claim_batch(sizes[-1], 0.001, cap=8))
+    assert sizes == [1, 2, 4, 8, 8, 8]
+
+
+def test_the_claim_batch_drops_to_one_after_a_slow_job():
+    assert policy.next_claim_batch(8, 2.0, cap=8) == 1

@@ -44,5 +44,7 @@ class Command(DjangoQClusterCommand):
         def stopped() -> bool:
             return cluster.stop_event is None or not cluster.sentinel.is_alive()
 
-        EmbeddedScheduler().run(should_stop=stopped)
-        cluster.stop()
+        try:
+            EmbeddedScheduler().run(should_stop=stopped)
+        finally:
+            cluster.stop()
