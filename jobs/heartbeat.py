@@ -63,10 +63,17 @@ class Heartbeater:
         if not batch:
             return
         lost = transitions.heartbeat_many([(h.fence, h.lease_seconds) for h in batch])
-        for h in batch:
-            if h.fence.job_id in lost:
-                h.lost.set()
-                self.release(h.fence)
+        confirmed = []
+        with self._lock:
+            for h in batch:
+                # A job released meanwhile is being committed: its own fenced write decides,
+                # and a zero-row beat racing that commit is no evidence of a lost lease.
+                if h.fence.job_id in lost and self._held.get(h.fence.job_id) is h:
+                    h.lost.set()
+                    del self._held[h.fence.job_id]
+                    confirmed.append(h.fence)
+        for fence in confirmed:
+            transitions.record_lost_heartbeat(fence)
 
     def _run(self) -> None:
         try:

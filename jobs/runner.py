@@ -71,9 +71,8 @@ def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = No
     """Claim and run due jobs until none is due or the budget is spent; return how many ran."""
     cfg = jobs_settings()
     queues = queues or cfg.QUEUES
-    deadline = time.monotonic() + (
-        budget_seconds if budget_seconds is not None else cfg.DRAIN_SECONDS
-    )
+    budget = budget_seconds if budget_seconds is not None else cfg.DRAIN_SECONDS
+    deadline = time.monotonic() + budget
     worker = worker_identity()
     ran, size = 0, 1
     with Heartbeater(policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)) as beats:
@@ -84,9 +83,7 @@ def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = No
             if not batch:
                 break
             started = time.monotonic()
-            held = [beats.hold(c.fence, _lease_for(c)) for c in batch]
-            for claimed, h in zip(batch, held, strict=True):
-                run_claimed(claimed, h, beats)
+            run_batch(batch, beats)
             ran += len(batch)
             per_job = (time.monotonic() - started) / len(batch)
             size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
@@ -101,68 +98,111 @@ def _lease_for(claimed: Claimed) -> float:
     return policy.lease_seconds_for(claimed.lease_seconds, handler, jobs_settings())
 
 
-def run_claimed(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
-    fence = claimed.fence
-    handler: Handler | None
+def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> None:
+    """Run each claimed job; failures are written at once, successes committed together.
+
+    Successful attempts stay held (heartbeated) until their commit, which is one statement
+    for the whole batch -- one WAL flush instead of one per job -- with every row still fenced
+    by its own attempt.
+    """
+    held = [beats.hold(c.fence, _lease_for(c)) for c in batch]
+    successes: list[tuple[Claimed, Held, Any]] = []
+    for claimed, h in zip(batch, held, strict=True):
+        handler, outcome = run_handler(claimed, h)
+        if outcome.succeeded and not outcome.lost:
+            successes.append((claimed, h, outcome.result))
+            continue
+        beats.release(claimed.fence)
+        if outcome.lost or h.lost.is_set():
+            _discard(claimed.fence)
+        else:
+            _fail(claimed, handler, outcome.error)
+    to_commit = []
+    for claimed, h, result in successes:
+        beats.release(claimed.fence)
+        if h.lost.is_set():
+            _discard(claimed.fence)
+        else:
+            to_commit.append((claimed.fence, result))
+    if to_commit:
+        _commit(to_commit)
+
+
+def run_handler(claimed: Claimed, held: Held) -> tuple[Handler | None, Outcome]:
     try:
         handler = get_handler(claimed.kind)
     except UnknownKind as exc:
-        handler, outcome = None, Outcome(succeeded=False, error=str(exc))
-    else:
-        outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
-    beats.release(fence)
-    if outcome.lost or held.lost.is_set():
-        # The lost lease is already recorded by whichever write saw it; discard the work.
-        logger.info("job %s attempt %s: lease lost, work discarded", fence.job_id, fence.attempt)
-        transitions.mark_lost(fence)
-        return
-    try:
-        settle(claimed, handler, outcome)
-    except LeaseLost as exc:
-        logger.info("job %s attempt %s: %s; work discarded", fence.job_id, fence.attempt, exc)
+        return None, Outcome(succeeded=False, error=str(exc))
+    return handler, execute(handler, JobContext(held, claimed.kind, claimed.payload))
 
 
-def settle(claimed: Claimed, handler: Handler | None, outcome: Outcome) -> None:
-    """Make the one write that ends this attempt."""
-    fence = claimed.fence
-    if outcome.succeeded:
-        write_resolving(
-            fence, lambda: transitions.commit(fence, outcome.result), JobState.SUCCEEDED
-        )
-        return
-    cfg = jobs_settings()
+def _discard(fence: Fence) -> None:
+    # The lost lease is already recorded by whichever fenced write saw it.
+    logger.info("job %s attempt %s: lease lost, work discarded", fence.job_id, fence.attempt)
+    transitions.mark_lost(fence)
+
+
+def _commit(items: Sequence[tuple[Fence, Any]]) -> None:
+    results = {f.job_id: result for f, result in items}
+
+    def write(fences: Sequence[Fence]) -> None:
+        rejected = transitions.commit_many([(f, results[f.job_id], "") for f in fences])
+        for fence in rejected:
+            logger.info("job %s attempt %s: commit rejected; work discarded", *_ids(fence))
+
+    present_until_decided([f for f, _ in items], write, JobState.SUCCEEDED)
+
+
+def _fail(claimed: Claimed, handler: Handler | None, error: str) -> None:
+    fence, cfg = claimed.fence, jobs_settings()
     limit = policy.max_attempts_for(claimed.max_attempts, handler, cfg)
     decision = policy.decide_failure(fence.attempt, limit, cfg, jitter=random.random())
     retry_in = decision.delay_seconds if decision.retry else None
     landed = JobState.QUEUED if decision.retry else JobState.FAILED
-    write_resolving(fence, lambda: transitions.fail(fence, outcome.error, retry_in), landed)
+    try:
+        present_until_decided(
+            [fence], lambda fences: transitions.fail(fence, error, retry_in), landed
+        )
+    except LeaseLost as exc:
+        logger.info("job %s attempt %s: %s; work discarded", *_ids(fence), exc)
 
 
-def write_resolving(fence: Fence, write: Callable[[], None], landed_state: str) -> None:
-    """Run a final write; if the connection died mid-commit, learn the outcome before going on.
+def _ids(fence: Fence) -> tuple[int, int]:
+    return fence.job_id, fence.attempt
 
-    A lost connection during COMMIT leaves the outcome unknown. Re-read the job on a fresh
-    connection: our attempt already in `landed_state` means it landed; otherwise the write is
+
+def present_until_decided(
+    fences: Sequence[Fence], write: Callable[[Sequence[Fence]], None], landed_state: str
+) -> None:
+    """Run a final write; if the connection died under it, learn the outcome before going on.
+
+    A connection lost while the write commits leaves its outcome unknown. Re-read each job on a
+    fresh connection: our attempt already in `landed_state` means it landed; the others are
     presented again, and the fenced statement decides (landing, or a recorded rejection).
+    Nothing is reported or cleaned up before the outcome is known.
     """
     deadline = time.monotonic() + UNKNOWN_OUTCOME_DEADLINE
-    while True:
+    remaining = list(fences)
+    while remaining:
         try:
-            write()
+            write(remaining)
             return
         except (OperationalError, InterfaceError):
             if time.monotonic() > deadline:
                 raise
             logger.warning(
-                "job %s attempt %s: connection lost during the final write; re-reading",
-                fence.job_id,
-                fence.attempt,
+                "connection lost during the final write of %s; re-reading",
+                ", ".join(f"job {f.job_id} attempt {f.attempt}" for f in remaining),
             )
             connection.close()
-        seen = _read_on_fresh_connection(fence.job_id, deadline)
-        if seen is not None and seen[1] == fence.attempt and seen[0] == landed_state:
-            logger.info("job %s attempt %s: the write had landed", fence.job_id, fence.attempt)
-            return
+        still = []
+        for fence in remaining:
+            seen = _read_on_fresh_connection(fence.job_id, deadline)
+            if seen is not None and seen[1] == fence.attempt and seen[0] == landed_state:
+                logger.info("job %s attempt %s: the write had landed", *_ids(fence))
+            else:
+                still.append(fence)
+        remaining = still
 
 
 def _read_on_fresh_connection(job_id: int, deadline: float) -> tuple[str, int, str] | None:

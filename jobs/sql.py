@@ -41,6 +41,16 @@ class ClaimedRow:
 
 
 @dataclass(frozen=True)
+class CommitRow:
+    """One attempt's commit: the job is succeeded only if (id, attempt) is still current."""
+
+    id: int
+    attempt: int
+    result: Any
+    ref: str
+
+
+@dataclass(frozen=True)
 class FenceRow:
     """(job id, attempt) plus the lease to extend it by, for batch heartbeats."""
 
@@ -207,9 +217,8 @@ class Driver:
         """Extend every lease still owned; return the ids whose fence still held."""
         raise NotImplementedError
 
-    def commit(
-        self, cur: CursorWrapper, job_id: int, attempt: int, worker: str, result: Any, ref: str
-    ) -> bool:
+    def commit(self, cur: CursorWrapper, worker: str, rows: Sequence[CommitRow]) -> set[int]:
+        """Mark every row whose fence still holds succeeded; return the ids that committed."""
         raise NotImplementedError
 
     def fail(
@@ -299,36 +308,40 @@ class PostgresDriver(Driver):
         )
         return {int(r[0]) for r in cur.fetchall()}
 
-    def commit(self, cur, job_id, attempt, worker, result, ref):  # type: ignore[no-untyped-def]
+    def commit(self, cur, worker, rows):  # type: ignore[no-untyped-def]
+        # Several attempts' commits in one statement (one WAL flush), each row still fenced by
+        # its own (id, attempt): a stale row simply does not match and is reported missing.
+        params: dict[str, Any] = {"worker": worker}
+        values = []
+        for i, r in enumerate(rows):
+            params.update(
+                {f"i{i}": r.id, f"a{i}": r.attempt, f"r{i}": _json(r.result), f"f{i}": r.ref}
+            )
+            values.append(f"(%(i{i})s::bigint, %(a{i})s::int, %(r{i})s::jsonb, %(f{i})s::text)")
         cur.execute(
             f"""
             WITH done AS (
-                UPDATE jobs_job
-                   SET state = '{JobState.SUCCEEDED}', result = %(result)s::jsonb,
-                       result_ref = %(ref)s, error = '', lease_expires_at = NULL,
+                UPDATE jobs_job j
+                   SET state = '{JobState.SUCCEEDED}', result = v.result, result_ref = v.ref,
+                       error = '', lease_expires_at = NULL,
                        finished_at = clock_timestamp(), updated_at = clock_timestamp()
-                 WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'
-                RETURNING id, attempt
+                  FROM (VALUES {", ".join(values)}) AS v(id, attempt, result, ref)
+                 WHERE j.id = v.id AND j.attempt = v.attempt AND j.state = '{RUNNING}'
+                RETURNING j.id, j.attempt, v.ref
             ), attempts AS (
                 UPDATE jobs_attempt a SET outcome = '{AttemptOutcome.SUCCEEDED}',
-                       ended_at = clock_timestamp(), staging_ref = %(ref)s
+                       ended_at = clock_timestamp(), staging_ref = done.ref
                   FROM done WHERE a.job_id = done.id AND a.number = done.attempt
             ), events AS (
                 INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
                 SELECT id, attempt, '{EventType.SUCCEEDED}', %(worker)s, clock_timestamp(), '{{}}'
                   FROM done
             )
-            SELECT count(*) FROM done
+            SELECT id FROM done
             """,
-            {
-                "id": job_id,
-                "attempt": attempt,
-                "worker": worker,
-                "result": _json(result),
-                "ref": ref,
-            },
+            params,
         )
-        return int(cur.fetchone()[0]) == 1
+        return {int(r[0]) for r in cur.fetchall()}
 
     def fail(self, cur, job_id, attempt, worker, error, retry_in):  # type: ignore[no-untyped-def]
         retry = retry_in is not None
@@ -422,24 +435,27 @@ class SqliteDriver(Driver):
                 )
         return held
 
-    def commit(self, cur, job_id, attempt, worker, result, ref):  # type: ignore[no-untyped-def]
-        cur.execute(
-            f"UPDATE jobs_job SET state = '{JobState.SUCCEEDED}', result = %(result)s, "
-            f"result_ref = %(ref)s, error = '', lease_expires_at = NULL, "
-            f"finished_at = {self.now}, updated_at = {self.now} "
-            f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
-            {"id": job_id, "attempt": attempt, "result": _json(result), "ref": ref},
-        )
-        if cur.rowcount != 1:
-            return False
-        cur.execute(
-            f"UPDATE jobs_attempt SET outcome = '{AttemptOutcome.SUCCEEDED}', "
-            f"ended_at = {self.now}, staging_ref = %(ref)s "
-            "WHERE job_id = %(id)s AND number = %(attempt)s",
-            {"id": job_id, "attempt": attempt, "ref": ref},
-        )
-        self.insert_event(cur, job_id, attempt, EventType.SUCCEEDED, worker, "{}")
-        return True
+    def commit(self, cur, worker, rows):  # type: ignore[no-untyped-def]
+        committed = set()
+        for r in rows:
+            cur.execute(
+                f"UPDATE jobs_job SET state = '{JobState.SUCCEEDED}', result = %(result)s, "
+                f"result_ref = %(ref)s, error = '', lease_expires_at = NULL, "
+                f"finished_at = {self.now}, updated_at = {self.now} "
+                f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
+                {"id": r.id, "attempt": r.attempt, "result": _json(r.result), "ref": r.ref},
+            )
+            if cur.rowcount != 1:
+                continue
+            committed.add(r.id)
+            cur.execute(
+                f"UPDATE jobs_attempt SET outcome = '{AttemptOutcome.SUCCEEDED}', "
+                f"ended_at = {self.now}, staging_ref = %(ref)s "
+                "WHERE job_id = %(id)s AND number = %(attempt)s",
+                {"id": r.id, "attempt": r.attempt, "ref": r.ref},
+            )
+            self.insert_event(cur, r.id, r.attempt, EventType.SUCCEEDED, worker, "{}")
+        return committed
 
     def fail(self, cur, job_id, attempt, worker, error, retry_in):  # type: ignore[no-untyped-def]
         retry = retry_in is not None

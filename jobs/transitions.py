@@ -19,7 +19,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from jobs.exceptions import LeaseLost
-from jobs.sql import ClaimedRow, Driver, FenceRow, driver_for
+from jobs.sql import ClaimedRow, CommitRow, Driver, FenceRow, driver_for
 from jobs.states import AttemptOutcome, Write
 
 logger = logging.getLogger("jobs.fencing")
@@ -84,23 +84,27 @@ def claim(
 
 
 def heartbeat_many(fences: Sequence[tuple[Fence, float]]) -> set[int]:
-    """Extend the leases still owned; record and return the job ids whose lease is gone."""
+    """Extend the leases still owned in one statement; return the job ids whose lease is gone.
+
+    The caller records each loss it acts on with record_lost_heartbeat(): the background
+    heartbeat ignores a loss for a job its runner has meanwhile released to commit.
+    """
     if not fences:
         return set()
     rows = [FenceRow(f.job_id, f.attempt, lease) for f, lease in fences]
     with _fenced_write(outermost=False), connection.cursor() as cur:
         held = _driver().heartbeat(cur, rows)
-    lost = {f.job_id for f, _ in fences if f.job_id not in held}
-    for fence, _ in fences:
-        if fence.job_id in lost:
-            _record(fence, Write.HEARTBEAT, AttemptOutcome.LOST)
-    return lost
+    return {f.job_id for f, _ in fences if f.job_id not in held}
+
+
+def record_lost_heartbeat(fence: Fence) -> None:
+    _record(fence, Write.HEARTBEAT, AttemptOutcome.LOST)
 
 
 def heartbeat(fence: Fence, lease_seconds: float) -> None:
-    """Extend one lease; raise LeaseLost when it changed zero rows."""
+    """Extend one lease; raise LeaseLost (recorded) when it changed zero rows."""
     if heartbeat_many([(fence, lease_seconds)]):
-        raise LeaseLost(fence.job_id, fence.attempt, Write.HEARTBEAT)
+        _rejected(fence, Write.HEARTBEAT, AttemptOutcome.LOST)
 
 
 def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
@@ -111,12 +115,30 @@ def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
         _rejected(fence, Write.CHECKPOINT, AttemptOutcome.LOST)
 
 
-def commit(fence: Fence, result: Any, result_ref: str = "") -> None:
-    """End the attempt as succeeded; the compare-and-set is never part of a caller's transaction."""
+def commit_many(items: Sequence[tuple[Fence, Any, str]]) -> list[Fence]:
+    """End several attempts as succeeded in one statement, each fenced by its own attempt.
+
+    Returns the fences whose commit changed zero rows, each already recorded. Never part of a
+    caller's transaction.
+    """
+    if not items:
+        return []
+    worker = items[0][0].worker
+    if any(f.worker != worker for f, _, _ in items):
+        raise ValueError("one commit statement speaks for one worker")
+    rows = [CommitRow(f.job_id, f.attempt, result, ref) for f, result, ref in items]
     with _fenced_write(outermost=True), connection.cursor() as cur:
-        ok = _driver().commit(cur, fence.job_id, fence.attempt, fence.worker, result, result_ref)
-    if not ok:
-        _rejected(fence, Write.COMMIT, AttemptOutcome.REJECTED)
+        committed = _driver().commit(cur, worker, rows)
+    rejected = [f for f, _, _ in items if f.job_id not in committed]
+    for fence in rejected:
+        _record(fence, Write.COMMIT, AttemptOutcome.REJECTED)
+    return rejected
+
+
+def commit(fence: Fence, result: Any, result_ref: str = "") -> None:
+    """End one attempt as succeeded; raise LeaseLost (recorded) if its fence no longer holds."""
+    if commit_many([(fence, result, result_ref)]):
+        raise LeaseLost(fence.job_id, fence.attempt, Write.COMMIT)
 
 
 def fail(fence: Fence, error: str, retry_in: float | None) -> None:

@@ -16,18 +16,23 @@ from django.db import connection, connections
 
 from jobs import transitions
 from jobs.models import Attempt, Job
-from jobs.sql import PostgresDriver
+from jobs.sql import CommitRow, PostgresDriver
 from jobs.states import JobState
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DRIVER = PostgresDriver()
 Op = Callable[[psycopg.Cursor, int], bool]
 
+
+def _commit(cur: psycopg.Cursor, job: int, result: object, attempt: int = 1) -> bool:
+    return DRIVER.commit(cur, "worker-a:1", [CommitRow(job, attempt, result, "")]) == {job}
+
+
 OPS: dict[str, Op] = {
-    "commit": lambda cur, job: DRIVER.commit(cur, job, 1, "worker-a:1", {"by": "commit"}, ""),
+    "commit": lambda cur, job: _commit(cur, job, {"by": "commit"}),
     "fail": lambda cur, job: DRIVER.fail(cur, job, 1, "worker-a:1", "boom", None),
     "reclaim": lambda cur, job: DRIVER.reclaim_expired(cur, job, 1, False, "reaper:1"),
-    "commit-again": lambda cur, job: DRIVER.commit(cur, job, 1, "worker-a:1", {"by": "again"}, ""),
+    "commit-again": lambda cur, job: _commit(cur, job, {"by": "again"}),
 }
 PAIRS = [("commit", "reclaim"), ("fail", "reclaim"), ("commit", "fail"), ("commit", "commit-again")]
 
@@ -83,8 +88,10 @@ def test_exactly_one_of_two_racing_writes_wins(make_job, sessions, first, second
     assert results == {first: True, second: False}
     job.refresh_from_db()
     expected_state = {
-        "commit": JobState.SUCCEEDED, "commit-again": JobState.SUCCEEDED,
-        "fail": JobState.FAILED, "reclaim": JobState.QUEUED,
+        "commit": JobState.SUCCEEDED,
+        "commit-again": JobState.SUCCEEDED,
+        "fail": JobState.FAILED,
+        "reclaim": JobState.QUEUED,
     }[first]
     assert job.state == expected_state and job.attempt == 1
 
@@ -96,10 +103,11 @@ def test_a_naive_state_only_guard_lets_the_zombie_win(make_job, sessions):
     s1, _, _ = sessions
     naive = s1.execute(
         "UPDATE jobs_job SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL "
-        "WHERE id = %s AND state = 'running'", [job.pk]
+        "WHERE id = %s AND state = 'running'",
+        [job.pk],
     ).rowcount
     s1.rollback()
-    fenced = DRIVER.commit(s1.cursor(), job.pk, 1, "worker-a:1", "zombie", "")
+    fenced = _commit(s1.cursor(), job.pk, "zombie", attempt=1)
     s1.rollback()
     assert (naive, fenced) == (1, False)
 

@@ -41,7 +41,9 @@ def claimed_fence():
 
 
 def commit_resolving(fence, result):
-    runner.write_resolving(fence, lambda: transitions.commit(fence, result), JobState.SUCCEEDED)
+    runner.present_until_decided(
+        [fence], lambda fences: transitions.commit(fence, result), JobState.SUCCEEDED
+    )
 
 
 def test_a_commit_that_landed_before_the_connection_died_is_reported_as_landed(proxied, caplog):
@@ -69,7 +71,7 @@ def test_a_lost_commit_whose_job_moved_on_is_rejected_not_forced(proxied, second
     fence = claimed_fence()
     proxied.cut_on(COMMIT_MARKER, after_reply=False)
 
-    def commit_then_lose_the_job():
+    def commit_then_lose_the_job(fences):
         try:
             transitions.commit(fence, "zombie")
         finally:
@@ -79,7 +81,7 @@ def test_a_lost_commit_whose_job_moved_on_is_rejected_not_forced(proxied, second
             )
 
     with pytest.raises(jobs.LeaseLost):
-        runner.write_resolving(fence, commit_then_lose_the_job, JobState.SUCCEEDED)
+        runner.present_until_decided([fence], commit_then_lose_the_job, JobState.SUCCEEDED)
     job = Job.objects.get(pk=fence.job_id)
     assert (job.state, job.attempt) == (JobState.RUNNING, 2)
     assert RejectedWrite.objects.get(job=job).attempt_presented == 1
