@@ -13,9 +13,8 @@ Scenarios (each repeat runs all of them, interleaved, against one database serve
 
 Decomposition rows (where Palisade's time goes between the bare loop and the cluster):
 
-  sql       2 raw-psycopg processes running Palisade's own claim (batch 8) and commit SQL
-            (jobs.sql.PostgresDriver) against jobs_job, autocommit: the SQL floor of Palisade.
-  sqltx     the same, each statement inside BEGIN ... COMMIT as jobs/transitions.py does.
+  sql       2 raw-psycopg processes running Palisade's own claim (batch 8) and batch commit
+            SQL (jobs.sql.PostgresDriver) against jobs_job, autocommit: the SQL floor of Palisade.
   runner    2 plain Django processes calling jobs.runner.drain() in a loop (batch 8): the
             Palisade runner without django-q2 and without the embedded scheduler.
 
@@ -46,7 +45,7 @@ ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
 DB_NAME = "palisade_bench"
-SCENARIOS = ("bare", "sql", "sqltx", "runner", "palisade", "batch1", "djq")
+SCENARIOS = ("bare", "sql", "runner", "palisade", "batch1", "djq")
 
 
 # --------------------------------------------------------------------------------------------
@@ -556,47 +555,24 @@ def _child_django(batch: int) -> None:
     django.setup()
 
 
-def _sql_loop(dsn: str, batch: int, ready: Any, go: Any, results: Any, explicit_tx: bool) -> None:
-    """Palisade's claim/commit statements (jobs.sql) on a raw autocommit psycopg connection.
-
-    explicit_tx wraps each statement in BEGIN/COMMIT, as jobs/transitions.py does through
-    `transaction.atomic(durable=True)`: 3 round trips per statement instead of 1.
-    """
+def sql_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
+    """Palisade's claim and batch-commit statements (jobs.sql) on a raw autocommit connection."""
     _child_django(batch)
-    from jobs.sql import PostgresDriver
+    from jobs.sql import CommitRow, PostgresDriver
 
     driver = PostgresDriver()
     worker = f"bench-sql:{os.getpid()}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-
-        def run(fn: Any) -> Any:
-            if explicit_tx:
-                with conn.transaction(), conn.cursor() as cur:
-                    return fn(cur)
-            with conn.cursor() as cur:
-                return fn(cur)
-
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
         ready.put(os.getpid())
         go.wait()
         cpu0 = time.process_time()
         done = 0
-        while True:
-            rows = run(lambda cur: driver.claim(cur, worker, batch, 30.0, None))
-            if not rows:
-                break
-            for r in rows:
-                if not run(lambda cur, r=r: driver.commit(cur, r.id, r.attempt, worker, None, "")):
-                    raise RuntimeError(f"commit of job {r.id} rejected")
-                done += 1
+        while rows := driver.claim(cur, worker, batch, 30.0, None):
+            committed = driver.commit(cur, worker, [CommitRow(r.id, r.attempt, None, "") for r in rows])
+            if len(committed) != len(rows):
+                raise RuntimeError("a fenced commit was rejected in an uncontended loop")
+            done += len(rows)
     results.put((done, time.process_time() - cpu0))
-
-
-def sql_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
-    _sql_loop(dsn, batch, ready, go, results, explicit_tx=False)
-
-
-def sql_tx_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
-    _sql_loop(dsn, batch, ready, go, results, explicit_tx=True)
 
 
 def runner_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
@@ -661,7 +637,6 @@ ROWS = [
     ("bare", "bare SQL loop (raw psycopg)"),
     ("djq", "django-q2 alone, ORM broker"),
     ("sql", "  decomposition: Palisade SQL, raw loop, b8"),
-    ("sqltx", "  decomposition: same, BEGIN/COMMIT per stmt"),
     ("runner", "  decomposition: runner.drain(), no django-q2"),
 ]
 
@@ -763,8 +738,6 @@ def main(argv: list[str] | None = None) -> int:
                     res = bench.run_bare()
                 elif key == "sql":
                     res = bench.run_workers(sql_worker, "sql")
-                elif key == "sqltx":
-                    res = bench.run_workers(sql_tx_worker, "sqltx")
                 elif key == "runner":
                     res = bench.run_workers(runner_worker, "runner")
                 elif key == "palisade":
