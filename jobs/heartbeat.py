@@ -12,6 +12,7 @@ compare-and-set remains the last word, so a missed beat can cost a lease, never 
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connection
@@ -35,6 +36,7 @@ class Heartbeater:
         self._held: dict[int, Held] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # stop, or a shorter lease arrived: re-plan the next beat
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeater":
@@ -43,14 +45,18 @@ class Heartbeater:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.interval + 30)
+        self._wake.set()
+        self._thread.join(timeout=30)
 
     def hold(self, fence: Fence, lease_seconds: float) -> Held:
         held = Held(fence, lease_seconds)
         with self._lock:
             self._held[fence.job_id] = held
-            # A shorter lease than the one held here means beating more often.
-            self.interval = min(self.interval, lease_seconds / 3.0)
+            # A shorter lease than the one held here means beating more often -- starting now,
+            # not after the longer wait the thread is already in.
+            if lease_seconds / 3.0 < self.interval:
+                self.interval = lease_seconds / 3.0
+                self._wake.set()
         return held
 
     def release(self, fence: Fence) -> None:
@@ -76,8 +82,16 @@ class Heartbeater:
             transitions.record_lost_heartbeat(fence)
 
     def _run(self) -> None:
+        last = time.monotonic()
         try:
-            while not self._stop.wait(self.interval):
+            while True:
+                self._wake.wait(max(0.0, last + self.interval - time.monotonic()))
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                if time.monotonic() < last + self.interval:
+                    continue  # woken to re-plan with a shorter interval
+                last = time.monotonic()
                 try:
                     self.beat_now()
                 except DatabaseError:

@@ -46,8 +46,7 @@ def make_job(db: None) -> Callable[..., Job]:
         elif state != JobState.QUEUED:
             with connection.cursor() as cur:
                 cur.execute(
-                    "UPDATE jobs_job SET state = %s, finished_at = clock_timestamp() "
-                    "WHERE id = %s",
+                    "UPDATE jobs_job SET state = %s, finished_at = clock_timestamp() WHERE id = %s",
                     [state, job.pk],
                 )
         job.refresh_from_db()

@@ -1,5 +1,7 @@
 """The background heartbeat and the batch commit it hands jobs over to."""
 
+import time
+
 import pytest
 
 from jobs import heartbeat as heartbeat_module
@@ -83,3 +85,17 @@ def test_a_batch_commit_speaks_for_one_worker_only(make_job):
     a, b = running(make_job), running(make_job)
     with pytest.raises(ValueError):
         transitions.commit_many([(a, 1, ""), (Fence(b.job_id, 1, "other:2"), 2, "")])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_short_lease_taken_mid_drain_is_beaten_in_time(make_job):
+    """The thread may already be waiting out a long interval when a short-lease job arrives."""
+    fence = running(make_job)
+    first = Job.objects.get(pk=fence.job_id).heartbeat_at
+    with Heartbeater(interval=60) as beats:
+        beats.hold(fence, 0.6)  # must be beaten within 0.2 s, not after 60
+        deadline = time.monotonic() + 5
+        while Job.objects.get(pk=fence.job_id).heartbeat_at == first:
+            assert time.monotonic() < deadline, "no heartbeat for the short lease"
+            time.sleep(0.02)
+    assert not RejectedWrite.objects.exists()
