@@ -568,7 +568,9 @@ def sql_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
         cpu0 = time.process_time()
         done = 0
         while rows := driver.claim(cur, worker, batch, 30.0, None):
-            committed = driver.commit(cur, worker, [CommitRow(r.id, r.attempt, None, "") for r in rows])
+            committed = driver.commit(
+                cur, worker, [CommitRow(r.id, r.attempt, None, "") for r in rows]
+            )
             if len(committed) != len(rows):
                 raise RuntimeError("a fenced commit was rejected in an uncontended loop")
             done += len(rows)
