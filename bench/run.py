@@ -234,29 +234,7 @@ class Bench:
             (n,),
         )
         self.settle(["bench_bare_job"])
-        ctx = mp.get_context("spawn")
-        ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
-        procs = [
-            ctx.Process(target=bare_worker, args=(self.db_url, ready, go, results), daemon=True)
-            for _ in range(workers)
-        ]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                ready.get(timeout=60)
-            t0 = time.monotonic()
-            go.set()
-            counts = [results.get(timeout=self.args.timeout) for _ in procs]
-            wall = time.monotonic() - t0
-        finally:
-            for p in procs:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.terminate()
-                    p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
+        counts, wall = self.race(bare_worker, (self.db_url,), workers)
         first_claim, last_finish, first_finish, done = self.one(
             "SELECT min(claimed_at), max(finished_at), min(finished_at), "
             "count(*) FILTER (WHERE state = 'succeeded') FROM bench_bare_job"
@@ -399,14 +377,13 @@ class Bench:
         )
         self.settle(["jobs_job", "jobs_attempt", "jobs_jobevent"])
 
-    def run_workers(self, target: Any, label: str, batch: int = 8) -> dict[str, Any]:
-        """Run `target(dsn, batch, ready, go, results)` in N spawned processes on jobs_job."""
-        n, workers = self.args.jobs, self.args.workers
-        self._insert_jobs()
+    def race(self, target: Any, args: tuple[Any, ...], workers: int) -> tuple[list[Any], float]:
+        """Start `workers` spawned processes of `target(*args, ready, go, results)`, release them
+        together once all are ready, and return their results and the wall time."""
         ctx = mp.get_context("spawn")
         ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
         procs = [
-            ctx.Process(target=target, args=(self.db_url, batch, ready, go, results), daemon=True)
+            ctx.Process(target=target, args=(*args, ready, go, results), daemon=True)
             for _ in range(workers)
         ]
         for p in procs:
@@ -417,7 +394,7 @@ class Bench:
             t0 = time.monotonic()
             go.set()
             counts = [results.get(timeout=self.args.timeout) for _ in procs]
-            wall = time.monotonic() - t0
+            return counts, time.monotonic() - t0
         finally:
             for p in procs:
                 p.join(timeout=10)
@@ -426,6 +403,12 @@ class Bench:
                     p.join(timeout=5)
                 if p.is_alive():
                     p.kill()
+
+    def run_workers(self, target: Any, label: str, batch: int = 8) -> dict[str, Any]:
+        """Run `target(dsn, batch, ready, go, results)` in N spawned processes on jobs_job."""
+        n, workers = self.args.jobs, self.args.workers
+        self._insert_jobs()
+        counts, wall = self.race(target, (self.db_url, batch), workers)
         first_claim, last_finish, first_finish, done, attempts = self.one(
             "SELECT min(a.claimed_at), max(j.finished_at), min(j.finished_at), "
             "count(*) FILTER (WHERE j.state = 'succeeded'), count(a.id) "
