@@ -12,8 +12,12 @@ pytestmark = pytest.mark.django_db
 def zombie_job(make_job):
     job = make_job(state=JobState.RUNNING, attempt=2, worker="host-b:2", payload={"x": "<b>"})
     RejectedWrite.objects.create(
-        job=job, attempt_presented=1, attempt_current=2, state_current="running",
-        worker="host-a:1", write="commit",
+        job=job,
+        attempt_presented=1,
+        attempt_current=2,
+        state_current="running",
+        worker="host-a:1",
+        write="commit",
     )
     return job
 
@@ -38,9 +42,7 @@ def test_jobs_cannot_be_added_or_edited_in_the_admin(admin_client, url):
 
 
 def test_editing_a_job_by_post_is_refused(admin_client, zombie_job):
-    response = admin_client.post(
-        f"/admin/jobs/job/{zombie_job.pk}/change/", {"state": "succeeded"}
-    )
+    response = admin_client.post(f"/admin/jobs/job/{zombie_job.pk}/change/", {"state": "succeeded"})
     assert response.status_code == 403
     zombie_job.refresh_from_db()
     assert zombie_job.state == JobState.RUNNING

@@ -2,11 +2,21 @@
 
 django-q2's own command starts the cluster (sentinel, workers, pusher, monitor) in child
 processes and returns. This one then runs the embedded scheduler (dispatch + lease reaper) in the
-main process until the cluster stops, so one command is all a deployment needs beside the web
-server.
+main process until the cluster stops or a stop signal arrives, so one command is all a deployment
+needs beside the web server.
+
+Hazard (why stopping is done here, not in django-q2's signal handler): a supervisor that signals
+the whole process group (systemd's default KillMode=control-group, a terminal's Ctrl-C) kills the
+sentinel at the same moment. If it dies holding its stop event's lock, django-q2's handler blocks
+forever in Event.set(). So the signal only asks the scheduler loop to end, and the cluster is
+stopped afterwards -- skipped when the sentinel is already gone, and bounded by a deadline.
 """
 
+import logging
 import os
+import signal
+import threading
+from types import FrameType
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +25,9 @@ from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQClusterCommand
 
 from jobs.scheduler import EmbeddedScheduler
+
+logger = logging.getLogger("jobs.scheduler")
+STOP_GRACE_SECONDS = 30.0
 
 
 class Command(DjangoQClusterCommand):
@@ -37,14 +50,33 @@ class Command(DjangoQClusterCommand):
         if options.get("run_once"):
             cluster.stop()
             return
-        if options.get("no_scheduler"):
-            cluster.sentinel.join()
-            return
+
+        stop_requested = threading.Event()
+
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            stop_requested.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
 
         def stopped() -> bool:
-            return cluster.stop_event is None or not cluster.sentinel.is_alive()
+            return stop_requested.is_set() or not cluster.sentinel.is_alive()
 
         try:
-            EmbeddedScheduler().run(should_stop=stopped)
+            if options.get("no_scheduler"):
+                while not stopped():
+                    stop_requested.wait(0.5)
+            else:
+                EmbeddedScheduler().run(should_stop=stopped)
         finally:
-            cluster.stop()
+            stop_cluster(cluster)
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    if not cluster.sentinel.is_alive():
+        return  # gone with the same signal: nothing to stop, and its lock may be orphaned
+    stopper = threading.Thread(target=cluster.stop, name="qcluster-stop", daemon=True)
+    stopper.start()
+    stopper.join(STOP_GRACE_SECONDS)
+    if stopper.is_alive():
+        logger.error("django-q2 did not stop within %.0f s; exiting anyway", STOP_GRACE_SECONDS)
