@@ -34,26 +34,12 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.running().filter(lease_expires_at__lt=now if now is not None else Now())
 
 
-class JobManager(models.Manager["Job"]):
-    def get_queryset(self) -> JobQuerySet:
-        return JobQuerySet(self.model, using=self._db)
-
+class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
     def enqueue(self, kind: str, payload: object = None, **options: object) -> "Job":
+        """jobs.enqueue(), as a manager method: same signature, same transaction rules."""
         from jobs.enqueuer import enqueue
 
         return enqueue(kind, payload, **options)  # type: ignore[arg-type]
-
-    def queued(self) -> JobQuerySet:
-        return self.get_queryset().queued()
-
-    def running(self) -> JobQuerySet:
-        return self.get_queryset().running()
-
-    def due(self) -> JobQuerySet:
-        return self.get_queryset().due()
-
-    def expired_leases(self, now: datetime | None = None) -> JobQuerySet:
-        return self.get_queryset().expired_leases(now)
 
 
 class Job(models.Model):

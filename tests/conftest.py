@@ -55,13 +55,18 @@ def make_job(db: None) -> Callable[..., Job]:
     return make
 
 
+def raw_connection(autocommit: bool = True) -> psycopg.Connection:
+    """A psycopg connection to the test database of its own, outside Django's."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)  # Django's adapters stay with Django's connections
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
 @pytest.fixture
 def second_connection(transactional_db: None) -> Iterator[psycopg.Connection]:
     """A raw psycopg connection to the test database, independent of Django's."""
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    conn = psycopg.connect(**params, autocommit=True)
+    conn = raw_connection()
     try:
         yield conn
     finally:

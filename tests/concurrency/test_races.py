@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from jobs import transitions
 from jobs.models import Attempt, Job
 from jobs.sql import CommitRow, PostgresDriver
 from jobs.states import JobState
+from tests.conftest import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DRIVER = PostgresDriver()
@@ -37,16 +38,9 @@ OPS: dict[str, Op] = {
 PAIRS = [("commit", "reclaim"), ("fail", "reclaim"), ("commit", "fail"), ("commit", "commit-again")]
 
 
-def _connect() -> psycopg.Connection:
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return psycopg.connect(**params)
-
-
 @pytest.fixture
 def sessions() -> Iterator[tuple[psycopg.Connection, psycopg.Connection, psycopg.Connection]]:
-    conns = [_connect() for _ in range(3)]
+    conns = [raw_connection(autocommit=False) for _ in range(3)]
     conns[2].autocommit = True
     try:
         yield conns[0], conns[1], conns[2]
