@@ -48,6 +48,18 @@ DB_NAME = "palisade_bench"
 SCENARIOS = ("bare", "sql", "runner", "palisade", "batch1", "djq")
 
 
+def drain_rates(n: int, first_claim: Any, first_finish: Any, last_finish: Any) -> dict[str, Any]:
+    """Throughput on the database clock: N over first claim -> last finish, and the steady
+    rate between the first and the last finish (excludes the first claim's start-up)."""
+    span = (last_finish - first_claim).total_seconds()
+    return {
+        "jobs": n,
+        "span_s": span,
+        "jobs_per_s": n / span,
+        "steady_jobs_per_s": (n - 1) / (last_finish - first_finish).total_seconds(),
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # child processes: always in their own process group, always stopped on the way out
 # --------------------------------------------------------------------------------------------
@@ -241,13 +253,9 @@ class Bench:
         )
         if done != n:
             raise RuntimeError(f"bare loop: {done} of {n} jobs succeeded")
-        span = (last_finish - first_claim).total_seconds()
         return {
-            "jobs": n,
             "workers": workers,
-            "span_s": span,
-            "jobs_per_s": n / span,
-            "steady_jobs_per_s": (n - 1) / (last_finish - first_finish).total_seconds(),
+            **drain_rates(n, first_claim, first_finish, last_finish),
             "wall_s": wall,
             "per_worker": [c[0] for c in counts],
             "rejected_commits": sum(c[1] for c in counts),
@@ -416,14 +424,10 @@ class Bench:
         )
         if done != n:
             raise RuntimeError(f"{label}: {done} of {n} jobs succeeded")
-        span = (last_finish - first_claim).total_seconds()
         return {
-            "jobs": n,
             "workers": workers,
             "claim_batch": batch,
-            "span_s": span,
-            "jobs_per_s": n / span,
-            "steady_jobs_per_s": (n - 1) / (last_finish - first_finish).total_seconds(),
+            **drain_rates(n, first_claim, first_finish, last_finish),
             "wall_s": wall,
             "attempts": attempts,
             "per_worker": [c[0] for c in counts],
