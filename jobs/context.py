@@ -30,10 +30,6 @@ class JobContext:
     def worker(self) -> str:
         return self._held.fence.worker
 
-    @property
-    def lease_lost(self) -> bool:
-        return self._held.lost.is_set()
-
     def _raise_if_lost(self, write: str) -> None:
         if self._held.lost.is_set():
             raise LeaseLost(self.job_id, self.attempt, write)

@@ -11,9 +11,9 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from jobs.states import AttemptOutcome, EventType, JobState, Write
+from jobs.states import TERMINAL_STATES, AttemptOutcome, EventType, JobState, Write
 
-TERMINAL = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+TERMINAL = [state for state in JobState if state in TERMINAL_STATES]  # in enum order
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -122,10 +122,6 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}#{self.pk} ({self.state}, attempt {self.attempt})"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.state in TERMINAL
 
 
 class Attempt(models.Model):

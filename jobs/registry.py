@@ -58,9 +58,5 @@ def get_handler(kind: str) -> Handler:
         raise UnknownKind(f"no handler is registered for kind {kind!r}") from None
 
 
-def registered_kinds() -> list[str]:
-    return sorted(_handlers)
-
-
 def autodiscover() -> None:
     autodiscover_modules("handlers")

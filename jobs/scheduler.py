@@ -29,6 +29,14 @@ logger = logging.getLogger("jobs.scheduler")
 NOTIFY_CHANNEL = "jobs_enqueued"
 
 
+def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
+    """A psycopg connection of its own to Django's database, outside Django's pooling."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)  # Django's adapters stay with Django's connections
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
 class Waker:
     """Blocks until a NOTIFY on NOTIFY_CHANNEL or `timeout`; falls back to sleeping."""
 
@@ -39,10 +47,7 @@ class Waker:
         if connection.vendor != "postgresql":
             return None
         if self._conn is None or self._conn.closed:
-            params = connection.get_connection_params()
-            params.pop("cursor_factory", None)
-            params.pop("context", None)
-            self._conn = psycopg.connect(**params, autocommit=True)
+            self._conn = dedicated_connection()
             self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         return self._conn
 

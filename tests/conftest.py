@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 
 from jobs.models import Attempt, Job
+from jobs.scheduler import dedicated_connection
 from jobs.states import AttemptOutcome, JobState
 
 
@@ -57,10 +58,7 @@ def make_job(db: None) -> Callable[..., Job]:
 
 def raw_connection(autocommit: bool = True) -> psycopg.Connection:
     """A psycopg connection to the test database of its own, outside Django's."""
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)  # Django's adapters stay with Django's connections
-    params.pop("context", None)
-    return psycopg.connect(**params, autocommit=autocommit)
+    return dedicated_connection(autocommit)
 
 
 @pytest.fixture

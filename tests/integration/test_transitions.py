@@ -253,3 +253,15 @@ def test_reclaim_never_touches_a_fresh_attempt_claimed_after_the_reapers_read(ma
     assert not transitions.reclaim_expired(seen[0], seen[1], terminal=False, worker="reaper:1")
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.RUNNING, fresh.fence.attempt)
+
+
+def test_queryset_states_read_the_database_clock(make_job):
+    expired = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1)
+    make_job(state=JobState.RUNNING, attempt=1, lease_in=60)
+    due = jobs.enqueue("test.echo")
+    jobs.enqueue("test.echo", run_at=timezone.now() + dt.timedelta(hours=1))
+    done = make_job(state=JobState.SUCCEEDED)
+    assert list(Job.objects.expired_leases()) == [expired]
+    assert list(Job.objects.due()) == [Job.objects.get(pk=due.pk)]
+    assert Job.objects.running().count() == 2 and Job.objects.queued().count() == 2
+    assert list(Job.objects.terminal()) == [done]
