@@ -549,7 +549,7 @@ def sql_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
         go.wait()
         cpu0 = time.process_time()
         done = 0
-        while rows := driver.claim(cur, worker, batch, 30.0, None):
+        while rows := driver.claim(cur, worker, batch, 30.0, None, {}):
             committed = driver.commit(
                 cur, worker, [CommitRow(r.id, r.attempt, None, "") for r in rows]
             )

@@ -7,6 +7,7 @@ jobs.models (importable after Django is set up).
 from typing import Any
 
 from jobs.exceptions import (
+    DuplicateJob,
     EnqueueError,
     InvalidOption,
     InvalidPayload,
@@ -19,6 +20,7 @@ from jobs.exceptions import (
 from jobs.registry import handler
 
 __all__ = [
+    "DuplicateJob",
     "EnqueueError",
     "InvalidOption",
     "InvalidPayload",

@@ -54,7 +54,34 @@ def jobs_settings() -> JobsSettings:
     for f in fields(JobsSettings):
         raw = os.environ.get(f"JOBS_{f.name}", configured.get(f.name, f.default))
         values[f.name] = _coerce(f.name, raw, f.default)
-    return JobsSettings(**values)  # type: ignore[arg-type]
+    cfg = JobsSettings(**values)  # type: ignore[arg-type]
+    _check_ranges(cfg)
+    return cfg
+
+
+def _check_ranges(cfg: JobsSettings) -> None:
+    """Refuse settings that would overflow a statement or starve the platform (jobs.bounds)."""
+    from jobs import bounds
+    from jobs.exceptions import InvalidOption
+
+    checks = [
+        ("LEASE_SECONDS", bounds.LEASE_SECONDS, False),
+        ("HEARTBEAT_SECONDS", (0.05, bounds.LEASE_SECONDS[1]), False),
+        ("REAPER_SECONDS", (0.05, 3600.0), False),
+        ("POLL_SECONDS", (0.01, 3600.0), False),
+        ("DRAIN_SECONDS", (0.1, 24 * 3600.0), False),
+        ("CLAIM_BATCH", (1, 1000), True),
+        ("MAX_ATTEMPTS", bounds.MAX_ATTEMPTS, True),
+        ("MAX_PAYLOAD_BYTES", (1, 64 * 1024 * 1024), True),
+        ("RETRY_BASE_SECONDS", bounds.RETRY_SECONDS, False),
+        ("RETRY_MAX_SECONDS", bounds.RETRY_SECONDS, False),
+        ("ORPHAN_GRACE_SECONDS", (0.0, 365 * 24 * 3600.0), False),
+    ]
+    for name, limits, integer in checks:
+        try:
+            bounds.number_in(f"JOBS[{name!r}]", getattr(cfg, name), limits, integer=integer)
+        except InvalidOption as exc:
+            raise ValueError(str(exc)) from None
 
 
 @receiver(setting_changed)

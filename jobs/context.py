@@ -2,14 +2,40 @@
 
 Owns: what a handler may do while it runs. Never: commits -- the runner does, once, after the
 handler returns. stage/effect/intent/fenced_write arrive with the effects work.
+
+Hazards: a handler may call ctx.heartbeat()/ctx.checkpoint() inside its own
+`transaction.atomic()`. A fenced write must never join that transaction (the job row's lock would
+last as long as the handler's transaction, blocking the drain's heartbeat and the reaper, and a
+rollback would erase the RejectedWrite record), so such a call runs on a connection of its own,
+in a short-lived thread: Django's connections are per thread.
 """
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from jobs import transitions
+from django.db import connection
+
+from jobs import bounds, transitions
+from jobs.conf import jobs_settings
 from jobs.exceptions import LeaseLost
 from jobs.heartbeat import Held
 from jobs.states import Write
+
+
+def _outside_callers_transaction(write: Callable[[], None]) -> None:
+    if not connection.in_atomic_block:
+        write()
+        return
+
+    def on_own_connection() -> None:
+        try:
+            write()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="jobs-fenced-write") as pool:
+        pool.submit(on_own_connection).result()
 
 
 class JobContext:
@@ -34,23 +60,28 @@ class JobContext:
         if self._held.lost.is_set():
             raise LeaseLost(self.job_id, self.attempt, write)
 
-    def heartbeat(self) -> None:
-        """Extend the lease now; raises LeaseLost if this attempt no longer owns the job."""
-        self._raise_if_lost(Write.HEARTBEAT)
+    def _fenced(self, write: str, action: Callable[[], None]) -> None:
+        self._raise_if_lost(write)
         try:
-            transitions.heartbeat(self._held.fence, self._held.lease_seconds)
+            _outside_callers_transaction(action)
         except LeaseLost:
             self._held.lost.set()
             raise
 
+    def heartbeat(self) -> None:
+        """Extend the lease now; raises LeaseLost if this attempt no longer owns the job."""
+        fence, lease = self._held.fence, self._held.lease_seconds
+        self._fenced(Write.HEARTBEAT, lambda: transitions.heartbeat(fence, lease))
+
     def checkpoint(self, progress: Any) -> None:
-        """Record JSON progress (and extend the lease); raises LeaseLost like heartbeat()."""
-        self._raise_if_lost(Write.CHECKPOINT)
-        try:
-            transitions.checkpoint(self._held.fence, progress, self._held.lease_seconds)
-        except LeaseLost:
-            self._held.lost.set()
-            raise
+        """Record JSON progress (and extend the lease); raises LeaseLost like heartbeat().
+
+        Progress is bounded like a payload: jobs.InvalidPayload (a ValueError) for what is not
+        plain JSON the database can store or is larger than JOBS['MAX_PAYLOAD_BYTES'].
+        """
+        bounds.json_value(progress, jobs_settings().MAX_PAYLOAD_BYTES, what="progress")
+        fence, lease = self._held.fence, self._held.lease_seconds
+        self._fenced(Write.CHECKPOINT, lambda: transitions.checkpoint(fence, progress, lease))
 
     def __repr__(self) -> str:
         return f"<JobContext {self.kind}#{self.job_id} attempt {self.attempt}>"

@@ -5,35 +5,22 @@ wake-up NOTIFY, sent by a database trigger) becomes visible only when the caller
 commits. A duplicate `unique_key` of a live (queued or running) job returns that job.
 """
 
-import json
-import math
 import re
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
+from jobs import bounds
 from jobs.conf import jobs_settings
-from jobs.exceptions import InvalidOption, InvalidPayload, InvalidQueue, PayloadTooLarge
+from jobs.exceptions import DuplicateJob, InvalidOption, InvalidQueue
 from jobs.models import Job, JobEvent
 from jobs.registry import get_handler
 from jobs.states import EventType, JobState
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-PRIORITY_RANGE = (-32768, 32767)
+UNIQUE_KEY_TRIES = 5
 UNIQUE_KEY_CONSTRAINT = "jobs_job_unique_key_live"
-
-
-def encode_payload(payload: Any, limit: int) -> None:
-    """Refuse anything that is not plain JSON, or too big once encoded."""
-    try:
-        encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
-    size = len(encoded.encode())
-    if size > limit:
-        raise PayloadTooLarge(f"payload is {size} bytes encoded; the limit is {limit}")
 
 
 def _validate(
@@ -47,30 +34,20 @@ def _validate(
     unique_key: str | None,
 ) -> None:
     get_handler(kind)  # raises UnknownKind
-    encode_payload(payload, jobs_settings().MAX_PAYLOAD_BYTES)
+    bounds.json_value(payload, jobs_settings().MAX_PAYLOAD_BYTES)
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise InvalidQueue(f"queue {queue!r} must match {QUEUE_NAME.pattern}")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidOption(f"priority must be an int, not {type(priority).__name__}")
-    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-        raise InvalidOption(f"priority {priority} is outside {PRIORITY_RANGE}")
-    if run_at is not None and (not isinstance(run_at, datetime) or timezone.is_naive(run_at)):
-        raise InvalidOption("run_at must be a timezone-aware datetime")
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise InvalidOption("max_attempts must be a positive int")
-    if lease_seconds is not None and (
-        isinstance(lease_seconds, bool)
-        or not isinstance(lease_seconds, int | float)
-        or not math.isfinite(lease_seconds)
-        or lease_seconds <= 0
-    ):
-        raise InvalidOption("lease_seconds must be a positive number")
-    if unique_key is not None and (
-        not isinstance(unique_key, str) or not 0 < len(unique_key) <= 200
-    ):
-        raise InvalidOption("unique_key must be a non-empty string of at most 200 characters")
+    bounds.priority(priority)
+    if run_at is not None:
+        bounds.run_at(run_at)
+    if max_attempts is not None:
+        bounds.max_attempts(max_attempts)
+    if lease_seconds is not None:
+        bounds.lease_seconds(lease_seconds)
+    if unique_key is not None:
+        if not isinstance(unique_key, str):
+            raise InvalidOption("unique_key must be a string")
+        bounds.storable_text("unique_key", unique_key, bounds.TEXT_CHARS)
 
 
 def enqueue(
@@ -103,7 +80,7 @@ def enqueue(
     }
     if run_at is not None:
         fields["run_at"] = run_at
-    while True:
+    for _ in range(UNIQUE_KEY_TRIES):
         try:
             # A savepoint, so a unique-key conflict leaves the caller's transaction usable.
             with transaction.atomic():
@@ -124,3 +101,9 @@ def enqueue(
             existing.duplicate = True  # type: ignore[attr-defined]
             return existing
         # The holder became terminal between our insert and our read: try the insert again.
+    # Under REPEATABLE READ or SERIALIZABLE the holder can be committed yet invisible to this
+    # transaction's snapshot, so neither the insert nor the read can ever succeed here.
+    raise DuplicateJob(
+        f"a live job holds unique_key {unique_key!r} but this transaction cannot see it "
+        "(REPEATABLE READ or SERIALIZABLE snapshot); retry in a new transaction"
+    )

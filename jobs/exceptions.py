@@ -27,7 +27,7 @@ class UnknownKind(EnqueueError):
 
 
 class InvalidPayload(EnqueueError):
-    """The payload is not JSON (or is too large)."""
+    """The payload (or a result, or progress) is not JSON the database can store."""
 
 
 class PayloadTooLarge(InvalidPayload):
@@ -39,7 +39,16 @@ class InvalidQueue(EnqueueError):
 
 
 class InvalidOption(EnqueueError):
-    """priority, run_at, max_attempts, lease_seconds or unique_key is out of range."""
+    """priority, run_at, max_attempts, lease_seconds, unique_key or a handler option is out of
+    range (see jobs.bounds)."""
+
+
+class DuplicateJob(EnqueueError):
+    """unique_key is held by a live job this transaction cannot see (REPEATABLE READ snapshot).
+
+    A visible holder is returned instead (`job.duplicate = True`); this is raised only when the
+    caller's snapshot hides it, so retrying in a new transaction returns it.
+    """
 
 
 class HandlerAlreadyRegistered(JobsError):

@@ -1,42 +1,71 @@
-"""The background heartbeat: one thread per drain that keeps the held leases alive.
+"""The drain's background thread: keeps held leases alive and hands successes over promptly.
 
-Owns: periodic fenced lease extension for every job a drain holds (claimed, not yet finished).
+Owns: periodic fenced lease extension for every job a drain holds (claimed, not yet ended);
+confirming, at the next beat, that the handler now running is running (the reaper charges an
+expired attempt only if it was confirmed); and flushing finished successes to the completer once
+the oldest has waited FLUSH_SECONDS, so a quick job's commit never waits for a slow batch-mate.
+
 Never: decides a job's outcome. A heartbeat that changes zero rows is recorded by
 transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
 Hazards: the thread has its own database connection (Django connections are per thread) and
-closes it on exit. A database error in a beat is logged and retried at the next tick; the commit's
-compare-and-set remains the last word, so a missed beat can cost a lease, never correctness.
+closes it on exit. Any error in a beat is logged (once, then rate-limited) and retried with
+backoff; the thread itself never dies of it. When no beat has succeeded for half of the shortest
+held lease, the leases are `at_risk`: the runner stops starting jobs and hands the unstarted ones
+back. The commit's compare-and-set remains the last word, so a missed beat can cost a lease,
+never correctness.
 """
 
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import connection
 
 from jobs import transitions
-from jobs.transitions import Fence
+from jobs.transitions import Claimed, Fence
 
 logger = logging.getLogger("jobs.heartbeat")
 
+FLUSH_SECONDS = 0.2  # longest a finished success waits for its commit while the drain goes on
+RETRY_SECONDS = (0.1, 2.0)  # backoff between failed beats: first, cap
+ERROR_LOG_SECONDS = 30.0  # a persisting beat failure is logged again at most this often
 
-@dataclass
+
+@dataclass(eq=False)
 class Held:
     fence: Fence
     lease_seconds: float
     lost: threading.Event = field(default_factory=threading.Event)
+    confirmed: bool = False  # a beat has marked this attempt's handler as running
+
+
+@dataclass(frozen=True)
+class Finished:
+    held: Held
+    claimed: Claimed
+    result: Any
+    at: float  # time.monotonic() when the handler returned
+
+
+Commit = Callable[[Sequence[Finished]], None]
 
 
 class Heartbeater:
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, commit: Commit | None = None) -> None:
         self.interval = interval
+        self._commit = commit
         self._held: dict[int, Held] = {}
+        self._finished: list[Finished] = []
+        self._running: Held | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake = threading.Event()  # stop, or a shorter lease arrived: re-plan the next beat
+        self._wake = threading.Event()  # stop, a shorter lease, or a first finished success
+        self._last_ok = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeater":
@@ -44,9 +73,12 @@ class Heartbeater:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=30)
+        try:
+            self.flush()
+        finally:
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(timeout=90)
 
     def hold(self, fence: Fence, lease_seconds: float) -> Held:
         held = Held(fence, lease_seconds)
@@ -63,14 +95,51 @@ class Heartbeater:
         with self._lock:
             self._held.pop(fence.job_id, None)
 
+    def running(self, held: Held | None) -> None:
+        """Name the job whose handler runs now (None between handlers)."""
+        with self._lock:
+            self._running = held
+
+    def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
+        """A success to commit soon; its lease stays beaten until then."""
+        with self._lock:
+            self._finished.append(Finished(held, claimed, result, time.monotonic()))
+            first = len(self._finished) == 1
+        if first:
+            self._wake.set()  # the thread plans the flush deadline
+
+    def flush(self) -> None:
+        """Commit every finished success now (from whichever thread calls)."""
+        with self._lock:
+            items, self._finished = self._finished, []
+            for item in items:
+                # Released before the commit: a zero-row beat racing the commit is then no
+                # evidence of a lost lease; the commit's own fence decides.
+                self._held.pop(item.held.fence.job_id, None)
+        if items and self._commit is not None:
+            self._commit(items)
+
+    @property
+    def at_risk(self) -> bool:
+        """No beat has succeeded for half the shortest lease held: the leases may be gone."""
+        with self._lock:
+            leases = [h.lease_seconds for h in self._held.values()]
+        return bool(leases) and time.monotonic() - self._last_ok > min(leases) / 2.0
+
     def beat_now(self) -> None:
         with self._lock:
             batch = list(self._held.values())
+            running = self._running if self._running and not self._running.confirmed else None
         if not batch:
+            self._last_ok = time.monotonic()
             return
-        lost = transitions.heartbeat_many([(h.fence, h.lease_seconds) for h in batch])
+        confirm = running.fence if running is not None and running in batch else None
+        lost = transitions.heartbeat_many([(h.fence, h.lease_seconds) for h in batch], confirm)
+        self._last_ok = time.monotonic()
         confirmed = []
         with self._lock:
+            if running is not None and confirm is not None and confirm.job_id not in lost:
+                running.confirmed = True
             for h in batch:
                 # A job released meanwhile is being committed: its own fenced write decides,
                 # and a zero-row beat racing that commit is no evidence of a lost lease.
@@ -81,21 +150,57 @@ class Heartbeater:
         for fence in confirmed:
             transitions.record_lost_heartbeat(fence)
 
+    def _next_deadline(self, last_beat: float) -> float:
+        with self._lock:
+            flush_at = self._finished[0].at + FLUSH_SECONDS if self._finished else None
+        beat_at = last_beat + self.interval
+        return beat_at if flush_at is None else min(beat_at, flush_at)
+
     def _run(self) -> None:
-        last = time.monotonic()
+        last_beat = time.monotonic()
+        failures = _FailureLog()
         try:
-            while True:
-                self._wake.wait(max(0.0, last + self.interval - time.monotonic()))
+            while not self._stop.is_set():
+                self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
                 self._wake.clear()
                 if self._stop.is_set():
                     return
-                if time.monotonic() < last + self.interval:
-                    continue  # woken to re-plan with a shorter interval
-                last = time.monotonic()
+                now = time.monotonic()
                 try:
-                    self.beat_now()
-                except DatabaseError:
-                    logger.exception("heartbeat failed; retrying next tick")
+                    if self._finished and self._finished[0].at + FLUSH_SECONDS <= now:
+                        self.flush()
+                    if now >= last_beat + self.interval:
+                        last_beat = now
+                        self.beat_now()
+                    failures.recovered()
+                except Exception as exc:  # noqa: BLE001  the thread must outlive any one error
+                    failures.failed(exc)
                     connection.close()
+                    # Retry sooner than a full interval, backing off while the failures last.
+                    last_beat = now - self.interval + failures.backoff()
         finally:
             connection.close()
+
+
+class _FailureLog:
+    """Log a failure once, then at most every ERROR_LOG_SECONDS, then the recovery."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged_at = 0.0
+
+    def failed(self, exc: Exception) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self.count == 1 or now - self._logged_at >= ERROR_LOG_SECONDS:
+            self._logged_at = now
+            logger.error("heartbeat failed (%s in a row); retrying", self.count, exc_info=exc)
+
+    def recovered(self) -> None:
+        if self.count:
+            logger.warning("heartbeat recovered after %s failures", self.count)
+        self.count = 0
+
+    def backoff(self) -> float:
+        first, cap = RETRY_SECONDS
+        return float(min(cap, first * 2 ** min(self.count - 1, 10)))

@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from jobs import bounds
 from jobs.states import TERMINAL_STATES, AttemptOutcome, EventType, JobState, Write
 
 TERMINAL = [state for state in JobState if state in TERMINAL_STATES]  # in enum order
@@ -52,6 +53,12 @@ class Job(models.Model):
     )
     # The fencing token: bumped by every claim, presented by every later write.
     attempt = models.IntegerField(default=0, db_default=0)
+    # Claims that did not count against max_attempts: handed back before their handler started
+    # (release), or expired before a heartbeat confirmed the handler running. The attempts
+    # charged are `attempt - attempts_released` (jobs.policy). Once non-zero, the runner confirms
+    # this job's start explicitly before its handler runs, so a job that kills its worker is
+    # charged from then on.
+    attempts_released = models.IntegerField(default=0, db_default=0)
     # NULL: the handler's limit, else JOBS['MAX_ATTEMPTS'] (resolved by jobs.policy).
     max_attempts = models.IntegerField(null=True, blank=True)
     lease_seconds = models.FloatField(null=True, blank=True)
@@ -77,12 +84,20 @@ class Job(models.Model):
             ),
             models.CheckConstraint(condition=Q(attempt__gte=0), name="jobs_job_attempt_nonneg"),
             models.CheckConstraint(
-                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gte=1),
-                name="jobs_job_max_attempts_positive",
+                condition=Q(attempts_released__gte=0) & Q(attempts_released__lte=F("attempt")),
+                name="jobs_job_released_within_attempts",
+            ),
+            # The ranges jobs.bounds enforces at enqueue, for rows inserted any other way too: a
+            # lease that overflows the claim's interval arithmetic would fail the claim
+            # statement for every drain that reaches the row.
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__range=bounds.MAX_ATTEMPTS),
+                name="jobs_job_max_attempts_range",
             ),
             models.CheckConstraint(
-                condition=Q(lease_seconds__isnull=True) | Q(lease_seconds__gt=0),
-                name="jobs_job_lease_positive",
+                condition=Q(lease_seconds__isnull=True)
+                | Q(lease_seconds__range=bounds.LEASE_SECONDS),
+                name="jobs_job_lease_range",
             ),
             # A running job always carries a lease and has been claimed at least once.
             models.CheckConstraint(
@@ -131,6 +146,10 @@ class Attempt(models.Model):
     number = models.IntegerField()
     worker = models.CharField(max_length=200, help_text="<hostname>:<pid> running the handler")
     claimed_at = models.DateTimeField()
+    # When a heartbeat (or, for a job with released attempts, an explicit write before the
+    # handler ran) confirmed the handler running. NULL when the attempt ended before its first
+    # beat: the reaper does not charge such an expired attempt against max_attempts.
+    running_confirmed_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(

@@ -63,10 +63,15 @@ def next_claim_batch(current: int, seconds_per_job: float, cap: int) -> int:
     return 1
 
 
+def charged_attempts(attempt: int, attempts_released: int) -> int:
+    """Attempts that count against max_attempts: claims minus those handed back unstarted."""
+    return max(1, attempt - attempts_released)
+
+
 def decide_failure(
     attempt: int, max_attempts: int, cfg: JobsSettings, jitter: float
 ) -> RetryDecision:
-    """After attempt `attempt` failed (or expired), retry while attempts remain."""
+    """After the `attempt`-th charged attempt failed (or expired), retry while attempts remain."""
     if attempt >= max_attempts:
         return RetryDecision(retry=False)
     delay = backoff_seconds(attempt, cfg.RETRY_BASE_SECONDS, cfg.RETRY_MAX_SECONDS, jitter)

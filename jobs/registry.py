@@ -4,18 +4,21 @@ Owns: `@handler` and lookup. Handlers live in `handlers.py` of any installed app
 by autodiscover() from JobsConfig.ready(), like admin.py. Never: touches the database.
 """
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import autodiscover_modules
 
-from jobs.exceptions import HandlerAlreadyRegistered, UnknownKind
+from jobs import bounds
+from jobs.exceptions import HandlerAlreadyRegistered, InvalidOption, UnknownKind
 
 if TYPE_CHECKING:
     from jobs.context import JobContext
 
 HandlerFn = Callable[["JobContext"], Any]
+KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 
 
 @dataclass(frozen=True)
@@ -33,19 +36,20 @@ def handler(
     kind: str, *, lease_seconds: float | None = None, max_attempts: int | None = None
 ) -> Callable[[HandlerFn], HandlerFn]:
     """Register `fn(ctx) -> JSON-able result` as the handler for `kind`."""
-    if not kind or not isinstance(kind, str) or len(kind) > 100:
-        raise ValueError("a handler kind is a non-empty string of at most 100 characters")
-    if lease_seconds is not None and lease_seconds <= 0:
-        raise ValueError("lease_seconds must be positive")
-    if max_attempts is not None and max_attempts < 1:
-        raise ValueError("max_attempts must be at least 1")
+    if not isinstance(kind, str) or not KIND.match(kind):
+        raise InvalidOption(f"a handler kind must match {KIND.pattern}, not {kind!r}")
+    if lease_seconds is not None:
+        bounds.lease_seconds(lease_seconds)
+    if max_attempts is not None:
+        bounds.max_attempts(max_attempts)
 
     def register(fn: HandlerFn) -> HandlerFn:
         existing = _handlers.get(kind)
         if existing is not None and existing.fn is not fn:
             qualname = f"{existing.fn.__module__}.{existing.fn.__qualname__}"
             raise HandlerAlreadyRegistered(f"kind {kind!r} is already handled by {qualname}")
-        _handlers[kind] = Handler(kind, fn, lease_seconds, max_attempts)
+        lease = float(lease_seconds) if lease_seconds is not None else None
+        _handlers[kind] = Handler(kind, fn, lease, max_attempts)
         return fn
 
     return register
@@ -56,6 +60,11 @@ def get_handler(kind: str) -> Handler:
         return _handlers[kind]
     except KeyError:
         raise UnknownKind(f"no handler is registered for kind {kind!r}") from None
+
+
+def handler_leases() -> dict[str, float]:
+    """kind -> lease for the handlers that set one (the claim's first lease uses it)."""
+    return {h.kind: h.lease_seconds for h in _handlers.values() if h.lease_seconds is not None}
 
 
 def autodiscover() -> None:

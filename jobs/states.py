@@ -8,15 +8,16 @@ from django.db import models
 
 
 class JobState(models.TextChoices):
-    # enqueue (or any committed INSERT) puts a job here; the reaper and a retrying fail() put it
-    # back; a claim takes it out.
+    # enqueue (or any committed INSERT) puts a job here; the reaper, a retrying fail() and a
+    # release (a claimed job whose handler never started) put it back; a claim takes it out.
     QUEUED = "queued", "Queued"
     # only a claim moves a job here (attempt + 1, lease from the database clock); commit, fail,
     # the reaper's reclaim and cancel take it out, each fenced by (id, attempt, state).
     RUNNING = "running", "Running"
     # terminal: only commit() by the current attempt.
     SUCCEEDED = "succeeded", "Succeeded"
-    # terminal: fail() of the last attempt, or the reaper reclaiming an expired last attempt.
+    # terminal: fail() of the last attempt, the reaper reclaiming an expired last attempt, or
+    # poison() of a queued row the database refuses to claim.
     FAILED = "failed", "Failed"
     # terminal: cancel() by an operator.
     CANCELLED = "cancelled", "Cancelled"
@@ -30,8 +31,9 @@ ALLOWED_TRANSITIONS: frozenset[tuple[JobState, JobState]] = frozenset(
     {
         (JobState.QUEUED, JobState.RUNNING),  # claim
         (JobState.QUEUED, JobState.CANCELLED),  # cancel
+        (JobState.QUEUED, JobState.FAILED),  # the database refused to claim the row: poisoned
         (JobState.RUNNING, JobState.SUCCEEDED),  # commit
-        (JobState.RUNNING, JobState.QUEUED),  # fail with retry, reaper reclaim
+        (JobState.RUNNING, JobState.QUEUED),  # fail with retry, reaper reclaim, release
         (JobState.RUNNING, JobState.FAILED),  # fail, last attempt; reaper on last attempt
         (JobState.RUNNING, JobState.CANCELLED),  # cancel
         (JobState.FAILED, JobState.QUEUED),  # operator requeue
@@ -45,12 +47,17 @@ def can_transition(source: JobState, target: JobState) -> bool:
 
 
 class AttemptOutcome(models.TextChoices):
+    """What happened to one attempt. Set once: the first final outcome stays (an attempt that
+    expired and whose zombie later presented a commit reads `expired`; the rejection is a
+    RejectedWrite and an event with its own time)."""
+
     RUNNING = "running", "Running"  # set by the claim
     SUCCEEDED = "succeeded", "Succeeded"  # its commit was accepted
     FAILED = "failed", "Failed"  # its handler raised and the failure was accepted
     REJECTED = "rejected", "Rejected"  # its commit (or failure) was stale: zero rows
     LOST = "lost", "Lost"  # a heartbeat found the lease gone; the work was discarded
     EXPIRED = "expired", "Expired"  # its lease ran out and the reaper reclaimed the job
+    RELEASED = "released", "Released"  # handed back unstarted (shutdown, a batch-mate's crash)
     CANCELLED = "cancelled", "Cancelled"  # an operator cancelled the job while it ran
 
 
@@ -65,6 +72,8 @@ class EventType(models.TextChoices):
     LOST = "lost", "Lease lost"
     CANCELLED = "cancelled", "Cancelled"
     REQUEUED = "requeued", "Requeued"
+    RELEASED = "released", "Released unstarted"
+    POISONED = "poisoned", "Refused by the database"
 
 
 class Write(models.TextChoices):
@@ -76,3 +85,4 @@ class Write(models.TextChoices):
     FAIL = "fail", "Fail"
     RECLAIM = "reclaim", "Reaper reclaim"
     CANCEL = "cancel", "Cancel"
+    RELEASE = "release", "Release"

@@ -1,9 +1,9 @@
 """The only writer of a job's state, attempt, lease and result.
 
-Owns: claim, heartbeat, checkpoint, commit, fail, reclaim_expired -- each one conditional statement
-decided inside the database against (id, attempt, state), with its Attempt and event rows in the
-same transaction. Never: reads a job into Python and saves it back; retries or forces a write that
-changed zero rows.
+Owns: claim, heartbeat, checkpoint, commit, fail, release, reclaim_expired, poison -- each one
+conditional statement decided inside the database against (id, attempt, state), with its Attempt
+and event rows in the same transaction. Never: reads a job into Python and saves it back; retries
+or forces a write that changed zero rows.
 
 A write that changes zero rows is a lost lease. `_rejected` records it (job, attempt presented,
 attempt current, worker, which write) in its own short transaction, logs one line with both
@@ -16,10 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
+from jobs import bounds
 from jobs.exceptions import LeaseLost
-from jobs.sql import ClaimedRow, CommitRow, Driver, FenceRow, driver_for
+from jobs.registry import handler_leases
+from jobs.sql import ClaimedRow, CommitRow, Driver, ExpiredRow, FenceRow, driver_for, loads
 from jobs.states import AttemptOutcome, Write
 
 logger = logging.getLogger("jobs.fencing")
@@ -41,6 +43,7 @@ class Claimed:
     payload: Any
     max_attempts: int | None
     lease_seconds: float | None
+    attempts_released: int = 0
 
 
 def _driver() -> Driver:
@@ -48,52 +51,109 @@ def _driver() -> Driver:
 
 
 @contextmanager
-def _fenced_write(*, outermost: bool) -> Iterator[None]:
+def _fenced_write() -> Iterator[None]:
     """The transaction a fenced write runs in.
 
     On PostgreSQL each hot-path transition is one statement, atomic on its own: running it in
     autocommit saves the BEGIN and COMMIT round trips (about 30% of drain throughput). SQLite's
-    driver issues several statements, so it gets a real transaction. `outermost` writes (claim,
-    commit, fail, reclaim) must never join a caller's transaction -- their decision would then
-    only count once that caller commits -- exactly as `atomic(durable=True)` enforces.
+    driver issues several statements, so it gets a real transaction. A fenced write must never
+    join a caller's transaction -- its decision would count only once that caller commits, and
+    the job row's lock would last as long as the caller's work -- so inside an atomic block it
+    runs as `atomic(durable=True)`, which refuses that (Django's TestCase blocks excepted).
     """
-    if outermost and connection.in_atomic_block and not _inside_test_case():
-        raise RuntimeError("a fenced transition must not run inside another transaction")
-    if _driver().single_statement_writes and not connection.in_atomic_block:
+    if connection.in_atomic_block:
+        with transaction.atomic(durable=True):
+            yield
+    elif _driver().single_statement_writes:
         yield
-        return
-    with transaction.atomic():
-        yield
+    else:
+        with transaction.atomic():
+            yield
 
 
-def _inside_test_case() -> bool:
-    # Django's TestCase wraps each test in atomic blocks it marks; durable=True exempts them too.
-    return all(getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
+def _row_refused(exc: DatabaseError) -> bool:
+    """True when the database refused the statement's data, not when the connection failed."""
+    return not isinstance(exc, OperationalError | InterfaceError)
 
 
 def claim(
     worker: str, *, limit: int = 1, lease_seconds: float, queues: Sequence[str] | None = None
 ) -> list[Claimed]:
-    """Take up to `limit` due queued jobs: attempt + 1, lease from the database clock."""
-    with _fenced_write(outermost=True), connection.cursor() as cur:
-        rows: list[ClaimedRow] = _driver().claim(cur, worker, limit, lease_seconds, queues)
-    return [
-        Claimed(Fence(r.id, r.attempt, worker), r.kind, r.payload, r.max_attempts, r.lease_seconds)
-        for r in rows
-    ]
+    """Take up to `limit` due queued jobs: attempt + 1, lease from the database clock.
+
+    The lease is the job's own, else its handler's, else `lease_seconds`. If the database refuses
+    the statement because of some row's values, the due rows are claimed one by one and a row
+    refused on its own is failed with the reason (poison): one bad row never stops the queue.
+    """
+    leases = handler_leases()
+    try:
+        with _fenced_write(), connection.cursor() as cur:
+            rows = _driver().claim(cur, worker, limit, lease_seconds, queues, leases)
+    except DatabaseError as exc:
+        if not _row_refused(exc):
+            raise
+        logger.warning("claim statement refused (%s); claiming one by one", exc)
+        rows = _claim_one_by_one(worker, limit, lease_seconds, queues, leases, exc)
+    return [c for c in (_decoded(r, worker) for r in rows) if c is not None]
 
 
-def heartbeat_many(fences: Sequence[tuple[Fence, float]]) -> set[int]:
+def _claim_one_by_one(
+    worker: str,
+    limit: int,
+    lease: float,
+    queues: Sequence[str] | None,
+    leases: dict[str, float],
+    cause: DatabaseError,
+) -> list[ClaimedRow]:
+    with connection.cursor() as cur:
+        ids = _driver().due_ids(cur, limit, queues)
+    rows: list[ClaimedRow] = []
+    for job_id in ids:
+        try:
+            with _fenced_write(), connection.cursor() as cur:
+                rows += _driver().claim(cur, worker, 1, lease, queues, leases, only_id=job_id)
+        except DatabaseError as exc:
+            if not _row_refused(exc):
+                raise
+            poison(job_id, f"the database refused to claim this job: {exc}", worker)
+    return rows
+
+
+def _decoded(row: ClaimedRow, worker: str) -> Claimed | None:
+    fence = Fence(row.id, row.attempt, worker)
+    try:
+        payload = loads(row.payload)
+    except (ValueError, RecursionError) as exc:
+        # Stored by something other than enqueue (which bounds depth): it will never decode.
+        logger.warning("job %s: payload cannot be decoded (%s); failing it", row.id, exc)
+        fail(fence, f"payload could not be decoded: {type(exc).__name__}: {exc}"[:500], None)
+        return None
+    return Claimed(
+        fence, row.kind, payload, row.max_attempts, row.lease_seconds, row.attempts_released
+    )
+
+
+def poison(job_id: int, error: str, worker: str) -> bool:
+    """Fail a queued row the database refuses to claim; True if it was still queued."""
+    with _fenced_write(), connection.cursor() as cur:
+        done = _driver().poison(cur, job_id, bounds.storable_error(error), worker)
+    logger.error("job %s failed unclaimed: %s", job_id, error)
+    return done
+
+
+def heartbeat_many(fences: Sequence[tuple[Fence, float]], confirm: Fence | None = None) -> set[int]:
     """Extend the leases still owned in one statement; return the job ids whose lease is gone.
 
-    The caller records each loss it acts on with record_lost_heartbeat(): the background
-    heartbeat ignores a loss for a job its runner has meanwhile released to commit.
+    `confirm` names the job whose handler is running now: its attempt is marked as confirmed
+    running (the reaper charges an expired attempt only when it was). The caller records each
+    loss it acts on with record_lost_heartbeat(): the background heartbeat ignores a loss for a
+    job its runner has meanwhile released to commit.
     """
     if not fences:
         return set()
     rows = [FenceRow(f.job_id, f.attempt, lease) for f, lease in fences]
-    with _fenced_write(outermost=False), connection.cursor() as cur:
-        held = _driver().heartbeat(cur, rows)
+    with _fenced_write(), connection.cursor() as cur:
+        held = _driver().heartbeat(cur, rows, confirm.job_id if confirm else None)
     return {f.job_id for f, _ in fences if f.job_id not in held}
 
 
@@ -107,9 +167,17 @@ def heartbeat(fence: Fence, lease_seconds: float) -> None:
         _rejected(fence, Write.HEARTBEAT, AttemptOutcome.LOST)
 
 
+def confirm_running(fence: Fence) -> None:
+    """Mark, before its handler runs, that this attempt runs; LeaseLost if the fence is gone."""
+    with _fenced_write(), connection.cursor() as cur:
+        ok = _driver().confirm_running(cur, fence.job_id, fence.attempt)
+    if not ok:
+        _rejected(fence, Write.HEARTBEAT, AttemptOutcome.LOST)
+
+
 def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
     """Store progress and extend the lease in one fenced write."""
-    with _fenced_write(outermost=False), connection.cursor() as cur:
+    with _fenced_write(), connection.cursor() as cur:
         ok = _driver().checkpoint(cur, fence.job_id, fence.attempt, progress, lease_seconds)
     if not ok:
         _rejected(fence, Write.CHECKPOINT, AttemptOutcome.LOST)
@@ -118,8 +186,9 @@ def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
 def commit_many(items: Sequence[tuple[Fence, Any, str]]) -> list[Fence]:
     """End several attempts as succeeded in one statement, each fenced by its own attempt.
 
-    Returns the fences whose commit changed zero rows, each already recorded. Never part of a
-    caller's transaction.
+    Returns the fences whose commit changed zero rows, each already recorded -- except an
+    attempt whose own earlier presentation already landed (a re-presented commit after an
+    unknown outcome), which is simply done. Never part of a caller's transaction.
     """
     if not items:
         return []
@@ -127,11 +196,14 @@ def commit_many(items: Sequence[tuple[Fence, Any, str]]) -> list[Fence]:
     if any(f.worker != worker for f, _, _ in items):
         raise ValueError("one commit statement speaks for one worker")
     rows = [CommitRow(f.job_id, f.attempt, result, ref) for f, result, ref in items]
-    with _fenced_write(outermost=True), connection.cursor() as cur:
+    with _fenced_write(), connection.cursor() as cur:
         committed = _driver().commit(cur, worker, rows)
-    rejected = [f for f, _, _ in items if f.job_id not in committed]
-    for fence in rejected:
+    rejected = []
+    for fence, _, _ in items:
+        if fence.job_id in committed or _landed(fence, AttemptOutcome.SUCCEEDED):
+            continue
         _record(fence, Write.COMMIT, AttemptOutcome.REJECTED)
+        rejected.append(fence)
     return rejected
 
 
@@ -146,19 +218,33 @@ def fail(fence: Fence, error: str, retry_in: float | None) -> None:
 
     Fenced like commit, so a stale failure can never overwrite a newer attempt's outcome.
     """
-    with _fenced_write(outermost=True), connection.cursor() as cur:
+    error = bounds.storable_error(error)
+    with _fenced_write(), connection.cursor() as cur:
         ok = _driver().fail(cur, fence.job_id, fence.attempt, fence.worker, error, retry_in)
-    if not ok:
+    if not ok and not _landed(fence, AttemptOutcome.FAILED):
         _rejected(fence, Write.FAIL, AttemptOutcome.REJECTED)
 
 
-def reclaim_expired(job_id: int, attempt: int, *, terminal: bool, worker: str) -> bool:
-    """The reaper's compare-and-set; False (recorded) when a commit or heartbeat got there first."""
-    with transaction.atomic(durable=True), connection.cursor() as cur:
-        ok = _driver().reclaim_expired(cur, job_id, attempt, terminal, worker)
-    if not ok:
-        _record(Fence(job_id, attempt, worker), Write.RECLAIM, None)
-    return ok
+def release(fence: Fence) -> None:
+    """Hand a claimed job back before its handler started: queued now, the attempt uncharged."""
+    with _fenced_write(), connection.cursor() as cur:
+        ok = _driver().release(cur, fence.job_id, fence.attempt, fence.worker)
+    if not ok and not _landed(fence, AttemptOutcome.RELEASED):
+        _rejected(fence, Write.RELEASE, AttemptOutcome.REJECTED)
+
+
+def reclaim_expired(
+    row: ExpiredRow, *, terminal: bool, charged: bool, worker: str, error: str = ""
+) -> bool:
+    """The reaper's compare-and-set; False when a commit, beat or other reaper got there first.
+
+    A lost race is not a stale write (the reaper holds no attempt), so it is not recorded as a
+    rejection; the reaper counts it on its own.
+    """
+    with _fenced_write(), connection.cursor() as cur:
+        return _driver().reclaim_expired(
+            cur, row, terminal=terminal, charged=charged, worker=worker, error=error
+        )
 
 
 def mark_lost(fence: Fence) -> None:
@@ -168,9 +254,21 @@ def mark_lost(fence: Fence) -> None:
 
 
 def read_outcome(job_id: int) -> tuple[str, int, str] | None:
-    """(state, attempt, result_ref) as the database has it now; used after an unknown commit."""
+    """(state, attempt, result_ref) as the database has it now."""
     with connection.cursor() as cur:
         return _driver().read_job(cur, job_id)
+
+
+def attempt_outcome(fence: Fence) -> str | None:
+    """The outcome the database holds for this attempt (None: no such attempt row)."""
+    with connection.cursor() as cur:
+        return _driver().read_attempt_outcome(cur, fence.job_id, fence.attempt)
+
+
+def _landed(fence: Fence, outcome: str) -> bool:
+    # Only this attempt's own write sets its outcome to `outcome`; the job's state alone cannot
+    # tell (a reaper's requeue and a retrying fail both leave it queued at the same attempt).
+    return attempt_outcome(fence) == outcome
 
 
 def count_due(limit: int, queues: Sequence[str] | None = None) -> int:
@@ -178,7 +276,7 @@ def count_due(limit: int, queues: Sequence[str] | None = None) -> int:
         return _driver().count_due(cur, limit, queues)
 
 
-def find_expired(limit: int) -> list[tuple[int, int, str, int | None]]:
+def find_expired(limit: int) -> list[ExpiredRow]:
     with connection.cursor() as cur:
         return _driver().find_expired(cur, limit)
 

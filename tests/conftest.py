@@ -17,7 +17,8 @@ def make_job(db: None) -> Callable[..., Job]:
     """Plant a job row directly (no enqueue): `make_job(state="running", attempt=2, ...)`.
 
     Running jobs get a lease from the database clock (`lease_in` seconds, negative = expired)
-    and an open Attempt row for their current attempt.
+    and an open Attempt row for their current attempt, whose handler a heartbeat has confirmed
+    running unless `confirmed=False`.
     """
 
     def make(
@@ -26,6 +27,7 @@ def make_job(db: None) -> Callable[..., Job]:
         attempt: int = 0,
         lease_in: float = 30.0,
         worker: str = "test-host:1",
+        confirmed: bool = True,
         **fields: Any,
     ) -> Job:
         job = Job.objects.create(kind=kind, state=JobState.QUEUED, attempt=attempt, **fields)
@@ -42,6 +44,7 @@ def make_job(db: None) -> Callable[..., Job]:
                 number=attempt,
                 worker=worker,
                 claimed_at=job.created_at,
+                running_confirmed_at=job.created_at if confirmed else None,
                 outcome=AttemptOutcome.RUNNING,
             )
         elif state != JobState.QUEUED:

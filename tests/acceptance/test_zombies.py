@@ -50,7 +50,9 @@ def test_zombie_commit_is_rejected_after_another_worker_committed(start_qcluster
     rejected = wait_for_rejection(job.pk, 1, {"commit"})
     assert (rejected.attempt_current, rejected.state_current) == (2, "succeeded")
     assert worker_pid(rejected.worker) == reclaimed.zombie
-    assert wait_for_outcome(job.pk, 1, {"rejected", "lost"}).outcome == "rejected"
+    # The attempt keeps what happened to it first: expired at T1, its commit rejected at T2.
+    first = Attempt.objects.get(job=job, number=1)
+    assert first.outcome == "expired" and first.ended_at < rejected.at
     # The zombie's commit changed zero rows: the job is exactly as attempt 2 left it.
     after = Job.objects.get(pk=job.pk)
     assert (after.state, after.attempt, after.result, after.finished_at) == (
@@ -77,7 +79,9 @@ def test_zombie_commit_is_rejected_while_the_new_attempt_is_still_running(start_
     # Rejected while the job was running again (under attempt 2): a guard on state alone
     # (`WHERE state = 'running'`) would have let this commit through.
     assert (rejected.attempt_current, rejected.state_current) == (2, "running")
-    assert wait_for_outcome(job.pk, 1, {"rejected", "lost"}).outcome == "rejected"
+    # The attempt keeps what happened to it first: expired at T1, its commit rejected at T2.
+    first = Attempt.objects.get(job=job, number=1)
+    assert first.outcome == "expired" and first.ended_at < rejected.at
     assert Job.objects.filter(pk=job.pk, state="running", attempt=2).exists()
 
     committed = wait_for_state(job.pk, "succeeded")

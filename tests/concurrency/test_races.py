@@ -16,7 +16,7 @@ from django.db import connections
 
 from jobs import transitions
 from jobs.models import Attempt, Job
-from jobs.sql import CommitRow, PostgresDriver
+from jobs.sql import CommitRow, ExpiredRow, PostgresDriver
 from jobs.states import JobState
 from tests.conftest import raw_connection
 
@@ -29,10 +29,17 @@ def _commit(cur: psycopg.Cursor, job: int, result: object, attempt: int = 1) -> 
     return DRIVER.commit(cur, "worker-a:1", [CommitRow(job, attempt, result, "")]) == {job}
 
 
+def _reclaim(cur: psycopg.Cursor, job: int) -> bool:
+    row = ExpiredRow(job, 1, "test.echo", None, 0, True, "worker-a:1")
+    return DRIVER.reclaim_expired(
+        cur, row, terminal=False, charged=True, worker="reaper:1", error=""
+    )
+
+
 OPS: dict[str, Op] = {
     "commit": lambda cur, job: _commit(cur, job, {"by": "commit"}),
     "fail": lambda cur, job: DRIVER.fail(cur, job, 1, "worker-a:1", "boom", None),
-    "reclaim": lambda cur, job: DRIVER.reclaim_expired(cur, job, 1, False, "reaper:1"),
+    "reclaim": lambda cur, job: _reclaim(cur, job),
     "commit-again": lambda cur, job: _commit(cur, job, {"by": "again"}),
 }
 PAIRS = [("commit", "reclaim"), ("fail", "reclaim"), ("commit", "fail"), ("commit", "commit-again")]

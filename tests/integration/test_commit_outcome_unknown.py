@@ -6,9 +6,9 @@ import pytest
 from django.db import connection
 
 import jobs
-from jobs import runner, transitions
+from jobs import completer, transitions
 from jobs.models import Job, RejectedWrite
-from jobs.states import JobState
+from jobs.states import AttemptOutcome, JobState
 from tests.integration.pgproxy import PgProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,8 +41,8 @@ def claimed_fence():
 
 
 def commit_resolving(fence, result):
-    runner.present_until_decided(
-        [fence], lambda fences: transitions.commit(fence, result), JobState.SUCCEEDED
+    completer.present_until_decided(
+        [fence], lambda fences: transitions.commit(fence, result), AttemptOutcome.SUCCEEDED
     )
 
 
@@ -81,7 +81,9 @@ def test_a_lost_commit_whose_job_moved_on_is_rejected_not_forced(proxied, second
             )
 
     with pytest.raises(jobs.LeaseLost):
-        runner.present_until_decided([fence], commit_then_lose_the_job, JobState.SUCCEEDED)
+        completer.present_until_decided(
+            [fence], commit_then_lose_the_job, AttemptOutcome.SUCCEEDED
+        )
     job = Job.objects.get(pk=fence.job_id)
     assert (job.state, job.attempt) == (JobState.RUNNING, 2)
     assert RejectedWrite.objects.get(job=job).attempt_presented == 1

@@ -53,11 +53,11 @@ def test_a_beat_racing_the_commit_of_a_released_job_records_nothing(make_job, mo
     held = beats.hold(fence, 30)
     real = transitions.heartbeat_many
 
-    def runner_commits_mid_beat(fences):
+    def runner_commits_mid_beat(fences, confirm=None):
         # The runner releases the job and commits it between the beat's snapshot and its write.
         beats.release(fence)
         transitions.commit(fence, "done")
-        return real(fences)
+        return real(fences, confirm)
 
     monkeypatch.setattr(heartbeat_module.transitions, "heartbeat_many", runner_commits_mid_beat)
     beats.beat_now()

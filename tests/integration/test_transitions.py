@@ -173,12 +173,21 @@ def test_commit_records_result_and_closes_the_attempt(make_job):
     assert Attempt.objects.get(job=job).outcome == AttemptOutcome.SUCCEEDED
 
 
-def test_a_second_commit_by_the_same_attempt_is_rejected(make_job):
+def test_a_commit_re_presented_after_it_landed_changes_nothing_and_is_no_stale_write(make_job):
+    """The runner re-presents a commit whose outcome it could not learn: its own landed write."""
+    job = make_job(state=JobState.RUNNING, attempt=1, worker=WORKER)
+    transitions.commit(Fence(job.pk, 1, WORKER), 1)
+    transitions.commit(Fence(job.pk, 1, WORKER), 1)
+    assert Job.objects.get(pk=job.pk).result == 1
+    assert not RejectedWrite.objects.exists()
+
+
+def test_a_failure_presented_after_the_same_attempt_committed_is_rejected(make_job):
     job = make_job(state=JobState.RUNNING, attempt=1, worker=WORKER)
     transitions.commit(Fence(job.pk, 1, WORKER), 1)
     with pytest.raises(jobs.LeaseLost):
-        transitions.commit(Fence(job.pk, 1, WORKER), 2)
-    assert Job.objects.get(pk=job.pk).result == 1
+        transitions.fail(Fence(job.pk, 1, WORKER), "late", None)
+    assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
 
 
 def test_a_stale_failure_never_overwrites_a_newer_terminal_state(make_job):
@@ -207,6 +216,10 @@ def test_a_late_commit_before_any_reclaim_is_accepted(make_job):
 
 
 # -- the reaper ---------------------------------------------------------------------------------
+
+
+def reclaim(row, worker):
+    return transitions.reclaim_expired(row, terminal=False, charged=True, worker=worker)
 
 
 def test_reaper_reclaims_only_expired_leases(make_job):
@@ -239,18 +252,29 @@ def test_reclaim_never_clobbers_a_commit_that_landed_after_the_reapers_read(make
     job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1, worker=WORKER)
     (seen,) = transitions.find_expired(10)
     transitions.commit(Fence(job.pk, 1, WORKER), "landed first")
-    assert not transitions.reclaim_expired(seen[0], seen[1], terminal=False, worker="reaper:1")
+    assert not reclaim(seen, worker="reaper:1")
     job.refresh_from_db()
     assert (job.state, job.result) == (JobState.SUCCEEDED, "landed first")
-    assert RejectedWrite.objects.get(job=job).write == Write.RECLAIM
+    assert not RejectedWrite.objects.exists()  # a reaper's lost race is no stale write
+
+
+def test_the_reapers_lost_races_are_counted_apart_from_stale_writes(make_job, monkeypatch):
+    job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1, worker=WORKER)
+    seen = transitions.find_expired(10)
+    transitions.commit(Fence(job.pk, 1, WORKER), "landed first")
+    monkeypatch.setattr(reaper.transitions, "find_expired", lambda limit: seen)
+    before = reaper.stats.lost_races
+    assert reaper.reap("reaper:1") == 0
+    assert reaper.stats.lost_races == before + 1
+    assert not RejectedWrite.objects.exists()
 
 
 def test_reclaim_never_touches_a_fresh_attempt_claimed_after_the_reapers_read(make_job):
     job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1, worker=WORKER)
     (seen,) = transitions.find_expired(10)
-    assert transitions.reclaim_expired(job.pk, 1, terminal=False, worker="reaper:2")
+    assert reclaim(seen, worker="reaper:2")
     fresh = claim_one(worker="host-c:303")
-    assert not transitions.reclaim_expired(seen[0], seen[1], terminal=False, worker="reaper:1")
+    assert not reclaim(seen, worker="reaper:1")
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.RUNNING, fresh.fence.attempt)
 

@@ -1,0 +1,177 @@
+"""The completer: how a worker ends its attempts -- commit, fail, release, discard.
+
+Owns: the final write of every attempt a drain ran, and what happens around it: committing a
+drain's successes together (every row fenced by its own attempt), isolating a row the database
+refuses so it fails alone, and resolving a write whose outcome is unknown before anything is
+reported. Writes only through jobs.transitions.
+
+Never: lets one job's value or failure decide another job's outcome. A batch statement the
+database refuses is split until the refused row stands alone; that row's job fails with the
+database's reason and every other row commits. Never retries a write that was rejected (zero
+rows): that is a lost lease, recorded by transitions.
+
+Hazards: a connection lost during the write leaves its outcome unknown. The attempt's own
+Attempt row, re-read on a fresh connection, decides: only this attempt's own write sets its
+outcome to `succeeded`/`failed`/`released` (the job's state cannot tell: a reaper's requeue and a
+retrying fail both leave it queued at the same attempt). Until the outcome is known nothing is
+reported; after UNKNOWN_OUTCOME_DEADLINE the error propagates and the lease decides.
+"""
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+from jobs import policy, transitions
+from jobs.conf import jobs_settings
+from jobs.exceptions import LeaseLost, UnknownKind
+from jobs.heartbeat import Finished
+from jobs.registry import Handler, get_handler
+from jobs.states import AttemptOutcome
+from jobs.transitions import Claimed, Fence
+
+logger = logging.getLogger("jobs.completer")
+
+UNKNOWN_OUTCOME_DEADLINE = 60.0
+
+
+def _ids(fence: Fence) -> tuple[int, int]:
+    return fence.job_id, fence.attempt
+
+
+def _refused(exc: DatabaseError) -> bool:
+    return not isinstance(exc, OperationalError | InterfaceError)
+
+
+def commit(items: Sequence[Finished]) -> None:
+    """Commit finished successes; a lost lease discards, a refused row fails its own job."""
+    to_commit = []
+    for item in items:
+        if item.held.lost.is_set():
+            discard(item.held.fence)
+        else:
+            to_commit.append(item)
+    _commit_isolated(to_commit)
+
+
+def _commit_isolated(items: Sequence[Finished]) -> None:
+    if not items:
+        return
+    results = {i.held.fence.job_id: i.result for i in items}
+
+    def write(fences: Sequence[Fence]) -> None:
+        rejected = transitions.commit_many([(f, results[f.job_id], "") for f in fences])
+        for fence in rejected:
+            logger.info("job %s attempt %s: commit rejected; work discarded", *_ids(fence))
+
+    try:
+        present_until_decided([i.held.fence for i in items], write, AttemptOutcome.SUCCEEDED)
+    except DatabaseError as exc:
+        if not _refused(exc):
+            raise
+        if len(items) > 1:  # someone's row was refused: find it, commit the others
+            half = len(items) // 2
+            _commit_isolated(items[:half])
+            _commit_isolated(items[half:])
+            return
+        fence = items[0].held.fence
+        logger.warning("job %s attempt %s: result refused by the database: %s", *_ids(fence), exc)
+        fail(items[0].claimed, f"the database refused the handler's result: {exc}")
+
+
+def fail(claimed: Claimed, error: str) -> None:
+    """End an attempt as failed, retried with backoff while charged attempts remain."""
+    fence, cfg = claimed.fence, jobs_settings()
+    limit = policy.max_attempts_for(claimed.max_attempts, _handler(claimed.kind), cfg)
+    charged = policy.charged_attempts(fence.attempt, claimed.attempts_released)
+    decision = policy.decide_failure(charged, limit, cfg, jitter=random.random())
+    retry_in = decision.delay_seconds if decision.retry else None
+
+    def write(fences: Sequence[Fence]) -> None:
+        try:
+            transitions.fail(fence, error, retry_in)
+        except DatabaseError as exc:
+            if not _refused(exc):
+                raise
+            # storable_error() makes text storable; whatever else was refused, the job still
+            # ends, with the reason it could not end as told.
+            transitions.fail(fence, f"the database refused the error text: {exc}", retry_in)
+
+    try:
+        present_until_decided([fence], write, AttemptOutcome.FAILED)
+    except LeaseLost as exc:
+        logger.info("job %s attempt %s: %s; work discarded", *_ids(fence), exc)
+
+
+def release(claimed: Claimed) -> None:
+    """Hand back a claimed job whose handler never started (uncharged)."""
+    fence = claimed.fence
+    try:
+        present_until_decided(
+            [fence], lambda fences: transitions.release(fence), AttemptOutcome.RELEASED
+        )
+        logger.info("job %s attempt %s: released unstarted", *_ids(fence))
+    except LeaseLost as exc:
+        logger.info("job %s attempt %s: %s", *_ids(fence), exc)
+
+
+def discard(fence: Fence) -> None:
+    # The lost lease is already recorded by whichever fenced write saw it.
+    logger.info("job %s attempt %s: lease lost, work discarded", *_ids(fence))
+    transitions.mark_lost(fence)
+
+
+def _handler(kind: str) -> Handler | None:
+    try:
+        return get_handler(kind)
+    except UnknownKind:
+        return None
+
+
+def present_until_decided(
+    fences: Sequence[Fence], write: Callable[[Sequence[Fence]], Any], landed: str
+) -> None:
+    """Run a final write; if the connection died under it, learn the outcome before going on.
+
+    Each attempt is re-read on a fresh connection: its own Attempt row already `landed` means the
+    write landed; the others are presented again, and the fenced statement decides (landing, or
+    a recorded rejection -- unless the earlier presentation landed meanwhile, which
+    jobs.transitions recognises as this attempt's own write).
+    """
+    deadline = time.monotonic() + UNKNOWN_OUTCOME_DEADLINE
+    remaining = list(fences)
+    while remaining:
+        try:
+            write(remaining)
+            return
+        except (OperationalError, InterfaceError):
+            if time.monotonic() > deadline:
+                raise
+            logger.warning(
+                "connection lost during the final write of %s; re-reading",
+                ", ".join(f"job {f.job_id} attempt {f.attempt}" for f in remaining),
+            )
+            connection.close()
+        still = []
+        for fence in remaining:
+            if _read_on_fresh_connection(fence, deadline) == landed:
+                logger.info("job %s attempt %s: the write had landed", *_ids(fence))
+            else:
+                still.append(fence)
+        remaining = still
+
+
+def _read_on_fresh_connection(fence: Fence, deadline: float) -> str | None:
+    pause = 0.05
+    while True:
+        try:
+            return transitions.attempt_outcome(fence)
+        except (OperationalError, InterfaceError):
+            connection.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(pause)  # waiting for the database to come back, not for a condition
+            pause = min(pause * 2, 2.0)

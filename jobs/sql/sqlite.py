@@ -1,0 +1,130 @@
+"""SQLite's hot path: the same transitions as several statements in one IMMEDIATE transaction.
+
+SQLite (the embedded single-machine default) has no data-modifying CTEs and no SKIP LOCKED; its
+IMMEDIATE transactions serialise writers instead, so each write below is decided under the one
+write lock. The database clock is the host's clock (one host).
+"""
+
+from typing import Any
+
+from jobs.sql.base import (
+    JOB_COLUMNS,
+    QUEUED,
+    RUNNING,
+    Driver,
+    claimed_rows,
+    dumps,
+    lease_expression,
+    queue_filter,
+)
+from jobs.states import AttemptOutcome, EventType, JobState
+
+
+class SqliteDriver(Driver):
+    # Django stores SQLite datetimes as UTC text 'YYYY-MM-DD HH:MM:SS.ffffff', which sorts and
+    # compares correctly against this expression.
+    now = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+    def later(self, seconds_param: str) -> str:
+        return (
+            f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || %({seconds_param})s || ' seconds')"
+        )
+
+    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
+        params: dict[str, Any] = {"limit": limit, "lease": lease}
+        only = ""
+        if only_id is not None:
+            params["only"] = only_id
+            only = " AND id = %(only)s"
+        cur.execute(
+            f"UPDATE jobs_job SET state = '{RUNNING}', attempt = attempt + 1, "
+            f"lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', "
+            f"'+' || {lease_expression(kind_leases, params)} || ' seconds'), "
+            f"heartbeat_at = {self.now}, updated_at = {self.now} "
+            f"WHERE state = '{QUEUED}' AND id IN (SELECT id FROM jobs_job WHERE state = '{QUEUED}' "
+            f"AND run_at <= {self.now}{queue_filter(queues, params)}{only} "
+            f"ORDER BY priority DESC, run_at, id LIMIT %(limit)s) RETURNING {JOB_COLUMNS}",
+            params,
+        )
+        rows = sorted(claimed_rows(cur.fetchall()), key=lambda r: r.id)
+        for row in rows:
+            cur.execute(
+                "INSERT INTO jobs_attempt "
+                "(job_id, number, worker, claimed_at, heartbeat_at, outcome, staging_ref, error) "
+                f"VALUES (%(id)s, %(attempt)s, %(worker)s, {self.now}, {self.now}, "
+                f"'{AttemptOutcome.RUNNING}', '', '')",
+                {"id": row.id, "attempt": row.attempt, "worker": worker},
+            )
+            self.insert_event(cur, row.id, row.attempt, EventType.CLAIMED, worker, "{}")
+        return rows
+
+    def heartbeat(self, cur, fences, confirm):  # type: ignore[no-untyped-def]
+        held = set()
+        for f in fences:
+            cur.execute(
+                f"UPDATE jobs_job SET lease_expires_at = {self.later('lease')}, "
+                f"heartbeat_at = {self.now} "
+                f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
+                {"id": f.id, "attempt": f.attempt, "lease": float(f.lease_seconds)},
+            )
+            if cur.rowcount == 1:
+                held.add(f.id)
+                cur.execute(
+                    f"UPDATE jobs_attempt SET heartbeat_at = {self.now}, running_confirmed_at = "
+                    f"CASE WHEN %(confirm)s THEN COALESCE(running_confirmed_at, {self.now}) "
+                    "ELSE running_confirmed_at END "
+                    "WHERE job_id = %(id)s AND number = %(attempt)s",
+                    {"id": f.id, "attempt": f.attempt, "confirm": f.id == confirm},
+                )
+        return held
+
+    def commit(self, cur, worker, rows):  # type: ignore[no-untyped-def]
+        committed = set()
+        for r in rows:
+            cur.execute(
+                f"UPDATE jobs_job SET state = '{JobState.SUCCEEDED}', result = %(result)s, "
+                f"result_ref = %(ref)s, error = '', lease_expires_at = NULL, "
+                f"finished_at = {self.now}, updated_at = {self.now} "
+                f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
+                {"id": r.id, "attempt": r.attempt, "result": dumps(r.result), "ref": r.ref},
+            )
+            if cur.rowcount != 1:
+                continue
+            committed.add(r.id)
+            cur.execute(
+                f"UPDATE jobs_attempt SET outcome = '{AttemptOutcome.SUCCEEDED}', "
+                f"ended_at = {self.now}, staging_ref = %(ref)s "
+                "WHERE job_id = %(id)s AND number = %(attempt)s",
+                {"id": r.id, "attempt": r.attempt, "ref": r.ref},
+            )
+            self.insert_event(cur, r.id, r.attempt, EventType.SUCCEEDED, worker, "{}")
+        return committed
+
+    def fail(self, cur, job_id, attempt, worker, error, retry_in):  # type: ignore[no-untyped-def]
+        retry = retry_in is not None
+        cur.execute(
+            f"UPDATE jobs_job SET state = %(state)s, error = %(error)s, lease_expires_at = NULL, "
+            f"run_at = CASE WHEN %(retry)s THEN {self.later('delay')} ELSE run_at END, "
+            f"finished_at = CASE WHEN %(retry)s THEN NULL ELSE {self.now} END, "
+            f"updated_at = {self.now} "
+            f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
+            {
+                "id": job_id,
+                "attempt": attempt,
+                "error": error,
+                "retry": retry,
+                "delay": float(retry_in or 0.0),
+                "state": (JobState.QUEUED if retry else JobState.FAILED).value,
+            },
+        )
+        if cur.rowcount != 1:
+            return False
+        cur.execute(
+            f"UPDATE jobs_attempt SET outcome = '{AttemptOutcome.FAILED}', ended_at = {self.now}, "
+            "error = %(error)s WHERE job_id = %(id)s AND number = %(attempt)s",
+            {"id": job_id, "attempt": attempt, "error": error},
+        )
+        event = EventType.RETRY_SCHEDULED if retry else EventType.FAILED
+        data = dumps({"retry_in": retry_in, "error": error[-500:]})
+        self.insert_event(cur, job_id, attempt, event, worker, data)
+        return True
