@@ -1,6 +1,9 @@
 """Handlers the tests drive. Durations come from the payload so a test decides, per attempt, how
 long a handler runs -- no test waits on a fixed sleep of its own."""
 
+import asyncio
+import os
+import signal
 import time
 from typing import Any
 
@@ -40,3 +43,47 @@ def checkpointing(ctx: JobContext) -> dict[str, Any]:
 @handler("test.fail", max_attempts=2)
 def fail(ctx: JobContext) -> None:
     raise RuntimeError(f"boom on attempt {ctx.attempt}")
+
+
+@handler("test.long_lease", lease_seconds=600)
+def long_lease(ctx: JobContext) -> None:
+    return None
+
+
+class _Scripted(Exception):
+    pass
+
+
+def _base_exception(name: str) -> BaseException:
+    from django_q.exceptions import TimeoutException
+
+    return {
+        "SystemExit": SystemExit(3),
+        "KeyboardInterrupt": KeyboardInterrupt(),
+        "CancelledError": asyncio.CancelledError(),
+        "TimeoutException": TimeoutException("task exceeded timeout"),
+    }[name]
+
+
+@handler("test.script")
+def script(ctx: JobContext) -> Any:
+    """Does what the payload says, so one batch can hold well-behaved and hostile jobs:
+    `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
+    `{"seconds": s}` (sleep first), `{"bad": ...}` for values no payload can carry (a NUL or a
+    lone surrogate in the result, a NUL in the error text)."""
+    p = ctx.payload
+    time.sleep(float(p.get("seconds", 0.0)))
+    if p.get("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    bad = p.get("bad")
+    if bad == "nul_result":
+        return {"text": "before\x00after"}
+    if bad == "surrogate_result":
+        return {"text": "lone \ud800 surrogate"}
+    if bad == "nul_error":
+        raise _Scripted("error text with a \x00 NUL")
+    if "raise" in p:
+        raise _Scripted(p["raise"])
+    if "base" in p:
+        raise _base_exception(p["base"])
+    return p.get("return", {"attempt": ctx.attempt})
