@@ -86,15 +86,19 @@ def claim(
     refused on its own is failed with the reason (poison): one bad row never stops the queue.
     """
     leases = handler_leases()
-    try:
-        with _fenced_write(), connection.cursor() as cur:
-            rows = _driver().claim(cur, worker, limit, lease_seconds, queues, leases)
-    except DatabaseError as exc:
-        if not _row_refused(exc):
-            raise
-        logger.warning("claim statement refused (%s); claiming one by one", exc)
-        rows = _claim_one_by_one(worker, limit, lease_seconds, queues, leases, exc)
-    return [c for c in (_decoded(r, worker) for r in rows) if c is not None]
+    while True:
+        try:
+            with _fenced_write(), connection.cursor() as cur:
+                rows = _driver().claim(cur, worker, limit, lease_seconds, queues, leases)
+        except DatabaseError as exc:
+            if not _row_refused(exc):
+                raise
+            logger.warning("claim statement refused (%s); claiming one by one", exc)
+            rows = _claim_one_by_one(worker, limit, lease_seconds, queues, leases)
+        claimed = [c for c in (_decoded(r, worker) for r in rows) if c is not None]
+        if claimed or not rows:
+            return claimed
+        # Every row taken was failed on the spot: the queue may hold more, look again.
 
 
 def _claim_one_by_one(
@@ -103,7 +107,6 @@ def _claim_one_by_one(
     lease: float,
     queues: Sequence[str] | None,
     leases: dict[str, float],
-    cause: DatabaseError,
 ) -> list[ClaimedRow]:
     with connection.cursor() as cur:
         ids = _driver().due_ids(cur, limit, queues)

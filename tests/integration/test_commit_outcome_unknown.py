@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 
 import jobs
-from jobs import completer, transitions
-from jobs.models import Job, RejectedWrite
+from jobs import completer, reaper, transitions
+from jobs.models import Attempt, Job, RejectedWrite
 from jobs.states import AttemptOutcome, JobState
 from tests.integration.pgproxy import PgProxy
 
@@ -87,3 +87,44 @@ def test_a_lost_commit_whose_job_moved_on_is_rejected_not_forced(proxied, second
     job = Job.objects.get(pk=fence.job_id)
     assert (job.state, job.attempt) == (JobState.RUNNING, 2)
     assert RejectedWrite.objects.get(job=job).attempt_presented == 1
+
+
+# The failure statement (autocommit: it commits as it runs).
+FAIL_MARKER = b"WITH failed AS"
+
+
+def test_a_lost_failure_is_not_taken_for_landed_when_the_reaper_left_the_same_state(
+    proxied, second_connection
+):
+    """A retrying fail and the reaper's requeue both leave the job queued at attempt 1: only the
+    attempt's own row tells whether the failure landed."""
+    fence = claimed_fence()
+    proxied.cut_on(FAIL_MARKER, after_reply=False)
+
+    presentations = []
+
+    def fail_while_the_reaper_requeues(fences):
+        presentations.append(fence)
+        if len(presentations) > 1:  # the re-presentation: the reaper has already acted
+            transitions.fail(fence, "boom", 30.0)
+            return
+        try:
+            transitions.fail(fence, "boom", 30.0)
+        finally:
+            second_connection.execute(
+                "UPDATE jobs_job SET lease_expires_at = clock_timestamp() - interval '1 second' "
+                "WHERE id = %s",
+                [fence.job_id],
+            )
+            connection.close()
+            assert reaper.reap("reaper:1") == 1
+
+    with pytest.raises(jobs.LeaseLost):
+        completer.present_until_decided(
+            [fence], fail_while_the_reaper_requeues, AttemptOutcome.FAILED
+        )
+    assert proxied.cuts == 1
+    job = Job.objects.get(pk=fence.job_id)
+    assert (job.state, job.attempt, job.error) == (JobState.QUEUED, 1, "")
+    assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.EXPIRED
+    assert RejectedWrite.objects.get(job=job).write == "fail"

@@ -1,0 +1,167 @@
+"""No input stops a queue: hostile values are refused where they enter, and a row that still
+makes a statement fail is failed alone while the queue keeps moving."""
+
+import datetime as dt
+import math
+
+import pytest
+from django.db import IntegrityError, connection
+from django.test import override_settings
+from django.utils import timezone
+
+import jobs
+from jobs import runner, transitions
+from jobs.models import Job, JobEvent
+from jobs.registry import handler
+from jobs.states import JobState
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "host-a:1"
+
+
+@pytest.mark.parametrize(
+    ("payload", "options", "error"),
+    [
+        ({}, {"lease_seconds": 1e13}, jobs.InvalidOption),  # overflowed the claim's interval
+        ({}, {"lease_seconds": math.inf}, jobs.InvalidOption),
+        ({}, {"lease_seconds": 0.01}, jobs.InvalidOption),
+        ({}, {"max_attempts": 10**6}, jobs.InvalidOption),
+        ({}, {"max_attempts": 10**400}, jobs.InvalidOption),
+        ({}, {"priority": 10**400}, jobs.InvalidOption),
+        ({}, {"run_at": timezone.now() + dt.timedelta(days=365 * 50)}, jobs.InvalidOption),
+        ({}, {"run_at": dt.datetime(1900, 1, 1, tzinfo=dt.UTC)}, jobs.InvalidOption),
+        ({}, {"unique_key": "a\x00b"}, jobs.InvalidOption),
+        ({}, {"unique_key": "lone \ud800"}, jobs.InvalidOption),
+        ({"text": "a\x00b"}, {}, jobs.InvalidPayload),
+        ({"text": "lone \ud800 surrogate"}, {}, jobs.InvalidPayload),
+        ({"nul\x00key": 1}, {}, jobs.InvalidPayload),
+        ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, {}, jobs.InvalidPayload),
+    ],
+)
+def test_hostile_enqueue_input_is_a_clear_value_error_and_writes_nothing(payload, options, error):
+    with pytest.raises(error) as excinfo:
+        jobs.enqueue("test.echo", payload, **options)
+    assert isinstance(excinfo.value, ValueError)
+    assert not Job.objects.exists() and not JobEvent.objects.exists()
+
+
+def test_a_literal_backslash_u0000_text_is_not_mistaken_for_nul():
+    job = jobs.enqueue("test.echo", {"text": "\\u0000 is six characters"})
+    assert Job.objects.get(pk=job.pk).payload == {"text": "\\u0000 is six characters"}
+
+
+def test_a_payload_with_astral_characters_is_stored():
+    job = jobs.enqueue("test.echo", {"text": "😀 \u00e9"})
+    assert Job.objects.get(pk=job.pk).payload == {"text": "😀 \u00e9"}
+
+
+@pytest.mark.parametrize(
+    "options", [{"lease_seconds": 1e13}, {"max_attempts": 0}, {"max_attempts": 10**6}]
+)
+def test_handler_registration_refuses_out_of_range_options(options):
+    with pytest.raises(jobs.InvalidOption):
+        handler("test.never_registered", **options)
+
+
+@pytest.mark.parametrize(
+    "jobs_setting",
+    [
+        {"RETRY_MAX_SECONDS": 1e13},
+        {"RETRY_BASE_SECONDS": -1},
+        {"LEASE_SECONDS": 1e13, "HEARTBEAT_SECONDS": 1},
+        {"MAX_ATTEMPTS": 0},
+    ],
+)
+def test_out_of_range_settings_are_refused(jobs_setting):
+    from jobs.conf import jobs_settings
+
+    with override_settings(JOBS=jobs_setting), pytest.raises(ValueError, match="outside"):
+        jobs_settings()
+
+
+@pytest.mark.parametrize(
+    "column, value", [("lease_seconds", 1e13), ("lease_seconds", "NaN"), ("max_attempts", 10**6)]
+)
+def test_the_database_refuses_a_raw_row_with_an_overflowing_option(column, value):
+    """Rows inserted without enqueue meet the same bounds, as CHECK constraints."""
+    with pytest.raises(IntegrityError), connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO jobs_job (kind, {column}) VALUES ('test.echo', %s)",  # noqa: S608
+            [value],
+        )
+
+
+def test_the_claim_sets_the_handlers_lease_from_the_first_lease():
+    jobs.enqueue("test.long_lease")  # @handler(lease_seconds=600)
+    (claimed,) = transitions.claim(WORKER, lease_seconds=30)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) FROM jobs_job "
+            "WHERE id = %s",
+            [claimed.fence.job_id],
+        )
+        remaining = cur.fetchone()[0]
+    assert 590 < remaining <= 600
+
+
+@pytest.mark.django_db(transaction=True)
+def test_progress_that_is_not_storable_json_is_a_clear_error(swap_handler):
+    errors = []
+
+    def checkpoint_hostile(ctx):
+        for progress in ({"x": math.nan}, {"t": "a\x00b"}, {"big": "x" * 300_000}):
+            try:
+                ctx.checkpoint(progress)
+            except ValueError as exc:
+                errors.append(type(exc).__name__)
+        ctx.checkpoint({"ok": True})
+        return "done"
+
+    swap_handler("test.echo", checkpoint_hostile)
+    job = jobs.enqueue("test.echo")
+    runner.drain()
+    job.refresh_from_db()
+    assert errors == ["InvalidPayload", "InvalidPayload", "PayloadTooLarge"]
+    assert (job.state, job.progress, job.result) == (JobState.SUCCEEDED, {"ok": True}, "done")
+
+
+# -- defence in depth: rows that still make a statement fail -------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_raw_row_whose_payload_cannot_be_decoded_fails_and_the_queue_moves_on():
+    nested = "[" * 5000 + "]" * 5000  # valid jsonb, beyond Python's recursion limit
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO jobs_job (kind, payload, priority) VALUES ('test.echo', %s::jsonb, 5) "
+            "RETURNING id",
+            [nested],
+        )
+        bad_id = cur.fetchone()[0]
+    good = jobs.enqueue("test.echo", {"n": 1})
+    runner.drain()
+    bad = Job.objects.values("state", "error").get(pk=bad_id)  # the payload stays undecoded
+    assert bad["state"] == JobState.FAILED and "payload could not be decoded" in bad["error"]
+    assert Job.objects.get(pk=good.pk).state == JobState.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_the_claim_statement_refuses_is_failed_and_the_others_are_claimed():
+    poison = jobs.enqueue("test.echo", {"n": 0}, priority=5)
+    others = [jobs.enqueue("test.echo", {"n": n}) for n in (1, 2)]
+    with connection.cursor() as cur:
+        # Whatever the reason, the database refuses to move this one row to running.
+        cur.execute(
+            "ALTER TABLE jobs_job ADD CONSTRAINT test_refuse_one "
+            f"CHECK (id <> {poison.pk} OR state <> 'running') NOT VALID"
+        )
+    try:
+        claimed = transitions.claim(WORKER, limit=3, lease_seconds=30)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE jobs_job DROP CONSTRAINT test_refuse_one")
+    assert {c.fence.job_id for c in claimed} == {j.pk for j in others}
+    poison.refresh_from_db()
+    assert poison.state == JobState.FAILED and "refused to claim" in poison.error
+    assert JobEvent.objects.filter(job=poison, type="poisoned").exists()
