@@ -20,6 +20,13 @@ pytestmark = pytest.mark.django_db
 WORKER = "host-a:1"
 
 
+def _nested(depth: int) -> list:
+    value: list = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("payload", "options", "error"),
     [
@@ -36,7 +43,7 @@ WORKER = "host-a:1"
         ({"text": "a\x00b"}, {}, jobs.InvalidPayload),
         ({"text": "lone \ud800 surrogate"}, {}, jobs.InvalidPayload),
         ({"nul\x00key": 1}, {}, jobs.InvalidPayload),
-        ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, {}, jobs.InvalidPayload),
+        ({"deep": _nested(70)}, {}, jobs.InvalidPayload),
     ],
 )
 def test_hostile_enqueue_input_is_a_clear_value_error_and_writes_nothing(payload, options, error):

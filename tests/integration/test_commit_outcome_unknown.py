@@ -81,9 +81,7 @@ def test_a_lost_commit_whose_job_moved_on_is_rejected_not_forced(proxied, second
             )
 
     with pytest.raises(jobs.LeaseLost):
-        completer.present_until_decided(
-            [fence], commit_then_lose_the_job, AttemptOutcome.SUCCEEDED
-        )
+        completer.present_until_decided([fence], commit_then_lose_the_job, AttemptOutcome.SUCCEEDED)
     job = Job.objects.get(pk=fence.job_id)
     assert (job.state, job.attempt) == (JobState.RUNNING, 2)
     assert RejectedWrite.objects.get(job=job).attempt_presented == 1

@@ -151,5 +151,3 @@ def test_a_fenced_write_inside_a_callers_transaction_is_refused(make_job):
     with transaction.atomic(), pytest.raises(RuntimeError, match="durable"):
         transitions.commit(Fence(job.pk, 1, WORKER), "inside")
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
-
-
