@@ -7,9 +7,10 @@ Hazards: a handler may call ctx.heartbeat()/ctx.checkpoint() inside its own
 `transaction.atomic()`. A fenced write must never join that transaction (the job row's lock would
 last as long as the handler's transaction, blocking the drain's heartbeat and the reaper, and a
 rollback would erase the RejectedWrite record), so such a call runs on a connection of its own,
-in a short-lived thread: Django's connections are per thread.
+in a side thread: Django's connections are per thread.
 """
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,6 +23,19 @@ from jobs.exceptions import LeaseLost
 from jobs.heartbeat import Held
 from jobs.states import Write
 
+# One thread per worker process, started on first use: its database connection is the fenced
+# writes' own and stays open for the rest of the drain (a connection per call would cost a
+# connect each); the runner closes it when the drain ends.
+_side_writer = ThreadPoolExecutor(1, thread_name_prefix="jobs-fenced-write")
+_side_used = threading.Event()
+
+
+def close_side_connection() -> None:
+    if _side_used.is_set():
+        _side_used.clear()
+        # Resolved inside the side thread: Django's `connection` is per thread.
+        _side_writer.submit(lambda: connection.close()).result()
+
 
 def _outside_callers_transaction(write: Callable[[], None]) -> None:
     if not connection.in_atomic_block:
@@ -29,13 +43,11 @@ def _outside_callers_transaction(write: Callable[[], None]) -> None:
         return
 
     def on_own_connection() -> None:
-        try:
-            write()
-        finally:
-            connection.close()
+        connection.close_if_unusable_or_obsolete()
+        write()
 
-    with ThreadPoolExecutor(1, thread_name_prefix="jobs-fenced-write") as pool:
-        pool.submit(on_own_connection).result()
+    _side_used.set()
+    _side_writer.submit(on_own_connection).result()
 
 
 class JobContext:

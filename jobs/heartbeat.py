@@ -31,7 +31,9 @@ from jobs.transitions import Claimed, Fence
 
 logger = logging.getLogger("jobs.heartbeat")
 
-FLUSH_SECONDS = 0.2  # longest a finished success waits for its commit while the drain goes on
+# A finished success is committed by the thread once it has waited this long (if the runner has
+# not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
+FLUSH_SECONDS = 0.2
 RETRY_SECONDS = (0.1, 2.0)  # backoff between failed beats: first, cap
 ERROR_LOG_SECONDS = 30.0  # a persisting beat failure is logged again at most this often
 
@@ -64,7 +66,7 @@ class Heartbeater:
         self._running: Held | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake = threading.Event()  # stop, a shorter lease, or a first finished success
+        self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
         self._last_ok = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
 
@@ -101,12 +103,13 @@ class Heartbeater:
             self._running = held
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
-        """A success to commit soon; its lease stays beaten until then."""
+        """A success to commit soon; its lease stays beaten until then.
+
+        The thread is not woken for it (a wake-up per batch would cost the hot path a thread
+        switch): it looks every FLUSH_SECONDS, so a success waits at most twice that.
+        """
         with self._lock:
             self._finished.append(Finished(held, claimed, result, time.monotonic()))
-            first = len(self._finished) == 1
-        if first:
-            self._wake.set()  # the thread plans the flush deadline
 
     def flush(self) -> None:
         """Commit every finished success now (from whichever thread calls)."""
@@ -154,7 +157,12 @@ class Heartbeater:
         with self._lock:
             flush_at = self._finished[0].at + FLUSH_SECONDS if self._finished else None
         beat_at = last_beat + self.interval
-        return beat_at if flush_at is None else min(beat_at, flush_at)
+        look_at = time.monotonic() + FLUSH_SECONDS  # for successes finished while we wait
+        return min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
+
+    def _flush_due(self, now: float) -> bool:
+        with self._lock:
+            return bool(self._finished) and self._finished[0].at + FLUSH_SECONDS <= now
 
     def _run(self) -> None:
         last_beat = time.monotonic()
@@ -167,7 +175,7 @@ class Heartbeater:
                     return
                 now = time.monotonic()
                 try:
-                    if self._finished and self._finished[0].at + FLUSH_SECONDS <= now:
+                    if self._flush_due(now):
                         self.flush()
                     if now >= last_beat + self.interval:
                         last_beat = now

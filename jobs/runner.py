@@ -9,8 +9,8 @@ one until the queue is idle or its time budget is spent, so django-q2's per-task
 paid per drain, not per job.
 
 Hazards: one job must never decide another's fate. A success is handed to the background thread,
-which commits it within FLUSH_SECONDS whatever its batch-mates do (or the runner commits it when
-the batch ends). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
+which commits it within twice FLUSH_SECONDS whatever its batch-mates do (or the runner commits it
+when the batch ends). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
 timeout) fails that job with its own error, commits the batch's successes and releases the jobs
 never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
 attempt a heartbeat had confirmed running (see jobs/reaper.py).
@@ -27,7 +27,7 @@ from typing import Any
 
 from jobs import bounds, completer, policy, transitions
 from jobs.conf import jobs_settings
-from jobs.context import JobContext
+from jobs.context import JobContext, close_side_connection
 from jobs.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.heartbeat import Heartbeater, Held
 from jobs.registry import Handler, get_handler
@@ -79,17 +79,20 @@ def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = No
     worker = worker_identity()
     ran, size = 0, 1
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
-    with Heartbeater(interval, completer.commit) as beats:
-        while time.monotonic() < deadline and not beats.at_risk:
-            batch = transitions.claim(
-                worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
-            )
-            if not batch:
-                break
-            started = time.monotonic()
-            ran += run_batch(batch, beats)
-            per_job = (time.monotonic() - started) / len(batch)
-            size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
+    try:
+        with Heartbeater(interval, completer.commit) as beats:
+            while time.monotonic() < deadline and not beats.at_risk:
+                batch = transitions.claim(
+                    worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
+                )
+                if not batch:
+                    break
+                started = time.monotonic()
+                ran += run_batch(batch, beats)
+                per_job = (time.monotonic() - started) / len(batch)
+                size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
+    finally:
+        close_side_connection()
     return ran
 
 
