@@ -43,7 +43,9 @@ class Held:
     fence: Fence
     lease_seconds: float
     lost: threading.Event = field(default_factory=threading.Event)
-    confirmed: bool = False  # a beat has marked this attempt's handler as running
+    # A beat (or the runner's explicit write) has marked this attempt's handler as running. A
+    # confirmed attempt would be charged if it expired, so its success is committed at once.
+    confirmed: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,16 +135,26 @@ class Heartbeater:
         with self._lock:
             batch = list(self._held.values())
             running = self._running if self._running and not self._running.confirmed else None
+            if running is not None and running in batch:
+                # Flagged before the statement, so the runner never sees a confirmation the
+                # database already has as missing (it commits a confirmed success at once).
+                running.confirmed = True
+            else:
+                running = None
         if not batch:
             self._last_ok = time.monotonic()
             return
-        confirm = running.fence if running is not None and running in batch else None
-        lost = transitions.heartbeat_many([(h.fence, h.lease_seconds) for h in batch], confirm)
+        try:
+            lost = transitions.heartbeat_many(
+                [(h.fence, h.lease_seconds) for h in batch], running.fence if running else None
+            )
+        except BaseException:
+            if running is not None:
+                running.confirmed = False  # not confirmed after all: the next beat tries again
+            raise
         self._last_ok = time.monotonic()
         confirmed = []
         with self._lock:
-            if running is not None and confirm is not None and confirm.job_id not in lost:
-                running.confirmed = True
             for h in batch:
                 # A job released meanwhile is being committed: its own fenced write decides,
                 # and a zero-row beat racing that commit is no evidence of a lost lease.

@@ -138,8 +138,10 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
         beats.release(claimed.fence)
         completer.fail(claimed, f"no handler is registered for kind {claimed.kind!r}")
         return
-    if claimed.attempts_released and not _confirm_running(claimed, beats):
-        return
+    if claimed.attempts_released:
+        if not _confirm_running(claimed, beats):
+            return
+        held.confirmed = True
     beats.running(held)
     try:
         outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
@@ -147,6 +149,10 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
         beats.running(None)
     if outcome.succeeded and not outcome.lost:
         beats.finished(held, claimed, outcome.result)
+        if held.confirmed:
+            # It ran long enough to be confirmed (so a kill now would charge it): commit before
+            # the next handler starts. Quick jobs, never confirmed, keep their batched commit.
+            beats.flush()
         return
     beats.release(claimed.fence)
     if outcome.lost or held.lost.is_set():

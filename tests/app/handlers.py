@@ -69,7 +69,8 @@ def _base_exception(name: str) -> BaseException:
 def script(ctx: JobContext) -> Any:
     """Does what the payload says, so one batch can hold well-behaved and hostile jobs:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
-    `{"seconds": s}` (sleep first), `{"bad": ...}` for values no payload can carry (a NUL or a
+    `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
+    `{"bad": ...}` for values no payload can carry (a NUL or a
     lone surrogate in the result, a NUL in the error text)."""
     p = ctx.payload
     time.sleep(float(p.get("seconds", 0.0)))
@@ -86,4 +87,8 @@ def script(ctx: JobContext) -> Any:
         raise _Scripted(p["raise"])
     if "base" in p:
         raise _base_exception(p["base"])
+    if "observe" in p:  # what the database says of another job now
+        from jobs.models import Job
+
+        return Job.objects.values_list("state", flat=True).get(pk=p["observe"])
     return p.get("return", {"attempt": ctx.attempt})

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django_q.exceptions import TimeoutException
 
 import jobs
@@ -132,6 +133,22 @@ def test_a_quick_success_is_committed_while_a_batch_mate_runs_long(one_batch):
         thread.join(timeout=30)
     one_batch.were_claimed_together([quick, slow])
     assert state(slow) == JobState.SUCCEEDED
+
+
+@override_settings(JOBS={"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 0.1})
+def test_a_success_that_ran_past_a_heartbeat_is_committed_before_the_next_handler_starts(
+    one_batch,
+):
+    """Confirmed running, it would be charged if a batch-mate then killed the process."""
+    for _ in range(3):
+        jobs.enqueue("test.echo", priority=100)
+    slow = jobs.enqueue("test.script", {"seconds": 0.5}, max_attempts=1)
+    observer = jobs.enqueue("test.script", {"observe": slow.pk}, max_attempts=1)
+    runner.drain()
+    one_batch.were_claimed_together([slow, observer])
+    assert Attempt.objects.get(job=slow).running_confirmed_at is not None
+    observer.refresh_from_db()
+    assert observer.result == JobState.SUCCEEDED
 
 
 # -- what the reaper charges ---------------------------------------------------------------------
