@@ -1,0 +1,180 @@
+"""The event tail: turns committed job events into coalesced change notices, one per process.
+
+Owns: one asyncio task per ASGI process, started lazily by the first websocket, that learns of
+new `jobs_jobevent` rows and publishes what changed (broadcast.ChangeNotice) to the channel-layer
+group at most every COALESCE_SECONDS, plus lease/heartbeat updates of running jobs every
+LEASE_POLL_SECONDS (heartbeats write no events). Never: writes, renders, or touches the workers.
+
+How it learns (the workers pay one tiny pg_notify per *statement*, from a statement-level trigger
+created by dashboard/migrations/0001_initial.py; nothing else on their hot path):
+- PostgreSQL: LISTEN jobs_events on a dedicated psycopg connection, then read the events
+  themselves, `id > last seen`. The table is the message, so a missed notification only delays a
+  notice until the next poll. Ids are assigned before commit, so a transaction holding a lower id
+  can commit after a higher one was read: ids skipped over are re-checked for GAP_SECONDS.
+- SQLite: no NOTIFY; the same tail polls every COALESCE_SECONDS (one writer at a time, so ids
+  become visible in order).
+- With REDIS_URL (channels-redis), several ASGI processes share the group: only the process
+  holding a PostgreSQL advisory lock publishes, so no notice is sent twice.
+
+Hazards: the task must survive database restarts (reconnect with a pause) and never block the
+event loop (psycopg's async connection on PostgreSQL, sync_to_async on SQLite).
+"""
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import psycopg
+from asgiref.sync import sync_to_async
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db import close_old_connections, connection
+
+from dashboard import broadcast
+
+logger = logging.getLogger("dashboard.live")
+
+NOTIFY_CHANNEL = "jobs_events"
+COALESCE_SECONDS = 0.25
+LEASE_POLL_SECONDS = 1.0
+RECONNECT_SECONDS = 1.0
+BATCH = 5_000
+GAP_SECONDS = 30.0
+PUBLISHER_LOCK = 0x5041_4C49  # pg advisory lock key: the one publisher when the layer is shared
+
+EVENTS_SQL = (
+    "SELECT id, job_id, type FROM jobs_jobevent WHERE id > %s OR id = ANY(%s) ORDER BY id LIMIT %s"
+)
+LEASES_SQL = (
+    "SELECT id, (extract(epoch FROM lease_expires_at) * 1000)::bigint, "
+    "(extract(epoch FROM heartbeat_at) * 1000)::bigint FROM jobs_job "
+    "WHERE state = 'running' AND heartbeat_at >= %s"
+)
+
+
+class EventTail:
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.last_id: int | None = None
+        self.gaps: dict[int, float] = {}  # skipped id -> monotonic time first skipped
+        self.last_publish = 0.0
+        self.beats_since: Any = None
+
+    def ensure_started(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                if connection.vendor == "postgresql":
+                    await self._tail_postgresql()
+                else:
+                    await self._tail_polling()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001  (log, pause, reconnect: the tail must live on)
+                logger.warning("event tail failed; reconnecting", exc_info=True)
+                await asyncio.sleep(RECONNECT_SECONDS)
+
+    # -- PostgreSQL ---------------------------------------------------------------------------
+
+    async def _tail_postgresql(self) -> None:
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
+        async with conn:
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            if self.last_id is None:
+                self.last_id = await self._scalar(conn, "SELECT COALESCE(max(id), 0) FROM jobs_jobevent")
+            self.beats_since = await self._scalar(conn, "SELECT clock_timestamp()")
+            next_leases = 0.0
+            while True:
+                async for _ in conn.notifies(timeout=COALESCE_SECONDS, stop_after=1):
+                    pass
+                await self._coalesce()
+                if await self._publisher(conn):
+                    await self._read_events(conn)
+                    if time.monotonic() >= next_leases:
+                        await self._read_leases(conn)
+                        next_leases = time.monotonic() + LEASE_POLL_SECONDS
+
+    async def _scalar(self, conn: psycopg.AsyncConnection, sql: str) -> Any:
+        cur = await conn.execute(sql)
+        row = await cur.fetchone()
+        return row[0] if row else None
+
+    async def _publisher(self, conn: psycopg.AsyncConnection) -> bool:
+        if isinstance(get_channel_layer(), InMemoryChannelLayer):
+            return True  # the group lives in this process: every process publishes its own
+        # Session-level and re-entrant: once this connection holds it, it keeps it.
+        return bool(await self._scalar(conn, f"SELECT pg_try_advisory_lock({PUBLISHER_LOCK})"))
+
+    async def _coalesce(self) -> None:
+        wait = self.last_publish + COALESCE_SECONDS - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)  # coalescing window: one notice per window, never a flood
+
+    async def _read_events(self, conn: psycopg.AsyncConnection) -> None:
+        now = time.monotonic()
+        self.gaps = {i: t for i, t in self.gaps.items() if now - t < GAP_SECONDS}
+        cur = await conn.execute(EVENTS_SQL, [self.last_id, list(self.gaps), BATCH])
+        self._handle(await cur.fetchall(), now)
+
+    async def _read_leases(self, conn: psycopg.AsyncConnection) -> None:
+        since, self.beats_since = self.beats_since, await self._scalar(conn, "SELECT clock_timestamp()")
+        cur = await conn.execute(LEASES_SQL, [since])
+        rows = await cur.fetchall()
+        if rows:
+            leases = [(r[0], str(r[1] or ""), str(r[2] or "")) for r in rows[:500]]
+            await broadcast.publish({"type": "leases.changed", "leases": leases})
+
+    # -- SQLite (and any database without NOTIFY) ---------------------------------------------
+
+    async def _tail_polling(self) -> None:
+        read = sync_to_async(_read_events_orm, thread_sensitive=True)
+        if self.last_id is None:
+            self.last_id = (await read(None))[1]
+        while True:
+            await asyncio.sleep(COALESCE_SECONDS)  # the poll interval where nothing notifies
+            rows, _ = await read(self.last_id)
+            self._handle(rows, time.monotonic())
+
+    # -- both --------------------------------------------------------------------------------
+
+    def _handle(self, rows: list[tuple[int, int, str]], now: float) -> None:
+        if not rows:
+            return
+        assert self.last_id is not None
+        seen = {r[0] for r in rows}
+        for row_id in seen:
+            self.gaps.pop(row_id, None)
+        top = max(seen)
+        for missing in range(self.last_id + 1, top):
+            if missing not in seen and len(self.gaps) < 10_000:
+                self.gaps[missing] = now
+        self.last_id = max(self.last_id, top)
+        job_ids = list(dict.fromkeys(r[1] for r in rows))
+        notice: broadcast.ChangeNotice = {
+            "type": "events.changed",
+            "last_event_id": self.last_id,
+            "job_ids": job_ids[: broadcast.MAX_JOB_IDS],
+            "rejected": any(r[2] == "rejected" for r in rows),
+            "overflow": len(job_ids) > broadcast.MAX_JOB_IDS or len(rows) >= BATCH,
+        }
+        self.last_publish = time.monotonic()
+        asyncio.get_running_loop().create_task(broadcast.publish(notice))
+
+
+def _read_events_orm(after: int | None) -> tuple[list[tuple[int, int, str]], int]:
+    from jobs.models import JobEvent
+
+    close_old_connections()
+    if after is None:
+        return [], JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    rows = list(JobEvent.objects.filter(id__gt=after).order_by("id").values_list("id", "job_id", "type")[:BATCH])
+    return rows, rows[-1][0] if rows else after
+
+
+tail = EventTail()

@@ -1,0 +1,244 @@
+"""Read-only queries for the dashboard's screens. Never writes.
+
+Every query here must stay fast at a million jobs: lists walk an index in order and stop after a
+page (keyset pagination on `id`, newest first), aggregates over history read a bounded window of
+the newest rows, and lease health reads only running jobs (the partial index jobs_job_lease_idx).
+"""
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast
+from django.utils import timezone
+
+from jobs.models import Attempt, Job, JobEvent, RejectedWrite
+from jobs.states import JobState
+
+PAGE_SIZE = 50
+# Text search inside payloads scans at most this many of the newest jobs (no GIN index: see
+# dashboard/migrations/0001_initial.py); an id, unique key or time range is not bounded.
+SEARCH_WINDOW = 200_000
+HISTORY_EVENTS = 50_000  # sparklines read at most this many of the newest events
+SPARK_MINUTES = 30
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[Job]
+    next_before: int | None  # the keyset cursor of the next (older) page, None on the last
+
+
+def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
+    q = q.strip()
+    if q.isdigit():
+        return qs.filter(Q(pk=int(q)) | Q(unique_key=q))
+    floor = (Job.objects.aggregate(m=Max("id"))["m"] or 0) - SEARCH_WINDOW
+    if q.startswith("{"):
+        try:
+            wanted = json.loads(q)
+        except ValueError:
+            wanted = None
+        if isinstance(wanted, dict):
+            return qs.filter(Q(unique_key=q) | Q(pk__gt=floor, payload__contains=wanted))
+    text = qs.annotate(payload_text=Cast("payload", TextField()))
+    return text.filter(Q(unique_key=q) | Q(pk__gt=floor, payload_text__icontains=q))
+
+
+def job_page(filters: dict[str, Any]) -> JobPage:
+    """One page of jobs, newest first, after the `before` cursor, matching the filters."""
+    qs = Job.objects.all()
+    for name in ("state", "queue", "kind"):
+        if filters.get(name):
+            qs = qs.filter(**{name: filters[name]})
+    if filters.get("since"):
+        qs = qs.filter(created_at__gte=filters["since"])
+    if filters.get("until"):
+        qs = qs.filter(created_at__lt=filters["until"])
+    if filters.get("before"):
+        qs = qs.filter(pk__lt=filters["before"])
+    if filters.get("q"):
+        qs = _search(qs, filters["q"])
+    rows = list(qs.order_by("-id").defer("payload", "result", "progress", "error")[: PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    return JobPage(rows[:PAGE_SIZE], rows[PAGE_SIZE - 1].pk if more else None)
+
+
+def jobs_by_id(ids: list[int]) -> list[Job]:
+    return list(Job.objects.filter(pk__in=ids).defer("payload", "result", "progress", "error"))
+
+
+@dataclass
+class JobDetail:
+    job: Job
+    attempts: list[Attempt]
+    events: list[JobEvent]
+    rejected: list[RejectedWrite]
+    events_total: int
+    payload_json: str = ""
+    result_json: str = ""
+
+
+EVENT_LIMIT = 2_000
+
+
+def job_detail(job_id: int) -> JobDetail | None:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return None
+    attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
+    events_qs = JobEvent.objects.filter(job_id=job_id)
+    events = list(events_qs.order_by("-id")[:EVENT_LIMIT])[::-1]
+    rejected = list(RejectedWrite.objects.filter(job_id=job_id).order_by("id"))
+    total = len(events) if len(events) < EVENT_LIMIT else events_qs.count()
+    return JobDetail(
+        job,
+        attempts,
+        events,
+        rejected,
+        total,
+        payload_json=json.dumps(job.payload, indent=2, sort_keys=True),
+        result_json=json.dumps(job.result, indent=2, sort_keys=True) if job.result else "",
+    )
+
+
+def rejected_feed(limit: int = 100) -> list[RejectedWrite]:
+    return list(RejectedWrite.objects.select_related("job").order_by("-id")[:limit])
+
+
+def lateness(rejected: RejectedWrite, expired_at: dict[tuple[int, int], datetime]) -> float | None:
+    """Seconds between the presented attempt's lease expiry and its rejected write."""
+    when = expired_at.get((rejected.job_id, rejected.attempt_presented))
+    return (rejected.at - when).total_seconds() if when else None
+
+
+def expiries_for(rows: list[RejectedWrite]) -> dict[tuple[int, int], datetime]:
+    """When each presented attempt lost its lease (its `expired` event), for "how late"."""
+    wanted = Q()
+    for r in rows:
+        wanted |= Q(job_id=r.job_id, attempt=r.attempt_presented)
+    if not rows:
+        return {}
+    events = JobEvent.objects.filter(wanted, type="expired").values_list("job_id", "attempt", "at")
+    return {(j, a): at for j, a, at in events}
+
+
+@dataclass
+class Overview:
+    by_state: dict[str, int]
+    by_queue: dict[str, dict[str, int]]
+    succeeded_per_min: list[int]
+    failed_per_min: list[int]
+    rejected_per_min: list[int]
+    expired_running: int
+    oldest_queued: datetime | None
+    states: list[tuple[str, str]] = field(default_factory=lambda: list(JobState.choices))
+
+
+def _per_minute(stamps: list[datetime], now: datetime) -> list[int]:
+    counts = Counter(int((now - at).total_seconds() // 60) for at in stamps)
+    return [counts.get(m, 0) for m in range(SPARK_MINUTES - 1, -1, -1)]
+
+
+def overview(now: datetime | None = None) -> Overview:
+    now = now or timezone.now()
+    start = now - timedelta(minutes=SPARK_MINUTES)
+    by_state: dict[str, int] = {}
+    by_queue: dict[str, dict[str, int]] = {}
+    for row in Job.objects.values("queue", "state").annotate(n=Count("id")).order_by():
+        by_state[row["state"]] = by_state.get(row["state"], 0) + row["n"]
+        by_queue.setdefault(row["queue"], {})[row["state"]] = row["n"]
+    recent = JobEvent.objects.order_by("-id")[:HISTORY_EVENTS]
+    ends = [(t, at) for t, at in recent.values_list("type", "at") if at >= start]
+    rejected = RejectedWrite.objects.order_by("-id").filter(at__gte=start)[:HISTORY_EVENTS]
+    oldest = Job.objects.due().order_by("run_at").values_list("run_at", flat=True).first()
+    return Overview(
+        by_state,
+        dict(sorted(by_queue.items())),
+        _per_minute([at for t, at in ends if t == "succeeded"], now),
+        _per_minute([at for t, at in ends if t == "failed"], now),
+        _per_minute(list(rejected.values_list("at", flat=True)), now),
+        Job.objects.expired_leases().count(),
+        oldest,
+    )
+
+
+@dataclass
+class Lease:
+    job: Job
+    worker: str
+    attempt_heartbeat_at: datetime | None
+    worker_last_seen: datetime | None
+
+    @property
+    def expired(self) -> bool:
+        return self.job.lease_expires_at is not None and self.job.lease_expires_at < timezone.now()
+
+    @property
+    def zombie_suspect(self) -> bool:
+        """The lease ran out, yet its worker was seen alive afterwards (other attempts beat)."""
+        seen, lease = self.worker_last_seen, self.job.lease_expires_at
+        return self.expired and seen is not None and lease is not None and seen > lease
+
+
+@dataclass
+class Workers:
+    leases: list[Lease]
+    workers: list[dict[str, Any]]  # worker, last_seen, holds (job ids)
+    unresolved_expired: list[Attempt]  # expired attempts whose worker has not been heard since
+
+
+RECENT_ATTEMPTS = 2_000
+
+
+def workers(now: datetime | None = None) -> Workers:
+    now = now or timezone.now()
+    current = Attempt.objects.filter(job=OuterRef("pk"), number=OuterRef("attempt"))
+    running = list(
+        Job.objects.running()
+        .annotate(
+            worker=Subquery(current.values("worker")[:1]),
+            attempt_beat=Subquery(current.values("heartbeat_at")[:1]),
+        )
+        .defer("payload", "result", "progress", "error")
+        .order_by("lease_expires_at")[:500]
+    )
+    recent = list(Attempt.objects.order_by("-id")[:RECENT_ATTEMPTS])
+    seen: dict[str, datetime] = {}
+    for a in recent:
+        last = max(t for t in (a.claimed_at, a.heartbeat_at, a.ended_at) if t is not None)
+        if a.worker not in seen or last > seen[a.worker]:
+            seen[a.worker] = last
+    leases = [
+        Lease(j, j.worker or "", j.attempt_beat, seen.get(j.worker or ""))  # type: ignore[attr-defined]
+        for j in running
+    ]
+    holds: dict[str, list[int]] = {}
+    for lease in leases:
+        holds.setdefault(lease.worker, []).append(lease.job.pk)
+    table = [
+        {"worker": w, "last_seen": at, "holds": holds.get(w, [])}
+        for w, at in sorted(seen.items(), key=lambda kv: kv[1], reverse=True)
+        if holds.get(w) or now - at < timedelta(minutes=5)
+    ]
+    return Workers(leases, table, _unresolved_expired(recent))
+
+
+def _unresolved_expired(recent: list[Attempt]) -> list[Attempt]:
+    """Expired attempts with no write of theirs recorded since: their worker may still be running."""
+    expired = [a for a in recent if a.outcome == "expired"]
+    if not expired:
+        return []
+    heard = set(
+        RejectedWrite.objects.filter(job_id__in={a.job_id for a in expired}).values_list(
+            "job_id", "attempt_presented"
+        )
+    )
+    return [a for a in expired if (a.job_id, a.number) not in heard][:50]
+
+
+def latest_event_id() -> int:
+    return JobEvent.objects.aggregate(m=Max("id"))["m"] or 0
