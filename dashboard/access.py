@@ -19,7 +19,9 @@ View = Callable[..., HttpResponse]
 
 
 def can_view(user: Any) -> bool:
-    return bool(user and user.is_authenticated and user.is_active and user.has_perm(VIEW_PERMISSION))
+    return bool(
+        user and user.is_authenticated and user.is_active and user.has_perm(VIEW_PERMISSION)
+    )
 
 
 def can_act(user: Any) -> bool:

@@ -78,12 +78,18 @@ def _swap(element_id: str, template: str, context: dict[str, Any]) -> Swap:
 def render_swaps(screen: Screen, pending: Pending) -> list[Swap]:
     """The partials `screen` must replace after `pending` changes (sync: runs queries)."""
     if screen.page == "overview":
-        return [_swap("overview-stats", "dashboard/overview.html#stats", screens.overview_context())]
+        return [
+            _swap("overview-stats", "dashboard/overview.html#stats", screens.overview_context())
+        ]
     if screen.page == "workers":
         return [_swap("workers-live", "dashboard/workers.html#workers", screens.workers_context())]
     if screen.page == "rejected" and (pending.rejected or pending.everything):
         return [_swap("rejected-feed", "dashboard/rejected.html#feed", screens.rejected_context())]
-    if screen.page == "job" and screen.job and (screen.job in pending.job_ids or pending.everything):
+    if (
+        screen.page == "job"
+        and screen.job
+        and (screen.job in pending.job_ids or pending.everything)
+    ):
         context = screens.job_context(screen.job)
         return [_swap("job-live", "dashboard/job.html#live", context)] if context else []
     if screen.page == "jobs":

@@ -66,8 +66,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(broadcast.GROUP, self.channel_name)
-        if getattr(self, "flushing", None) and not self.flushing.done():
-            self.flushing.cancel()
+        flushing = getattr(self, "flushing", None)
+        if flushing is not None and not flushing.done():
+            flushing.cancel()
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """The browser swapped its list (a filter, another page): follow what it now shows."""
@@ -84,7 +85,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"leases": notice["leases"]})
 
     async def _flush_later(self) -> None:
-        interval = AGGREGATE_SECONDS if self.screen.page in {"overview", "workers"} else COALESCE_SECONDS
+        interval = (
+            AGGREGATE_SECONDS if self.screen.page in {"overview", "workers"} else COALESCE_SECONDS
+        )
         while self.pending:  # notices arriving while a push renders get the next one
             wait = self.last_push + interval - time.monotonic()
             if wait > 0:

@@ -87,7 +87,9 @@ class EventTail:
         async with conn:
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             if self.last_id is None:
-                self.last_id = await self._scalar(conn, "SELECT COALESCE(max(id), 0) FROM jobs_jobevent")
+                self.last_id = await self._scalar(
+                    conn, "SELECT COALESCE(max(id), 0) FROM jobs_jobevent"
+                )
             self.beats_since = await self._scalar(conn, "SELECT clock_timestamp()")
             next_leases = 0.0
             while True:
@@ -123,7 +125,10 @@ class EventTail:
         self._handle(await cur.fetchall(), now)
 
     async def _read_leases(self, conn: psycopg.AsyncConnection) -> None:
-        since, self.beats_since = self.beats_since, await self._scalar(conn, "SELECT clock_timestamp()")
+        since, self.beats_since = (
+            self.beats_since,
+            await self._scalar(conn, "SELECT clock_timestamp()"),
+        )
         cur = await conn.execute(LEASES_SQL, [since])
         rows = await cur.fetchall()
         if rows:
@@ -173,7 +178,11 @@ def _read_events_orm(after: int | None) -> tuple[list[tuple[int, int, str]], int
     close_old_connections()
     if after is None:
         return [], JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
-    rows = list(JobEvent.objects.filter(id__gt=after).order_by("id").values_list("id", "job_id", "type")[:BATCH])
+    rows = list(
+        JobEvent.objects.filter(id__gt=after)
+        .order_by("id")
+        .values_list("id", "job_id", "type")[:BATCH]
+    )
     return rows, rows[-1][0] if rows else after
 
 

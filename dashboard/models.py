@@ -21,3 +21,6 @@ class Access(models.Model):
             ("view_dashboard", "Can see the operations dashboard (read-only)"),
             ("run_drill", "Can run the zombie drill from the dashboard"),
         ]
+
+    def __str__(self) -> str:
+        return "dashboard access"

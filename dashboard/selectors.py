@@ -228,7 +228,7 @@ def workers(now: datetime | None = None) -> Workers:
 
 
 def _unresolved_expired(recent: list[Attempt]) -> list[Attempt]:
-    """Expired attempts with no write of theirs recorded since: their worker may still be running."""
+    """Expired attempts with no write of theirs recorded since: the worker may still be running."""
     expired = [a for a in recent if a.outcome == "expired"]
     if not expired:
         return []

@@ -7,13 +7,16 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
 
 from dashboard import screens, selectors
 from dashboard.access import actor, can_act, viewer
 
 
-def _page(request: HttpRequest, template: str, partial: str, context: dict, live: str) -> HttpResponse:
-    if request.htmx and not request.htmx.boosted:
+def _page(
+    request: HttpRequest, template: str, partial: str, context: dict, live: str
+) -> HttpResponse:
+    if _htmx(request) and not _htmx(request).boosted:
         return render(request, f"{template}#{partial}", context)
     context |= {
         "live_page": live,
@@ -24,9 +27,16 @@ def _page(request: HttpRequest, template: str, partial: str, context: dict, live
     return render(request, template, context)
 
 
+def _htmx(request: HttpRequest) -> HtmxDetails:
+    """The attribute django-htmx's HtmxMiddleware sets on every request."""
+    return request.htmx  # type: ignore[attr-defined]
+
+
 @viewer
 def overview(request: HttpRequest) -> HttpResponse:
-    return _page(request, "dashboard/overview.html", "stats", screens.overview_context(), "overview")
+    return _page(
+        request, "dashboard/overview.html", "stats", screens.overview_context(), "overview"
+    )
 
 
 @viewer
@@ -62,6 +72,6 @@ def drill(request: HttpRequest) -> HttpResponse:
     if not zombie_drill.run_in_background(job.pk):
         messages.warning(request, "A drill is already running in this server process.")
     url = reverse("dashboard:job", args=[job.pk])
-    if request.htmx:
+    if _htmx(request):
         return HttpResponseClientRedirect(url)
     return redirect(url)
