@@ -55,9 +55,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.last_push = 0.0
         self.flushing: asyncio.Task[None] | None = None
         await self.channel_layer.group_add(broadcast.GROUP, self.channel_name)
-        tail.ensure_started()
-        await self.accept()
         latest = self.latest = await database_sync_to_async(selectors.latest_event_id)()
+        tail.ensure_started(from_id=latest)
+        await self.accept()
         if not since.isdigit() or int(since) < latest:
             self.pending.everything = True
             await self.push(latest)

@@ -60,9 +60,13 @@ class EventTail:
         self.last_publish = 0.0
         self.beats_since: Any = None
 
-    def ensure_started(self) -> None:
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._run())
+    def ensure_started(self, from_id: int) -> None:
+        """Start the tail if it is not running, reading events after `from_id` -- the newest id
+        the starting consumer has already accounted for, so nothing falls between the two."""
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.last_id, self.gaps = from_id, {}  # a new event loop (a test, a reload): afresh
+            self.task = loop.create_task(self._run())
 
     async def _run(self) -> None:
         while True:

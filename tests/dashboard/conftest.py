@@ -24,7 +24,9 @@ def staff(db: None) -> User:
 def operator(db: None) -> User:
     """The read-only role: a member of the "operators" group (made by the migration)."""
     user = User.objects.create_user("operator", password="pw")
-    user.groups.add(Group.objects.get(name="operators"))
+    group, _ = Group.objects.get_or_create(name="operators")  # a flushed database lost it
+    group.permissions.add(Permission.objects.get(codename="view_dashboard"))
+    user.groups.add(group)
     return user
 
 
@@ -57,7 +59,7 @@ def _db_now() -> Any:
 
 @pytest.fixture
 def zombie_story(make_job: Callable[..., Job]) -> Job:
-    """A finished job whose attempt 1 expired, attempt 2 committed, attempt 1's commit was refused."""
+    """Attempt 1 expired, attempt 2 committed, then attempt 1's commit was refused."""
     job = make_job(state="succeeded", attempt=2, payload={"order": 7})
     t0 = _db_now() - timedelta(seconds=10)
     at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
