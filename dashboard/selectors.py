@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -20,7 +21,8 @@ from jobs.states import JobState
 
 PAGE_SIZE = 50
 # Text search inside payloads scans at most this many of the newest jobs (no GIN index: see
-# dashboard/migrations/0001_initial.py); an id, unique key or time range is not bounded.
+# dashboard/migrations/0001_initial.py); an id or unique key is not bounded. JSON containment
+# (`{"order": 7}`) on PostgreSQL, else the JSON text is searched like any other text.
 SEARCH_WINDOW = 200_000
 HISTORY_EVENTS = 50_000  # sparklines read at most this many of the newest events
 SPARK_MINUTES = 30
@@ -37,7 +39,7 @@ def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
     if q.isdigit():
         return qs.filter(Q(pk=int(q)) | Q(unique_key=q))
     floor = (Job.objects.aggregate(m=Max("id"))["m"] or 0) - SEARCH_WINDOW
-    if q.startswith("{"):
+    if q.startswith("{") and connection.features.supports_json_field_contains:
         try:
             wanted = json.loads(q)
         except ValueError:

@@ -28,7 +28,7 @@ from pathlib import Path
 from django.db import close_old_connections, transaction
 
 import jobs
-from demo.handlers import DRILL_KIND
+from demo.handlers import DRILL_KIND, DRILL_LEASE_SECONDS
 from jobs.models import Attempt, Job, RejectedWrite
 
 logger = logging.getLogger("demo.drill")
@@ -82,8 +82,14 @@ def _sleeping(pid: int) -> bool:
 
 
 def enqueue_drill_job(seconds: float = 3.0) -> Job:
+    """The slow job, ahead of everything queued so the drill starts at once."""
     with transaction.atomic():
-        return jobs.enqueue(DRILL_KIND, {"seconds": seconds, "drill": True})
+        return jobs.enqueue(
+            DRILL_KIND,
+            {"seconds": seconds, "drill": True},
+            priority=100,
+            lease_seconds=DRILL_LEASE_SECONDS,
+        )
 
 
 def run(job_id: int, timeout: float = 60.0) -> DrillResult:
