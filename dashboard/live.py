@@ -45,6 +45,9 @@ PUBLISHER_LOCK = 0x5041_4C49  # pg advisory lock key: the one publisher when the
 EVENTS_SQL = (
     "SELECT id, job_id, type FROM jobs_jobevent WHERE id > %s OR id = ANY(%s) ORDER BY id LIMIT %s"
 )
+# Overlapping windows: a beat written (clock_timestamp) just before a read commits just after it;
+# sending a lease twice is harmless, missing one leaves a countdown wrong until the next beat.
+BEATS_SINCE_SQL = "SELECT clock_timestamp() - interval '2 seconds'"
 LEASES_SQL = (
     "SELECT id, (extract(epoch FROM lease_expires_at) * 1000)::bigint, "
     "(extract(epoch FROM heartbeat_at) * 1000)::bigint FROM jobs_job "
@@ -94,7 +97,7 @@ class EventTail:
                 self.last_id = await self._scalar(
                     conn, "SELECT COALESCE(max(id), 0) FROM jobs_jobevent"
                 )
-            self.beats_since = await self._scalar(conn, "SELECT clock_timestamp()")
+            self.beats_since = await self._scalar(conn, BEATS_SINCE_SQL)
             next_leases = 0.0
             while True:
                 async for _ in conn.notifies(timeout=COALESCE_SECONDS, stop_after=1):

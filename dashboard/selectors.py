@@ -13,9 +13,10 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Coalesce, Greatest, TruncMinute
 from django.utils import timezone
 
+from dashboard.timeline import MINOR_TYPES
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.states import JobState
 
@@ -77,14 +78,16 @@ def jobs_by_id(ids: list[int]) -> list[Job]:
 class JobDetail:
     job: Job
     attempts: list[Attempt]
-    events: list[JobEvent]
+    events: list[JobEvent]  # every boundary event, and the newest MINOR_LIMIT minor ones
+    log: list[JobEvent]  # the newest LOG_ROWS events, for the event log table
     rejected: list[RejectedWrite]
     events_total: int
     payload_json: str = ""
     result_json: str = ""
 
 
-EVENT_LIMIT = 2_000
+MINOR_LIMIT = 5_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
+LOG_ROWS = 300
 
 
 def job_detail(job_id: int) -> JobDetail | None:
@@ -93,14 +96,16 @@ def job_detail(job_id: int) -> JobDetail | None:
         return None
     attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
     events_qs = JobEvent.objects.filter(job_id=job_id)
-    events = list(events_qs.order_by("-id")[:EVENT_LIMIT])[::-1]
-    rejected = list(RejectedWrite.objects.filter(job_id=job_id).order_by("id"))
-    total = len(events) if len(events) < EVENT_LIMIT else events_qs.count()
+    boundaries = list(events_qs.exclude(type__in=MINOR_TYPES).order_by("id"))
+    minor = list(events_qs.filter(type__in=MINOR_TYPES).order_by("-id")[:MINOR_LIMIT])
+    log = sorted(boundaries + minor, key=lambda e: e.pk)[-LOG_ROWS:]
+    total = len(boundaries) + (len(minor) if len(minor) < MINOR_LIMIT else events_qs.count())
     return JobDetail(
         job,
         attempts,
-        events,
-        rejected,
+        boundaries + minor,
+        log,
+        list(RejectedWrite.objects.filter(job_id=job_id).order_by("id")),
         total,
         payload_json=json.dumps(job.payload, indent=2, sort_keys=True),
         result_json=json.dumps(job.result, indent=2, sort_keys=True) if job.result else "",
@@ -140,29 +145,41 @@ class Overview:
     states: list[tuple[str, str]] = field(default_factory=lambda: list(JobState.choices))
 
 
-def _per_minute(stamps: list[datetime], now: datetime) -> list[int]:
-    counts = Counter(int((now - at).total_seconds() // 60) for at in stamps)
-    return [counts.get(m, 0) for m in range(SPARK_MINUTES - 1, -1, -1)]
+def _per_minute(counts: dict[datetime, int], now: datetime) -> list[int]:
+    """Counts keyed by minute -> one value per minute of the last SPARK_MINUTES, oldest first."""
+    ago = Counter({int((now - minute).total_seconds() // 60): n for minute, n in counts.items()})
+    return [ago.get(m, 0) for m in range(SPARK_MINUTES - 1, -1, -1)]
+
+
+def _minutes(qs: QuerySet[Any], start: datetime, **match: Any) -> dict[datetime, int]:
+    """Rows per minute since `start` among the newest HISTORY_EVENTS ids (a pk range scan)."""
+    top = qs.aggregate(m=Max("id"))["m"] or 0
+    rows = (
+        qs.filter(id__gt=top - HISTORY_EVENTS, at__gte=start, **match)
+        .annotate(minute=TruncMinute("at"))
+        .values("minute")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {r["minute"]: r["n"] for r in rows}
 
 
 def overview(now: datetime | None = None) -> Overview:
     now = now or timezone.now()
-    start = now - timedelta(minutes=SPARK_MINUTES)
+    start = (now - timedelta(minutes=SPARK_MINUTES)).replace(second=0, microsecond=0)
     by_state: dict[str, int] = {}
     by_queue: dict[str, dict[str, int]] = {}
     for row in Job.objects.values("queue", "state").annotate(n=Count("id")).order_by():
         by_state[row["state"]] = by_state.get(row["state"], 0) + row["n"]
         by_queue.setdefault(row["queue"], {})[row["state"]] = row["n"]
-    recent = JobEvent.objects.order_by("-id")[:HISTORY_EVENTS]
-    ends = [(t, at) for t, at in recent.values_list("type", "at") if at >= start]
-    rejected = RejectedWrite.objects.order_by("-id").filter(at__gte=start)[:HISTORY_EVENTS]
     oldest = Job.objects.due().order_by("run_at").values_list("run_at", flat=True).first()
+    events = JobEvent.objects.all()
     return Overview(
         by_state,
         dict(sorted(by_queue.items())),
-        _per_minute([at for t, at in ends if t == "succeeded"], now),
-        _per_minute([at for t, at in ends if t == "failed"], now),
-        _per_minute(list(rejected.values_list("at", flat=True)), now),
+        _per_minute(_minutes(events, start, type="succeeded"), now),
+        _per_minute(_minutes(events, start, type="failed"), now),
+        _per_minute(_minutes(RejectedWrite.objects.all(), start), now),
         Job.objects.expired_leases().count(),
         oldest,
     )
@@ -193,7 +210,7 @@ class Workers:
     unresolved_expired: list[Attempt]  # expired attempts whose worker has not been heard since
 
 
-RECENT_ATTEMPTS = 2_000
+RECENT_ATTEMPTS = 2_000  # workers are "live" if seen among the newest attempts
 
 
 def workers(now: datetime | None = None) -> Workers:
@@ -208,12 +225,21 @@ def workers(now: datetime | None = None) -> Workers:
         .defer("payload", "result", "progress", "error")
         .order_by("lease_expires_at")[:500]
     )
-    recent = list(Attempt.objects.order_by("-id")[:RECENT_ATTEMPTS])
-    seen: dict[str, datetime] = {}
-    for a in recent:
-        last = max(t for t in (a.claimed_at, a.heartbeat_at, a.ended_at) if t is not None)
-        if a.worker not in seen or last > seen[a.worker]:
-            seen[a.worker] = last
+    recent = Attempt.objects.filter(id__gt=(_max_id(Attempt) - RECENT_ATTEMPTS))
+    seen = dict(
+        recent.values("worker")
+        .annotate(
+            last=Max(
+                Greatest(
+                    "claimed_at",
+                    Coalesce("heartbeat_at", "claimed_at"),
+                    Coalesce("ended_at", "claimed_at"),
+                )
+            )
+        )
+        .order_by()
+        .values_list("worker", "last")
+    )
     leases = [
         Lease(j, j.worker or "", j.attempt_beat, seen.get(j.worker or ""))  # type: ignore[attr-defined]
         for j in running
@@ -229,9 +255,13 @@ def workers(now: datetime | None = None) -> Workers:
     return Workers(leases, table, _unresolved_expired(recent))
 
 
-def _unresolved_expired(recent: list[Attempt]) -> list[Attempt]:
+def _max_id(model: Any) -> int:
+    return model.objects.aggregate(m=Max("id"))["m"] or 0
+
+
+def _unresolved_expired(recent: QuerySet[Attempt]) -> list[Attempt]:
     """Expired attempts with no write of theirs recorded since: the worker may still be running."""
-    expired = [a for a in recent if a.outcome == "expired"]
+    expired = list(recent.filter(outcome="expired").order_by("-id")[:200])
     if not expired:
         return []
     heard = set(

@@ -33,10 +33,17 @@ class Marker:
     label: str
     at: datetime
     count: int = 1
+    event: JobEvent | None = None  # its label is made only if the mark is drawn
 
     @property
     def at_iso(self) -> str:
         return iso_ms(self.at)
+
+    @property
+    def title(self) -> str:
+        if self.count > 1:
+            return f"{self.count} {self.kind}s around {self.at_iso}"
+        return _event_label(self.event) if self.event and not self.label else self.label
 
 
 @dataclass
@@ -80,9 +87,8 @@ def _collapse(markers: list[Marker]) -> list[Marker]:
         key = (m.kind, int(m.pos))
         if key in bins:
             bins[key].count += 1
-            bins[key].label = f"{bins[key].count} {m.kind}s"
         else:
-            bins[key] = Marker(m.pos, m.kind, m.label, m.at)
+            bins[key] = Marker(m.pos, m.kind, m.label, m.at, event=m.event)
     return sorted(kept + list(bins.values()), key=lambda m: m.pos)
 
 
@@ -115,7 +121,10 @@ def build(
     end = max(stamps)
     end = end + max((end - start) * 0.02, timedelta(milliseconds=5))  # room for the last mark
     axis = _Axis(start, end)
-    bars = [_bar(job, a, events, rejected, axis, now) for a in attempts]
+    by_attempt: dict[int, list[JobEvent]] = {}
+    for e in events:
+        by_attempt.setdefault(e.attempt, []).append(e)
+    bars = [_bar(job, a, by_attempt.get(a.number, []), rejected, axis, now) for a in attempts]
     ticks = [
         (round(i * 100 / (AXIS_TICKS - 1), 3), iso_ms(start + (end - start) * i / (AXIS_TICKS - 1)))
         for i in range(AXIS_TICKS)
@@ -126,7 +135,7 @@ def build(
 def _bar(
     job: Job,
     a: Attempt,
-    events: list[JobEvent],
+    events: list[JobEvent],  # this attempt's own
     rejected: list[RejectedWrite],
     axis: _Axis,
     now: datetime,
@@ -134,8 +143,7 @@ def _bar(
     ended = a.ended_at or now
     left, right = axis.pos(a.claimed_at), axis.pos(ended)
     mine = [r for r in rejected if r.attempt_presented == a.number]
-    markers = [Marker(axis.pos(e.at), e.type, _event_label(e), e.at) for e in events]
-    markers = [m for m, e in zip(markers, events, strict=True) if e.attempt == a.number]
+    markers = [Marker(axis.pos(e.at), e.type, "", e.at, event=e) for e in events]
     if a.heartbeat_at and a.heartbeat_at != a.claimed_at:
         label = f"Last heartbeat of attempt {a.number} at {iso_ms(a.heartbeat_at)}"
         markers.append(Marker(axis.pos(a.heartbeat_at), "heartbeat", label, a.heartbeat_at))

@@ -53,6 +53,8 @@
     });
     if (msg.last_event_id) { last = Math.max(last, msg.last_event_id); body.dataset.lastEventId = last; }
     tick();
+    // After the swaps: tests and bench/dashboard.py time a live update by this event.
+    document.dispatchEvent(new CustomEvent("palisade:applied", { detail: { lastEventId: last, swaps: (msg.swaps || []).length } }));
   }
   function tick() {
     const now = Date.now() - skew;

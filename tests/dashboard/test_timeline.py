@@ -75,4 +75,4 @@ def test_unknown_outcome_and_event_values_render_generically() -> None:
     line = timeline.build(job, attempts, events, [], now=at(2))
     assert line is not None
     assert line.bars[0].markers[0].kind == "released"
-    assert "released" in line.bars[0].markers[0].label
+    assert "released" in line.bars[0].markers[0].title.lower()
