@@ -328,6 +328,7 @@ def drains(conn: psycopg.Connection[Any], browser: Any, base: str, n: int, repea
         rates["none"].append(drain_once(conn, n, f"none-{rep}"))
         pages = open_pages(browser, base, ["/", "/jobs/", f"/jobs/{big}/", "/rejected/",
                                            "/workers/"])
+        pages[0].wait_for_timeout(2000)  # let the five initial page loads finish first
         rates["five"].append(drain_once(conn, n, f"five-{rep}"))
         pushes = sum(len(p.evaluate("window.__applied")) for p in pages)
         pages[0].context.close()

@@ -5,6 +5,8 @@ selectors, writes, or anything about HTTP or websockets -- views and broadcast b
 a partial always renders from the same context however it is delivered.
 """
 
+import threading
+import time
 from typing import Any
 
 from django.http import QueryDict
@@ -19,8 +21,24 @@ def filters_from(params: QueryDict) -> tuple[JobFilterForm, dict[str, Any]]:
     return form, (form.cleaned_data if form.is_valid() else {})
 
 
-def overview_context() -> dict[str, Any]:
-    return {"overview": selectors.overview()}
+OVERVIEW_SHARED_SECONDS = 1.0
+_overview_cache: tuple[float, selectors.Overview] | None = None
+_overview_lock = threading.Lock()
+
+
+def overview_context(shared: bool = False) -> dict[str, Any]:
+    """`shared`: pushes to many open overviews in one process reuse one computation for up to
+    OVERVIEW_SHARED_SECONDS (its counts scan the job table); a page view always computes."""
+    global _overview_cache
+    if not shared:
+        return {"overview": selectors.overview()}
+    with _overview_lock:
+        if (
+            _overview_cache is None
+            or time.monotonic() - _overview_cache[0] > OVERVIEW_SHARED_SECONDS
+        ):
+            _overview_cache = (time.monotonic(), selectors.overview())
+        return {"overview": _overview_cache[1]}
 
 
 def jobs_context(params: QueryDict) -> dict[str, Any]:
@@ -50,7 +68,9 @@ def job_context(job_id: int) -> dict[str, Any] | None:
     if detail is None:
         return None
     now = timezone.now()
-    line = timeline.build(detail.job, detail.attempts, detail.events, detail.rejected, now)
+    line = timeline.build(
+        detail.job, detail.attempts, detail.events, detail.rejected, now, minor=detail.minor
+    )
     return {"detail": detail, "job": detail.job, "timeline": line}
 
 

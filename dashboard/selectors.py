@@ -78,7 +78,8 @@ def jobs_by_id(ids: list[int]) -> list[Job]:
 class JobDetail:
     job: Job
     attempts: list[Attempt]
-    events: list[JobEvent]  # every boundary event, and the newest MINOR_LIMIT minor ones
+    events: list[JobEvent]  # every boundary event (claims, expiries, commits, failures, ...)
+    minor: list[tuple[int, str, datetime]]  # newest MINOR_LIMIT minor ones: attempt, type, at
     log: list[JobEvent]  # the newest LOG_ROWS events, for the event log table
     rejected: list[RejectedWrite]
     events_total: int
@@ -86,8 +87,8 @@ class JobDetail:
     result_json: str = ""
 
 
-MINOR_LIMIT = 5_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
-LOG_ROWS = 300
+MINOR_LIMIT = 10_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
+LOG_ROWS = 100
 
 
 def job_detail(job_id: int) -> JobDetail | None:
@@ -97,13 +98,18 @@ def job_detail(job_id: int) -> JobDetail | None:
     attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
     events_qs = JobEvent.objects.filter(job_id=job_id)
     boundaries = list(events_qs.exclude(type__in=MINOR_TYPES).order_by("id"))
-    minor = list(events_qs.filter(type__in=MINOR_TYPES).order_by("-id")[:MINOR_LIMIT])
-    log = sorted(boundaries + minor, key=lambda e: e.pk)[-LOG_ROWS:]
+    minor = list(
+        events_qs.filter(type__in=MINOR_TYPES)
+        .order_by("-id")
+        .values_list("attempt", "type", "at")[:MINOR_LIMIT]
+    )
+    log = list(events_qs.order_by("-id")[:LOG_ROWS])[::-1]
     total = len(boundaries) + (len(minor) if len(minor) < MINOR_LIMIT else events_qs.count())
     return JobDetail(
         job,
         attempts,
-        boundaries + minor,
+        boundaries,
+        minor,
         log,
         list(RejectedWrite.objects.filter(job_id=job_id).order_by("id")),
         total,

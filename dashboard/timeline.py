@@ -43,7 +43,9 @@ class Marker:
     def title(self) -> str:
         if self.count > 1:
             return f"{self.count} {self.kind}s around {self.at_iso}"
-        return _event_label(self.event) if self.event and not self.label else self.label
+        if self.label:
+            return self.label
+        return _event_label(self.event) if self.event else f"{self.kind} at {self.at_iso}"
 
 
 @dataclass
@@ -110,12 +112,19 @@ def build(
     events: Iterable[JobEvent],
     rejected: list[RejectedWrite],
     now: datetime | None = None,
+    minor: Iterable[tuple[int, str, datetime]] = (),
 ) -> Timeline | None:
+    """`events` are model rows (any type); `minor` are (attempt, type, at) tuples of heartbeats
+    and checkpoints, read as tuples because a long job has thousands of them."""
     if not attempts:
         return None
     now = now or timezone.now()
     events = [e for e in events if e.type != "rejected"]  # drawn from RejectedWrite instead
+    minor_by_attempt: dict[int, list[tuple[str, datetime]]] = {}
+    for attempt, type_, at in minor:
+        minor_by_attempt.setdefault(attempt, []).append((type_, at))
     stamps = [a.claimed_at for a in attempts] + [e.at for e in events] + [r.at for r in rejected]
+    stamps += [at for beats in minor_by_attempt.values() for _, at in beats[:1] + beats[-1:]]
     stamps += [a.ended_at or now for a in attempts]
     start = min(a.claimed_at for a in attempts)
     end = max(stamps)
@@ -124,7 +133,18 @@ def build(
     by_attempt: dict[int, list[JobEvent]] = {}
     for e in events:
         by_attempt.setdefault(e.attempt, []).append(e)
-    bars = [_bar(job, a, by_attempt.get(a.number, []), rejected, axis, now) for a in attempts]
+    bars = [
+        _bar(
+            job,
+            a,
+            by_attempt.get(a.number, []),
+            minor_by_attempt.get(a.number, []),
+            rejected,
+            axis,
+            now,
+        )
+        for a in attempts
+    ]
     ticks = [
         (round(i * 100 / (AXIS_TICKS - 1), 3), iso_ms(start + (end - start) * i / (AXIS_TICKS - 1)))
         for i in range(AXIS_TICKS)
@@ -136,6 +156,7 @@ def _bar(
     job: Job,
     a: Attempt,
     events: list[JobEvent],  # this attempt's own
+    minor: list[tuple[str, datetime]],  # this attempt's heartbeats/checkpoints: type, at
     rejected: list[RejectedWrite],
     axis: _Axis,
     now: datetime,
@@ -144,6 +165,7 @@ def _bar(
     left, right = axis.pos(a.claimed_at), axis.pos(ended)
     mine = [r for r in rejected if r.attempt_presented == a.number]
     markers = [Marker(axis.pos(e.at), e.type, "", e.at, event=e) for e in events]
+    markers += [Marker(axis.pos(at), type_, "", at) for type_, at in minor]  # labels made lazily
     if a.heartbeat_at and a.heartbeat_at != a.claimed_at:
         label = f"Last heartbeat of attempt {a.number} at {iso_ms(a.heartbeat_at)}"
         markers.append(Marker(axis.pos(a.heartbeat_at), "heartbeat", label, a.heartbeat_at))
