@@ -42,9 +42,10 @@ BATCH = 5_000
 GAP_SECONDS = 30.0
 PUBLISHER_LOCK = 0x5041_4C49  # pg advisory lock key: the one publisher when the layer is shared
 
-EVENTS_SQL = (
-    "SELECT id, job_id, type FROM jobs_jobevent WHERE id > %s OR id = ANY(%s) ORDER BY id LIMIT %s"
-)
+# Two statements, never `id > %s OR id = ANY(...)`: PostgreSQL plans that OR as a filter over a
+# walk of the whole primary key (seconds at millions of events), each range scan is a few pages.
+EVENTS_SQL = "SELECT id, job_id, type FROM jobs_jobevent WHERE id > %s ORDER BY id LIMIT %s"
+GAPS_SQL = "SELECT id, job_id, type FROM jobs_jobevent WHERE id = ANY(%s)"
 # Overlapping windows: a beat written (clock_timestamp) just before a read commits just after it;
 # sending a lease twice is harmless, missing one leaves a countdown wrong until the next beat.
 BEATS_SINCE_SQL = "SELECT clock_timestamp() - interval '2 seconds'"
@@ -128,8 +129,12 @@ class EventTail:
     async def _read_events(self, conn: psycopg.AsyncConnection) -> None:
         now = time.monotonic()
         self.gaps = {i: t for i, t in self.gaps.items() if now - t < GAP_SECONDS}
-        cur = await conn.execute(EVENTS_SQL, [self.last_id, list(self.gaps), BATCH])
-        self._handle(await cur.fetchall(), now)
+        cur = await conn.execute(EVENTS_SQL, [self.last_id, BATCH])
+        rows = await cur.fetchall()
+        if self.gaps:
+            cur = await conn.execute(GAPS_SQL, [list(self.gaps)])
+            rows += await cur.fetchall()
+        self._handle(rows, now)
 
     async def _read_leases(self, conn: psycopg.AsyncConnection) -> None:
         since, self.beats_since = (

@@ -14,6 +14,11 @@ from django.utils import timezone
 
 from dashboard import selectors, timeline
 from dashboard.forms import JobFilterForm
+from jobs import policy
+from jobs.conf import jobs_settings
+from jobs.exceptions import UnknownKind
+from jobs.models import Job
+from jobs.registry import Handler, get_handler
 
 
 def filters_from(params: QueryDict) -> tuple[JobFilterForm, dict[str, Any]]:
@@ -69,9 +74,24 @@ def job_context(job_id: int) -> dict[str, Any] | None:
         return None
     now = timezone.now()
     line = timeline.build(
-        detail.job, detail.attempts, detail.events, detail.rejected, now, minor=detail.minor
+        detail.job,
+        detail.attempts,
+        detail.events,
+        detail.rejected,
+        now,
+        minor=detail.minor,
+        lease_seconds=_lease_seconds(detail.job),
     )
     return {"detail": detail, "job": detail.job, "timeline": line}
+
+
+def _lease_seconds(job: Job) -> float:
+    """The lease a heartbeat of this job sets, resolved as the runner resolves it."""
+    try:
+        handler: Handler | None = get_handler(job.kind)
+    except UnknownKind:
+        handler = None
+    return policy.lease_seconds_for(job.lease_seconds, handler, jobs_settings())
 
 
 def rejected_context() -> dict[str, Any]:

@@ -6,6 +6,8 @@ the newest rows, and lease health reads only running jobs (the partial index job
 """
 
 import json
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,7 +26,7 @@ PAGE_SIZE = 50
 # Text search inside payloads scans at most this many of the newest jobs (no GIN index: see
 # dashboard/migrations/0001_initial.py); an id or unique key is not bounded. JSON containment
 # (`{"order": 7}`) on PostgreSQL, else the JSON text is searched like any other text.
-SEARCH_WINDOW = 200_000
+SEARCH_WINDOW = 100_000
 HISTORY_EVENTS = 50_000  # sparklines read at most this many of the newest events
 SPARK_MINUTES = 30
 
@@ -39,6 +41,8 @@ def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
     q = q.strip()
     if q.isdigit():
         return qs.filter(Q(pk=int(q)) | Q(unique_key=q))
+    if Job.objects.filter(unique_key=q).exists():  # one probe of its index: a key is exact
+        return qs.filter(unique_key=q)
     floor = (Job.objects.aggregate(m=Max("id"))["m"] or 0) - SEARCH_WINDOW
     if q.startswith("{") and connection.features.supports_json_field_contains:
         try:
@@ -46,9 +50,9 @@ def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
         except ValueError:
             wanted = None
         if isinstance(wanted, dict):
-            return qs.filter(Q(unique_key=q) | Q(pk__gt=floor, payload__contains=wanted))
+            return qs.filter(pk__gt=floor, payload__contains=wanted)
     text = qs.annotate(payload_text=Cast("payload", TextField()))
-    return text.filter(Q(unique_key=q) | Q(pk__gt=floor, payload_text__icontains=q))
+    return text.filter(pk__gt=floor, payload_text__icontains=q)
 
 
 def job_page(filters: dict[str, Any]) -> JobPage:
@@ -170,14 +174,40 @@ def _minutes(qs: QuerySet[Any], start: datetime, **match: Any) -> dict[datetime,
     return {r["minute"]: r["n"] for r in rows}
 
 
+def _counts(qs: QuerySet[Job]) -> dict[tuple[str, str], int]:
+    rows = qs.values_list("queue", "state").annotate(n=Count("id")).order_by()
+    return {(queue, state): n for queue, state, n in rows}
+
+
+def _live_counts() -> dict[tuple[str, str], int]:
+    """Queued and running jobs, exact: each walks its own partial index (pick / lease)."""
+    return _counts(Job.objects.queued()) | _counts(Job.objects.running())
+
+
+TERMINAL_COUNTS_SECONDS = 10.0
+_terminal: tuple[float, dict[tuple[str, str], int]] | None = None
+_terminal_lock = threading.Lock()
+
+
+def _terminal_counts() -> dict[tuple[str, str], int]:
+    """Finished jobs by queue and state. Counting them scans the whole table (about 200 ms at a
+    million rows), and they only ever grow, so one count serves this process for
+    TERMINAL_COUNTS_SECONDS; queued and running counts are always exact."""
+    global _terminal
+    with _terminal_lock:
+        if _terminal is None or time.monotonic() - _terminal[0] > TERMINAL_COUNTS_SECONDS:
+            _terminal = (time.monotonic(), _counts(Job.objects.terminal()))
+        return _terminal[1]
+
+
 def overview(now: datetime | None = None) -> Overview:
     now = now or timezone.now()
     start = (now - timedelta(minutes=SPARK_MINUTES)).replace(second=0, microsecond=0)
     by_state: dict[str, int] = {}
     by_queue: dict[str, dict[str, int]] = {}
-    for row in Job.objects.values("queue", "state").annotate(n=Count("id")).order_by():
-        by_state[row["state"]] = by_state.get(row["state"], 0) + row["n"]
-        by_queue.setdefault(row["queue"], {})[row["state"]] = row["n"]
+    for (queue, state), n in (_live_counts() | _terminal_counts()).items():
+        by_state[state] = by_state.get(state, 0) + n
+        by_queue.setdefault(queue, {})[state] = n
     oldest = Job.objects.due().order_by("run_at").values_list("run_at", flat=True).first()
     events = JobEvent.objects.all()
     return Overview(

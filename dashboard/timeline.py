@@ -113,9 +113,12 @@ def build(
     rejected: list[RejectedWrite],
     now: datetime | None = None,
     minor: Iterable[tuple[int, str, datetime]] = (),
+    lease_seconds: float | None = None,
 ) -> Timeline | None:
     """`events` are model rows (any type); `minor` are (attempt, type, at) tuples of heartbeats
-    and checkpoints, read as tuples because a long job has thousands of them."""
+    and checkpoints, read as tuples because a long job has thousands of them. With
+    `lease_seconds`, an expired attempt also shows where its lease ran out (its last heartbeat
+    plus the lease), apart from the reaper's reclaim."""
     if not attempts:
         return None
     now = now or timezone.now()
@@ -145,6 +148,9 @@ def build(
         )
         for a in attempts
     ]
+    if lease_seconds:
+        for bar in bars:
+            _mark_lease_deadline(bar, lease_seconds, axis)
     ticks = [
         (round(i * 100 / (AXIS_TICKS - 1), 3), iso_ms(start + (end - start) * i / (AXIS_TICKS - 1)))
         for i in range(AXIS_TICKS)
@@ -175,6 +181,18 @@ def _bar(
     if last_write and last_write > ended:
         bar.tail_left, bar.tail_width = right, max(axis.pos(last_write) - right, 0.2)
     return bar
+
+
+def _mark_lease_deadline(bar: Bar, lease_seconds: float, axis: _Axis) -> None:
+    a = bar.attempt
+    expiry = next((m for m in bar.markers if m.kind == "expired"), None)
+    if expiry is None:
+        return
+    deadline = (a.heartbeat_at or a.claimed_at) + timedelta(seconds=lease_seconds)
+    if deadline <= expiry.at:
+        label = f"Lease of attempt {a.number} ran out about {iso_ms(deadline)} (last beat + lease)"
+        bar.markers.append(Marker(axis.pos(deadline), "lease-deadline", label, deadline))
+        bar.markers.sort(key=lambda m: m.pos)
 
 
 def _won(job: Job, a: Attempt) -> bool:

@@ -76,3 +76,26 @@ def test_unknown_outcome_and_event_values_render_generically() -> None:
     assert line is not None
     assert line.bars[0].markers[0].kind == "released"
     assert "released" in line.bars[0].markers[0].title.lower()
+
+
+def test_an_expired_attempt_shows_where_its_lease_ran_out_before_the_reclaim() -> None:
+    job = Job(pk=1, state="running", attempt=2)
+    attempts = [
+        Attempt(
+            job_id=1,
+            number=1,
+            worker="a:1",
+            claimed_at=at(0),
+            heartbeat_at=at(1),
+            ended_at=at(4),
+            outcome="expired",
+        ),
+        Attempt(job_id=1, number=2, worker="b:2", claimed_at=at(4.1), outcome="running"),
+    ]
+    events = [JobEvent(job_id=1, attempt=1, type="expired", at=at(4))]
+    line = timeline.build(job, attempts, events, [], now=at(5), lease_seconds=2)
+    assert line is not None
+    kinds = [m.kind for m in line.bars[0].markers]
+    assert kinds.index("lease-deadline") < kinds.index("expired")
+    deadline = next(m for m in line.bars[0].markers if m.kind == "lease-deadline")
+    assert deadline.at == at(3)
