@@ -17,11 +17,10 @@ Phases, against a fresh database `palisade_bench_dash` (dropped, recreated, migr
            enqueues one job at a time (a transition writing an event) and notes the wall clock
            after COMMIT; the page notes the wall clock after applying the push that carries an
            event id >= that event's ("palisade:applied"). Same machine, same clock.
-  drain    --drain-jobs demo.noop jobs drained by `manage.py qcluster` (2 workers, batch 8):
-           with the NOTIFY trigger disabled (the hot path's own cost), with it and no dashboard
-           open, and with five open (overview, jobs, a job, rejected, workers) -- alternating,
-           --repeat times each; rate = N / (last finish - first claim), database clock. The five
-           browsers, daphne and the workers share this machine's two cores.
+  drain    --drain-jobs demo.noop jobs drained by `manage.py qcluster` (2 workers, batch 8)
+           with no dashboard open, then with five open (overview, jobs, a job, rejected,
+           workers) -- alternating, --repeat times each; rate = N / (last finish - first claim),
+           database clock. The five browsers, daphne and the workers share the two cores.
 
 Results: bench/results/dashboard-<timestamp>.json and a table on stdout.
 """
@@ -325,13 +324,8 @@ def drain_once(conn: psycopg.Connection[Any], n: int, label: str) -> float:
 
 def drains(conn: psycopg.Connection[Any], browser: Any, base: str, n: int, repeat: int,
            big: int) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {"no_trigger": [], "none": [], "five": []}
+    rates: dict[str, list[float]] = {"none": [], "five": []}
     for rep in range(repeat):
-        conn.execute("ALTER TABLE jobs_jobevent DISABLE TRIGGER dashboard_jobevent_notify")
-        try:
-            rates["no_trigger"].append(drain_once(conn, n, f"no-trigger-{rep}"))
-        finally:
-            conn.execute("ALTER TABLE jobs_jobevent ENABLE TRIGGER dashboard_jobevent_notify")
         rates["none"].append(drain_once(conn, n, f"none-{rep}"))
         pages = open_pages(browser, base, ["/", "/jobs/", f"/jobs/{big}/", "/rejected/",
                                            "/workers/"])
@@ -339,11 +333,10 @@ def drains(conn: psycopg.Connection[Any], browser: Any, base: str, n: int, repea
         rates["five"].append(drain_once(conn, n, f"five-{rep}"))
         pushes = sum(len(p.evaluate("window.__applied")) for p in pages)
         pages[0].context.close()
-        log(f"drain rep {rep + 1}: no trigger {rates['no_trigger'][-1]:.0f}/s, trigger and no "
-            f"dashboard {rates['none'][-1]:.0f}/s, five dashboards {rates['five'][-1]:.0f}/s "
-            f"({pushes} pushes applied)")
+        log(f"drain rep {rep + 1}: no dashboard {rates['none'][-1]:.0f}/s, five dashboards "
+            f"{rates['five'][-1]:.0f}/s ({pushes} pushes applied)")
     return {"jobs": n, "runs": rates, "median_none": median(rates["none"]),
-            "median_five": median(rates["five"]), "median_no_trigger": median(rates["no_trigger"])}
+            "median_five": median(rates["five"])}
 
 
 def main() -> int:
@@ -378,8 +371,8 @@ def main() -> int:
     path = RESULTS_DIR / f"dashboard-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     path.write_text(json.dumps(out, indent=2, default=str))
     d = out["drain"]
-    log(f"drain medians: no trigger {d['median_no_trigger']:.0f}/s, no dashboard "
-        f"{d['median_none']:.0f}/s, five dashboards {d['median_five']:.0f}/s")
+    log(f"drain medians: no dashboard {d['median_none']:.0f}/s, "
+        f"five dashboards {d['median_five']:.0f}/s")
     log(f"results: {path}")
     return 0
 
