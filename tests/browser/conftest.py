@@ -60,8 +60,10 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser() -> Iterator[Any]:
+    """Per test, not per session: while Playwright's sync API is active it keeps an event loop
+    running in this thread, and every later test's ORM call would be refused as "async"."""
     executable = chromium_path()
     if executable is None:
         pytest.skip(
