@@ -12,7 +12,7 @@ import pytest_asyncio
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, connections
 
 import jobs
 from config.asgi import application
@@ -32,6 +32,7 @@ async def stop_event_tail() -> Any:
         tail.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await tail.task
+    await sync_to_async(connections.close_all)()  # the consumers' thread keeps its connection
 
 
 def live(user: User | None, query: str) -> WebsocketCommunicator:
