@@ -49,6 +49,15 @@ def test_search_finds_a_job_by_id_unique_key_and_payload(
     assert ids_in(operator_client, q='{"n": 3}') == [keyed.pk]
 
 
+def test_filters_by_created_time_range(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    old, new = make_job(), make_job()
+    Job.objects.filter(pk=old.pk).update(created_at="2020-01-01T00:00:00Z")
+    assert ids_in(operator_client, since="2021-01-01T00:00") == [new.pk]
+    assert ids_in(operator_client, until="2021-01-01T00:00") == [old.pk]
+
+
 def test_invalid_filter_values_are_reported_not_queried(operator_client: Client) -> None:
     response = operator_client.get(reverse("dashboard:jobs"), {"state": "bogus"})
     assert response.status_code == 200
