@@ -16,7 +16,9 @@ from django.template.loader import render_to_string
 from dashboard import screens, selectors
 
 GROUP = "dashboard.live"
-MAX_JOB_IDS = 500  # a notice naming more changed jobs than this says "overflow": refresh all
+# A notice names up to this many changed jobs (one read of the tail holds at most as many
+# events); more -- the tail fell behind -- says "overflow", and every screen re-renders.
+MAX_JOB_IDS = 5_000
 
 
 class ChangeNotice(TypedDict):
