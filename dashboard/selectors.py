@@ -26,7 +26,7 @@ PAGE_SIZE = 50
 # Text search inside payloads scans at most this many of the newest jobs (no GIN index: see
 # dashboard/migrations/0001_initial.py); an id or unique key is not bounded. JSON containment
 # (`{"order": 7}`) on PostgreSQL, else the JSON text is searched like any other text.
-SEARCH_WINDOW = 100_000
+SEARCH_WINDOW = 50_000
 HISTORY_EVENTS = 50_000  # sparklines read at most this many of the newest events
 SPARK_MINUTES = 30
 

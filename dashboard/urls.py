@@ -1,3 +1,5 @@
+"""The dashboard's pages (every one behind dashboard.access), the drill action and login/logout."""
+
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
