@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, Permission, User
+from django.db import connection, connections
 from django.test import Client
 
 from tests.acceptance.cluster import (
@@ -75,6 +76,9 @@ def browser() -> Iterator[Any]:
         chromium = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+        # The ORM calls made while Playwright's loop ran used a connection of that context
+        # (asgiref's Local); close it here, while that context is still current.
+        connections.close_all()
 
 
 def _free_port() -> int:
@@ -136,6 +140,22 @@ def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+            _wait_for_other_sessions_to_end()
+
+
+def _wait_for_other_sessions_to_end(seconds: float = 5.0) -> None:
+    """A server backend outlives its client by a moment; pytest-django then could not drop the
+    test database at the end of the session. Wait (with a deadline) until they are gone."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if cur.fetchone()[0] == 0:
+                return
+        time.sleep(0.05)  # poll interval of a deadline-bound wait
 
 
 @pytest.fixture
