@@ -27,12 +27,14 @@ event loop.
 import asyncio
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections, connection
+from django.utils import timezone
 
 from dashboard import broadcast
 
@@ -149,17 +151,24 @@ class EventTail:
             leases = [(r[0], str(r[1] or ""), str(r[2] or "")) for r in rows[:500]]
             await broadcast.publish({"type": "leases.changed", "leases": leases})
 
-    # -- SQLite (and any database without NOTIFY) ---------------------------------------------
+    # -- SQLite (through the ORM, in a thread) -------------------------------------------------
 
     async def _tail_polling(self) -> None:
         read = sync_to_async(_read_events_orm, thread_sensitive=True)
+        leases = sync_to_async(_read_leases_orm, thread_sensitive=True)
         if self.last_id is None:
             self.last_id = (await read(None))[1]
+        next_leases = 0.0
         while True:
             await asyncio.sleep(POLL_SECONDS)  # the tail's poll interval
             await self._coalesce()
             rows, _ = await read(self.last_id)
             self._handle(rows, time.monotonic())
+            if time.monotonic() >= next_leases:
+                changed = await leases()
+                if changed:
+                    await broadcast.publish({"type": "leases.changed", "leases": changed})
+                next_leases = time.monotonic() + LEASE_POLL_SECONDS
 
     # -- both --------------------------------------------------------------------------------
 
@@ -199,6 +208,21 @@ def _read_events_orm(after: int | None) -> tuple[list[tuple[int, int, str]], int
         .values_list("id", "job_id", "type")[:BATCH]
     )
     return rows, rows[-1][0] if rows else after
+
+
+def _read_leases_orm() -> list[tuple[int, str, str]]:
+    """Running jobs that beat in the last two seconds (overlapping windows, as on PostgreSQL)."""
+    from jobs.models import Job
+
+    def ms(at: Any) -> str:
+        return str(int(at.timestamp() * 1000)) if at else ""
+
+    since = timezone.now() - timedelta(seconds=2)
+    rows = Job.objects.running().filter(heartbeat_at__gte=since)
+    return [
+        (pk, ms(lease), ms(beat))
+        for pk, lease, beat in rows.values_list("id", "lease_expires_at", "heartbeat_at")[:500]
+    ]
 
 
 tail = EventTail()
