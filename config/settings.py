@@ -33,6 +33,7 @@ ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").spl
 INSTALLED_APPS = [
     "daphne",  # first: makes `runserver` the ASGI server (HTTP + websockets)
     "jobs",  # before django_q: our `qcluster` adds the embedded scheduler to django-q2's
+    "demo",  # demo job kinds, the seed and the zombie drill (job code, not screens)
     "dashboard",
     "django.contrib.admin",
     "django.contrib.auth",
@@ -131,7 +132,8 @@ STORAGES = {
 if DEBUG:
     STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
 
-LOGIN_URL = "admin:login"
+LOGIN_URL = "dashboard:login"
+LOGIN_REDIRECT_URL = "dashboard:overview"
 
 JOBS_WORKERS = int(os.environ.get("JOBS_WORKERS", "2"))
 
@@ -179,5 +181,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
     "loggers": {
         "jobs": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
+        "dashboard": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
+        "demo": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
     },
 }

@@ -1,3 +1,5 @@
+"""The operations dashboard: screens only. Job kinds, the seed and the drill live in demo/."""
+
 from django.apps import AppConfig
 
 

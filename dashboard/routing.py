@@ -1,5 +1,9 @@
-"""Websocket routes (the live dashboard adds its consumer here)."""
+"""Websocket routes: one live socket per open dashboard screen."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-websocket_urlpatterns: list[URLPattern] = []
+from dashboard.consumers import LiveConsumer
+
+websocket_urlpatterns: list[URLPattern] = [
+    path("ws/live/", LiveConsumer.as_asgi()),  # type: ignore[arg-type]
+]

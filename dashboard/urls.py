@@ -1,9 +1,23 @@
+"""The dashboard's pages (every one behind dashboard.access), the drill action and login/logout."""
+
+from django.contrib.auth import views as auth_views
 from django.urls import path
-from django.views.generic import RedirectView
+
+from dashboard import views
 
 app_name = "dashboard"
 
 urlpatterns = [
-    # Until the live dashboard lands, the front page is the (read-only) job list in the admin.
-    path("", RedirectView.as_view(url="/admin/jobs/job/", permanent=False), name="home"),
+    path("", views.overview, name="overview"),
+    path("jobs/", views.jobs_list, name="jobs"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job"),
+    path("rejected/", views.rejected, name="rejected"),
+    path("workers/", views.workers, name="workers"),
+    path("drill/", views.drill, name="drill"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="dashboard/login.html"),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(next_page="dashboard:login"), name="logout"),
 ]

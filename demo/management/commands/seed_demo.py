@@ -1,9 +1,10 @@
-"""Create the demo superuser (if missing) and enqueue a handful of demo jobs."""
+"""Create the demo superuser and a read-only operator (if missing); enqueue demo jobs."""
 
 import os
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
@@ -23,6 +24,10 @@ class Command(BaseCommand):
         if not user_model.objects.filter(username=username).exists():
             user_model.objects.create_superuser(username, f"{username}@example.com", password)
             self.stdout.write(f"created superuser {username!r} with password {password!r}")
+        if not user_model.objects.filter(username="viewer").exists():
+            viewer = user_model.objects.create_user("viewer", password=password)
+            viewer.groups.add(Group.objects.get(name="operators"))  # read-only: sees, never acts
+            self.stdout.write(f"created read-only operator 'viewer' with password {password!r}")
         count = options["jobs"]
         with transaction.atomic():
             for i in range(count):

@@ -1,4 +1,4 @@
-"""Demo job kinds, so a fresh `bin/run` has something to show."""
+"""Demo job kinds, so a fresh `bin/run` has something to show, and the drill's slow job."""
 
 import random
 import time
@@ -6,6 +6,9 @@ from typing import Any
 
 from jobs import handler
 from jobs.context import JobContext
+
+DRILL_KIND = "demo.drill"
+DRILL_LEASE_SECONDS = 2.0
 
 
 @handler("demo.sleep", lease_seconds=15)
@@ -30,3 +33,11 @@ def flaky(ctx: JobContext) -> dict[str, Any]:
 @handler("demo.noop")
 def noop(ctx: JobContext) -> None:
     return None
+
+
+@handler(DRILL_KIND, lease_seconds=DRILL_LEASE_SECONDS, max_attempts=5)
+def drill(ctx: JobContext) -> dict[str, Any]:
+    """The drill's slow job: one plain sleep (no checkpoints), so a SIGSTOP lands inside it and
+    the resumed process goes straight to its commit -- the stale write the fence rejects."""
+    time.sleep(float(ctx.payload.get("seconds", 3.0)))
+    return {"attempt": ctx.attempt, "worker": ctx.worker}

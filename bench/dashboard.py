@@ -1,0 +1,381 @@
+#!/usr/bin/env python
+"""The live dashboard's benchmark: server time at a million jobs, commit -> browser latency, and
+what five open dashboards cost the workers' drain.
+
+    .venv/bin/python bench/dashboard.py [--rows 1000000] [--samples 200] [--latency 100]
+                                        [--drain-jobs 4000] [--repeat 3]
+
+Phases, against a fresh database `palisade_bench_dash` (dropped, recreated, migrated):
+
+  seed     --rows jobs inserted by SQL (kinds, queues, states, payloads, every tenth keyed), one
+           attempt and two events per finished job, plus one job with 50 attempts, 5,000 events
+           and 49 rejected writes; VACUUM ANALYZE.
+  server   in-process Django test client, logged in: each URL --samples times after a warm-up;
+           the time of `client.get` (routing, queries, template rendering) -- "server time".
+           EXPLAIN of the list queries goes into the JSON.
+  latency  daphne + Debian chromium (Playwright) showing the jobs list's first page; Python
+           enqueues one job at a time (a transition writing an event) and notes the wall clock
+           after COMMIT; the page notes the wall clock after applying the push that carries an
+           event id >= that event's ("palisade:applied"). Same machine, same clock.
+  drain    --drain-jobs demo.noop jobs drained by `manage.py qcluster` (2 workers, batch 8)
+           with no dashboard open, then with five open (overview, jobs, a job, rejected,
+           workers) -- alternating, --repeat times each; rate = N / (last finish - first claim),
+           database clock. The five browsers, daphne and the workers share the two cores.
+
+Results: bench/results/dashboard-<timestamp>.json and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(ROOT))
+
+from run import RESULTS_DIR, median, spawn, stop, stop_all, summarize  # noqa: E402
+
+SERVER = "postgres://postgres@127.0.0.1:5432"
+DB_NAME = "palisade_bench_dash"
+DB_URL = f"{SERVER}/{DB_NAME}"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+ENV = {
+    **os.environ,
+    "DJANGO_SETTINGS_MODULE": "config.settings",
+    "DATABASE_URL": DB_URL,
+    "JOBS_WORKERS": "2",
+    "PYTHONUNBUFFERED": "1",
+    "ALLOWED_HOSTS": "testserver,localhost,127.0.0.1",
+}
+ENV.pop("REDIS_URL", None)
+
+SEED_JOBS = """
+INSERT INTO jobs_job (kind, payload, queue, priority, state, attempt, run_at, created_at,
+                      updated_at, finished_at, unique_key, result, result_ref, error)
+SELECT (ARRAY['demo.noop','demo.sleep','demo.flaky','report.render','mail.send'])[1 + i %% 5],
+       jsonb_build_object('customer', 'cust-' || (i %% 5000), 'order', i, 'note', md5(i::text)),
+       (ARRAY['default','mail','reports'])[1 + i %% 3], 0,
+       CASE WHEN i %% 97 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
+       t, t, t + interval '1 second', t + interval '1 second',
+       CASE WHEN i %% 10 = 0 THEN 'key-' || i END, '{"ok": true}', '', ''
+  FROM (SELECT i, now() - make_interval(secs => (%(n)s - i) * 0.05) AS t
+          FROM generate_series(1, %(n)s) AS i) s
+"""
+SEED_ATTEMPTS = """
+INSERT INTO jobs_attempt (job_id, number, worker, claimed_at, heartbeat_at, ended_at, outcome,
+                          staging_ref, error)
+SELECT id, 1, 'bench-host:' || (id % 4), created_at, created_at, finished_at, state, '', ''
+  FROM jobs_job
+"""
+SEED_EVENTS = """
+INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+SELECT id, 1, e.type, 'bench-host:' || (id % 4), CASE e.type WHEN 'claimed' THEN created_at
+       ELSE finished_at END, '{}'
+  FROM jobs_job, (VALUES ('claimed'), ('succeeded')) AS e(type) ORDER BY id
+"""
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now(UTC).strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def create_database() -> psycopg.Connection[Any]:
+    with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {DB_NAME}")
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT, env=ENV, check=True, timeout=300,
+    )  # fmt: skip
+    return psycopg.connect(DB_URL, autocommit=True)
+
+
+def seed(conn: psycopg.Connection[Any], rows: int) -> int:
+    """Insert `rows` finished jobs and one big job; returns the big job's id."""
+    conn.execute(SEED_JOBS, {"n": rows})
+    conn.execute(SEED_ATTEMPTS)
+    conn.execute(SEED_EVENTS)
+    big = conn.execute(
+        "INSERT INTO jobs_job (kind, payload, state, attempt, finished_at, result_ref, error) "
+        "VALUES ('report.render', '{\"big\": true}', 'succeeded', 50, now(), '', '') RETURNING id"
+    ).fetchone()[0]
+    conn.execute(
+        """
+        INSERT INTO jobs_attempt (job_id, number, worker, claimed_at, heartbeat_at, ended_at,
+                                  outcome, staging_ref, error)
+        SELECT %(id)s, n, 'bench-host:' || n, now() - make_interval(secs => 600 - n * 10),
+               now() - make_interval(secs => 595 - n * 10),
+               now() - make_interval(secs => 592 - n * 10),
+               CASE WHEN n = 50 THEN 'succeeded' ELSE 'expired' END, '', ''
+          FROM generate_series(1, 50) n
+        """,
+        {"id": big},
+    )
+    conn.execute(
+        """
+        INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+        SELECT %(id)s, 1 + i / 100,
+               CASE i %% 100 WHEN 0 THEN 'claimed' WHEN 99 THEN 'expired' ELSE 'heartbeat' END,
+               'w', now() - make_interval(secs => 600 - i * 0.1), '{}'
+          FROM generate_series(0, 4999) i
+        """,
+        {"id": big},
+    )
+    conn.execute(
+        """
+        INSERT INTO jobs_rejectedwrite (job_id, attempt_presented, attempt_current, state_current,
+                                        worker, write, at)
+        SELECT %(id)s, n, n + 1, 'running', 'bench-host:' || n, 'commit',
+               now() - make_interval(secs => 590 - n * 10)
+          FROM generate_series(1, 49) n
+        """,
+        {"id": big},
+    )
+    for table in ("jobs_job", "jobs_attempt", "jobs_jobevent", "jobs_rejectedwrite"):
+        conn.execute(f"VACUUM ANALYZE {table}")
+    return int(big)
+
+
+def setup_django() -> None:
+    os.environ.update({k: v for k, v in ENV.items() if k in {"DJANGO_SETTINGS_MODULE",
+                                                             "DATABASE_URL", "ALLOWED_HOSTS"}})
+    import django
+
+    django.setup()
+
+
+def superuser() -> Any:
+    from django.contrib.auth.models import User
+
+    user = User.objects.filter(username="bench").first()
+    return user or User.objects.create_superuser("bench", "bench@example.com", "bench")
+
+
+def server_times(big: int, rows: int, samples: int) -> dict[str, Any]:
+    from django.db import connection
+    from django.test import Client
+
+    from dashboard import selectors
+
+    client = Client()
+    client.force_login(superuser())
+    mid = rows // 2
+    urls = {
+        "jobs list, first page": "/jobs/",
+        "jobs list, keyset page in the middle": f"/jobs/?before={mid}",
+        "jobs list, state=failed": "/jobs/?state=failed",
+        "jobs list, kind + queue": "/jobs/?kind=demo.flaky&queue=mail",
+        "jobs list, search by id": f"/jobs/?q={mid}",
+        "jobs list, search by unique key": f"/jobs/?q=key-{mid - mid % 10}",
+        "jobs list, payload text search": f"/jobs/?q=cust-{rows % 5000 - 7}",
+        "jobs list, payload JSON search": '/jobs/?q={"customer": "cust-42"}',
+        "job page (1 attempt)": f"/jobs/{mid}/",
+        "job page (50 attempts, 5,000 events)": f"/jobs/{big}/",
+        "rejected feed": "/rejected/",
+        "workers": "/workers/",
+        "overview": "/",
+    }
+    results: dict[str, Any] = {}
+    for label, url in urls.items():
+        for _ in range(5):
+            assert client.get(url).status_code == 200, url
+        times = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            client.get(url)
+            times.append((time.perf_counter() - t) * 1000)
+        results[label] = {"url": url, **summarize(times)}
+        log(f"{label:42s} p50 {results[label]['p50']:7.1f} ms  p95 {results[label]['p95']:7.1f} ms")
+    with connection.cursor() as cur:
+        plans = {}
+        for label, filters in {
+            "first page": {},
+            "payload text": {"q": "cust-7"},
+            "unique key": {"q": "key-500"},
+        }.items():
+            qs = selectors._search(selectors.Job.objects.all(), filters["q"]) if filters else (
+                selectors.Job.objects.all()
+            )
+            sql, params = qs.order_by("-id")[:51].query.sql_with_params()
+            cur.execute(f"EXPLAIN {sql}", params)
+            plans[label] = [r[0] for r in cur.fetchall()]
+    return {"urls": results, "explain": plans}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_daphne() -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {**ENV, "DJANGO_DEBUG": "1"}
+    proc = spawn(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "config.asgi:application"],
+        env, RESULTS_DIR / "logs" / "dashboard-daphne.log",
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"http://127.0.0.1:{port}"
+        time.sleep(0.05)
+    raise RuntimeError("daphne did not start")
+
+
+def open_pages(browser: Any, base: str, paths: list[str]) -> list[Any]:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(superuser())
+    context = browser.new_context()
+    context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
+                          "url": base}])
+    pages = []
+    for path in paths:
+        page = context.new_page()
+        page.add_init_script(
+            "window.__applied = [];"
+            "document.addEventListener('palisade:applied', e => window.__applied.push("
+            "[e.detail.lastEventId, Date.now(), e.detail.swaps]));"
+        )
+        page.goto(base + path)
+        page.wait_for_function("document.getElementById('live-status').textContent === 'live'")
+        pages.append(page)
+    return pages
+
+
+def latency(browser: Any, base: str, samples: int) -> dict[str, Any]:
+    """Commit of an enqueue -> the jobs list page has applied the push carrying its event."""
+    from django.db import transaction
+
+    import jobs
+    from jobs.models import JobEvent
+
+    (page,) = open_pages(browser, base, ["/jobs/"])
+    rng = random.Random(7)
+    marks: list[tuple[int, float]] = []
+    for _ in range(samples):
+        with transaction.atomic():
+            job = jobs.enqueue("demo.noop", {"bench": "latency"})
+        committed = time.time() * 1000
+        event_id = JobEvent.objects.filter(job=job).values_list("id", flat=True).first()
+        marks.append((int(event_id or 0), committed))
+        page.wait_for_timeout(rng.uniform(250, 400))  # gap between samples (lets pushes drain)
+    applied = page.evaluate("window.__applied")
+    lat = []
+    for event_id, committed in marks:
+        arrival = next((t for eid, t, swaps in applied if eid >= event_id and swaps), None)
+        if arrival is not None:
+            lat.append(arrival - committed)
+    page.context.close()
+    return {"samples": len(marks), "matched": len(lat), **summarize(lat)}
+
+
+def drain_once(conn: psycopg.Connection[Any], n: int, label: str) -> float:
+    floor = conn.execute("SELECT COALESCE(max(id), 0) FROM jobs_job").fetchone()[0]
+    conn.execute(
+        "INSERT INTO jobs_job (kind, payload, result_ref, error) "
+        "SELECT 'demo.noop', '{\"drain\": true}', '', '' FROM generate_series(1, %s)", (n,)
+    )
+    conn.execute("VACUUM ANALYZE jobs_job")
+    conn.execute("CHECKPOINT")
+    env = {**ENV, "JOBS_CLAIM_BATCH": "8"}
+    proc = spawn([sys.executable, "manage.py", "qcluster"], env,
+                 RESULTS_DIR / "logs" / f"dashboard-drain-{label}.log")
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            done = conn.execute(
+                "SELECT count(*) FROM jobs_job WHERE id > %s AND state = 'succeeded'", (floor,)
+            ).fetchone()[0]
+            if done >= n:
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"drain {label}: {done}/{n}")
+            time.sleep(0.05)
+        first, last = conn.execute(
+            "SELECT min(a.claimed_at), max(j.finished_at) FROM jobs_job j "
+            "JOIN jobs_attempt a ON a.job_id = j.id WHERE j.id > %s", (floor,)
+        ).fetchone()
+    finally:
+        stop(proc)
+    return n / (last - first).total_seconds()
+
+
+def drains(conn: psycopg.Connection[Any], browser: Any, base: str, n: int, repeat: int,
+           big: int) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {"none": [], "five": []}
+    for rep in range(repeat):
+        rates["none"].append(drain_once(conn, n, f"none-{rep}"))
+        pages = open_pages(browser, base, ["/", "/jobs/", f"/jobs/{big}/", "/rejected/",
+                                           "/workers/"])
+        pages[0].wait_for_timeout(2000)  # let the five initial page loads finish first
+        rates["five"].append(drain_once(conn, n, f"five-{rep}"))
+        pushes = sum(len(p.evaluate("window.__applied")) for p in pages)
+        pages[0].context.close()
+        log(f"drain rep {rep + 1}: no dashboard {rates['none'][-1]:.0f}/s, five dashboards "
+            f"{rates['five'][-1]:.0f}/s ({pushes} pushes applied)")
+    return {"jobs": n, "runs": rates, "median_none": median(rates["none"]),
+            "median_five": median(rates["five"])}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--latency", type=int, default=100)
+    parser.add_argument("--drain-jobs", type=int, default=4000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    (RESULTS_DIR / "logs").mkdir(parents=True, exist_ok=True)
+    from playwright.sync_api import sync_playwright
+
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # ORM calls beside Playwright's event loop
+    conn = create_database()
+    log(f"seeding {args.rows:,} jobs")
+    big = seed(conn, args.rows)
+    setup_django()
+    out: dict[str, Any] = {"rows": args.rows, "started": datetime.now(UTC).isoformat()}
+    out["server"] = server_times(big, args.rows, args.samples)
+    proc, base = start_daphne()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            out["latency"] = latency(browser, base, args.latency)
+            log(f"commit -> browser: {out['latency']}")
+            out["drain"] = drains(conn, browser, base, args.drain_jobs, args.repeat, big)
+            browser.close()
+    finally:
+        stop(proc)
+        stop_all()
+    path = RESULTS_DIR / f"dashboard-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+    path.write_text(json.dumps(out, indent=2, default=str))
+    d = out["drain"]
+    log(f"drain medians: no dashboard {d['median_none']:.0f}/s, "
+        f"five dashboards {d['median_five']:.0f}/s")
+    log(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The dashboard's websocket: one consumer per open screen, pushing re-rendered partials.
+
+Owns: refusing unauthenticated or unauthorised sockets, knowing which screen the browser shows,
+catching a reconnecting browser up, and coalescing change notices into at most one push per
+COALESCE_SECONDS (overview and workers: per AGGREGATE_SECONDS, their queries are heavier).
+Never: queries or renders itself (broadcast.render_swaps does, in a worker thread) or writes.
+
+Catch-up: the browser sends the last event id it has seen (`since`). If the database holds newer
+events, the consumer re-renders every live region of the screen at once -- partials render
+current state, so no event is lost however many were missed.
+"""
+
+import asyncio
+import time
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from dashboard import broadcast, selectors
+from dashboard.access import can_view
+from dashboard.live import COALESCE_SECONDS, tail
+
+AGGREGATE_SECONDS = 1.0
+PAGES = {"overview", "jobs", "job", "rejected", "workers"}
+
+
+def screen_from(values: dict[str, Any]) -> broadcast.Screen:
+    def one(name: str, default: str = "") -> str:
+        value = values.get(name, default)
+        return str(value[0] if isinstance(value, list) else value)
+
+    page = one("page")
+    job = one("job")
+    ids = one("ids")
+    return broadcast.Screen(
+        page=page if page in PAGES else "overview",
+        job=int(job) if job.isdigit() else None,
+        query=one("query"),
+        first_page=one("first", "1") != "0",
+        visible={int(i) for i in ids.split(",") if i.isdigit()},
+    )
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        if not await database_sync_to_async(can_view)(self.scope.get("user")):
+            await self.close(code=4403)  # before accept: the handshake is refused (HTTP 403)
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        self.screen = screen_from(query)
+        since = query.get("since", ["0"])[0]
+        self.pending = broadcast.Pending()
+        self.last_push = 0.0
+        self.flushing: asyncio.Task[None] | None = None
+        await self.channel_layer.group_add(broadcast.GROUP, self.channel_name)
+        latest = self.latest = await database_sync_to_async(selectors.latest_event_id)()
+        tail.ensure_started(from_id=latest)
+        await self.accept()
+        if not since.isdigit() or int(since) < latest:
+            self.pending.everything = True
+            await self.push(latest)
+        else:
+            await self.send_json({"last_event_id": latest, "swaps": []})
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(broadcast.GROUP, self.channel_name)
+        flushing = getattr(self, "flushing", None)
+        if flushing is not None and not flushing.done():
+            flushing.cancel()
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """The browser swapped its list (a filter, another page): follow what it now shows."""
+        if isinstance(content, dict) and "screen" in content:
+            self.screen = screen_from(content["screen"])
+
+    async def events_changed(self, notice: broadcast.ChangeNotice) -> None:
+        self.pending.add(notice)
+        self.latest = notice["last_event_id"]
+        if self.flushing is None or self.flushing.done():
+            self.flushing = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def leases_changed(self, notice: broadcast.LeaseNotice) -> None:
+        await self.send_json({"leases": notice["leases"]})
+
+    async def _flush_later(self) -> None:
+        interval = (
+            AGGREGATE_SECONDS if self.screen.page in {"overview", "workers"} else COALESCE_SECONDS
+        )
+        while self.pending:  # notices arriving while a push renders get the next one
+            wait = self.last_push + interval - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # coalescing window: later notices join this push
+            await self.push(self.latest)
+
+    async def push(self, last_event_id: int) -> None:
+        pending, self.pending = self.pending, broadcast.Pending()
+        self.last_push = time.monotonic()
+        swaps = await database_sync_to_async(broadcast.render_swaps)(self.screen, pending)
+        await self.send_json({"last_event_id": last_event_id, "swaps": swaps})

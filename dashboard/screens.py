@@ -1,0 +1,105 @@
+"""The context of each screen's partials, shared by the full page, the htmx swap and the push.
+
+Owns: turning selector results into what a template needs. Never: queries of its own beyond the
+selectors, writes, or anything about HTTP or websockets -- views and broadcast both call these, so
+a partial always renders from the same context however it is delivered.
+"""
+
+import threading
+import time
+from typing import Any
+
+from django.http import QueryDict
+from django.utils import timezone
+
+from dashboard import selectors, timeline
+from dashboard.forms import JobFilterForm
+from jobs import policy
+from jobs.conf import jobs_settings
+from jobs.exceptions import UnknownKind
+from jobs.models import Job
+from jobs.registry import Handler, get_handler
+
+
+def filters_from(params: QueryDict) -> tuple[JobFilterForm, dict[str, Any]]:
+    form = JobFilterForm(params)
+    return form, (form.cleaned_data if form.is_valid() else {})
+
+
+OVERVIEW_SHARED_SECONDS = 1.0
+_overview_cache: tuple[float, selectors.Overview] | None = None
+_overview_lock = threading.Lock()
+
+
+def overview_context(shared: bool = False) -> dict[str, Any]:
+    """`shared`: pushes to many open overviews in one process reuse one computation for up to
+    OVERVIEW_SHARED_SECONDS (its counts scan the job table); a page view always computes."""
+    global _overview_cache
+    if not shared:
+        return {"overview": selectors.overview()}
+    with _overview_lock:
+        if (
+            _overview_cache is None
+            or time.monotonic() - _overview_cache[0] > OVERVIEW_SHARED_SECONDS
+        ):
+            _overview_cache = (time.monotonic(), selectors.overview())
+        return {"overview": _overview_cache[1]}
+
+
+def jobs_context(params: QueryDict) -> dict[str, Any]:
+    form, filters = filters_from(params)
+    page = selectors.job_page(filters)
+    following = params.copy()
+    if page.next_before:
+        following["before"] = str(page.next_before)
+    return {
+        "form": form,
+        "page": page,
+        "first_page": not filters.get("before"),
+        "next_query": following.urlencode() if page.next_before else "",
+        "first_query": _without_cursor(params),
+        "query": params.urlencode(),
+        "search_window": selectors.SEARCH_WINDOW,
+    }
+
+
+def _without_cursor(params: QueryDict) -> str:
+    first = params.copy()
+    first.pop("before", None)
+    return first.urlencode()
+
+
+def job_context(job_id: int) -> dict[str, Any] | None:
+    detail = selectors.job_detail(job_id)
+    if detail is None:
+        return None
+    now = timezone.now()
+    line = timeline.build(
+        detail.job,
+        detail.attempts,
+        detail.events,
+        detail.rejected,
+        now,
+        minor=detail.minor,
+        lease_seconds=_lease_seconds(detail.job),
+    )
+    return {"detail": detail, "job": detail.job, "timeline": line}
+
+
+def _lease_seconds(job: Job) -> float:
+    """The lease a heartbeat of this job sets, resolved as the runner resolves it."""
+    try:
+        handler: Handler | None = get_handler(job.kind)
+    except UnknownKind:
+        handler = None
+    return policy.lease_seconds_for(job.lease_seconds, handler, jobs_settings())
+
+
+def rejected_context() -> dict[str, Any]:
+    rows = selectors.rejected_feed()
+    expiries = selectors.expiries_for(rows)
+    return {"rejected": [(r, selectors.lateness(r, expiries)) for r in rows]}
+
+
+def workers_context() -> dict[str, Any]:
+    return {"health": selectors.workers()}

@@ -1,0 +1,312 @@
+"""Read-only queries for the dashboard's screens. Never writes.
+
+Every query here must stay fast at a million jobs: lists walk an index in order and stop after a
+page (keyset pagination on `id`, newest first), aggregates over history read a bounded window of
+the newest rows, and lease health reads only running jobs (the partial index jobs_job_lease_idx).
+"""
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast, Coalesce, Greatest, TruncMinute
+from django.utils import timezone
+
+from dashboard.timeline import MINOR_TYPES
+from jobs.models import Attempt, Job, JobEvent, RejectedWrite
+from jobs.states import JobState
+
+PAGE_SIZE = 50
+# Text search inside payloads scans at most this many of the newest jobs (no GIN index: see
+# dashboard/migrations/0001_initial.py); an id or unique key is not bounded. JSON containment
+# (`{"order": 7}`) on PostgreSQL, else the JSON text is searched like any other text.
+SEARCH_WINDOW = 50_000
+HISTORY_EVENTS = 50_000  # sparklines read at most this many of the newest events
+SPARK_MINUTES = 30
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[Job]
+    next_before: int | None  # the keyset cursor of the next (older) page, None on the last
+
+
+def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
+    q = q.strip()
+    if q.isdigit():
+        return qs.filter(Q(pk=int(q)) | Q(unique_key=q))
+    if Job.objects.filter(unique_key=q).exists():  # one probe of its index: a key is exact
+        return qs.filter(unique_key=q)
+    floor = (Job.objects.aggregate(m=Max("id"))["m"] or 0) - SEARCH_WINDOW
+    if q.startswith("{") and connection.features.supports_json_field_contains:
+        try:
+            wanted = json.loads(q)
+        except ValueError:
+            wanted = None
+        if isinstance(wanted, dict):
+            return qs.filter(pk__gt=floor, payload__contains=wanted)
+    text = qs.annotate(payload_text=Cast("payload", TextField()))
+    return text.filter(pk__gt=floor, payload_text__icontains=q)
+
+
+def job_page(filters: dict[str, Any]) -> JobPage:
+    """One page of jobs, newest first, after the `before` cursor, matching the filters."""
+    qs = Job.objects.all()
+    for name in ("state", "queue", "kind"):
+        if filters.get(name):
+            qs = qs.filter(**{name: filters[name]})
+    if filters.get("since"):
+        qs = qs.filter(created_at__gte=filters["since"])
+    if filters.get("until"):
+        qs = qs.filter(created_at__lt=filters["until"])
+    if filters.get("before"):
+        qs = qs.filter(pk__lt=filters["before"])
+    if filters.get("q"):
+        qs = _search(qs, filters["q"])
+    rows = list(qs.order_by("-id").defer("payload", "result", "progress", "error")[: PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    return JobPage(rows[:PAGE_SIZE], rows[PAGE_SIZE - 1].pk if more else None)
+
+
+def jobs_by_id(ids: list[int]) -> list[Job]:
+    return list(Job.objects.filter(pk__in=ids).defer("payload", "result", "progress", "error"))
+
+
+@dataclass
+class JobDetail:
+    job: Job
+    attempts: list[Attempt]
+    events: list[JobEvent]  # every boundary event (claims, expiries, commits, failures, ...)
+    minor: list[tuple[int, str, datetime]]  # newest MINOR_LIMIT minor ones: attempt, type, at
+    log: list[JobEvent]  # the newest LOG_ROWS events, for the event log table
+    rejected: list[RejectedWrite]
+    events_total: int
+    payload_json: str = ""
+    result_json: str = ""
+
+
+MINOR_LIMIT = 10_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
+LOG_ROWS = 100
+
+
+def job_detail(job_id: int) -> JobDetail | None:
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return None
+    attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
+    events_qs = JobEvent.objects.filter(job_id=job_id)
+    boundaries = list(events_qs.exclude(type__in=MINOR_TYPES).order_by("id"))
+    minor = list(
+        events_qs.filter(type__in=MINOR_TYPES)
+        .order_by("-id")
+        .values_list("attempt", "type", "at")[:MINOR_LIMIT]
+    )
+    log = list(events_qs.order_by("-id")[:LOG_ROWS])[::-1]
+    total = len(boundaries) + (len(minor) if len(minor) < MINOR_LIMIT else events_qs.count())
+    return JobDetail(
+        job,
+        attempts,
+        boundaries,
+        minor,
+        log,
+        list(RejectedWrite.objects.filter(job_id=job_id).order_by("id")),
+        total,
+        payload_json=json.dumps(job.payload, indent=2, sort_keys=True),
+        result_json=json.dumps(job.result, indent=2, sort_keys=True) if job.result else "",
+    )
+
+
+def rejected_feed(limit: int = 100) -> list[RejectedWrite]:
+    return list(RejectedWrite.objects.select_related("job").order_by("-id")[:limit])
+
+
+def lateness(rejected: RejectedWrite, expired_at: dict[tuple[int, int], datetime]) -> float | None:
+    """Seconds between the presented attempt's lease expiry and its rejected write."""
+    when = expired_at.get((rejected.job_id, rejected.attempt_presented))
+    return (rejected.at - when).total_seconds() if when else None
+
+
+def expiries_for(rows: list[RejectedWrite]) -> dict[tuple[int, int], datetime]:
+    """When each presented attempt lost its lease (its `expired` event), for "how late"."""
+    wanted = Q()
+    for r in rows:
+        wanted |= Q(job_id=r.job_id, attempt=r.attempt_presented)
+    if not rows:
+        return {}
+    events = JobEvent.objects.filter(wanted, type="expired").values_list("job_id", "attempt", "at")
+    return {(j, a): at for j, a, at in events}
+
+
+@dataclass
+class Overview:
+    by_state: dict[str, int]
+    by_queue: dict[str, dict[str, int]]
+    succeeded_per_min: list[int]
+    failed_per_min: list[int]
+    rejected_per_min: list[int]
+    expired_running: int
+    oldest_queued: datetime | None
+    states: list[tuple[str, str]] = field(default_factory=lambda: list(JobState.choices))
+
+
+def _per_minute(counts: dict[datetime, int], now: datetime) -> list[int]:
+    """Counts keyed by minute -> one value per minute of the last SPARK_MINUTES, oldest first."""
+    ago = Counter({int((now - minute).total_seconds() // 60): n for minute, n in counts.items()})
+    return [ago.get(m, 0) for m in range(SPARK_MINUTES - 1, -1, -1)]
+
+
+def _minutes(qs: QuerySet[Any], start: datetime, **match: Any) -> dict[datetime, int]:
+    """Rows per minute since `start` among the newest HISTORY_EVENTS ids (a pk range scan)."""
+    top = qs.aggregate(m=Max("id"))["m"] or 0
+    rows = (
+        qs.filter(id__gt=top - HISTORY_EVENTS, at__gte=start, **match)
+        .annotate(minute=TruncMinute("at"))
+        .values("minute")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {r["minute"]: r["n"] for r in rows}
+
+
+def _counts(qs: QuerySet[Job]) -> dict[tuple[str, str], int]:
+    rows = qs.values_list("queue", "state").annotate(n=Count("id")).order_by()
+    return {(queue, state): n for queue, state, n in rows}
+
+
+def _live_counts() -> dict[tuple[str, str], int]:
+    """Queued and running jobs, exact: each walks its own partial index (pick / lease)."""
+    return _counts(Job.objects.queued()) | _counts(Job.objects.running())
+
+
+TERMINAL_COUNTS_SECONDS = 10.0
+_terminal: tuple[float, dict[tuple[str, str], int]] | None = None
+_terminal_lock = threading.Lock()
+
+
+def _terminal_counts() -> dict[tuple[str, str], int]:
+    """Finished jobs by queue and state. Counting them scans the whole table (about 200 ms at a
+    million rows), and they only ever grow, so one count serves this process for
+    TERMINAL_COUNTS_SECONDS; queued and running counts are always exact."""
+    global _terminal
+    with _terminal_lock:
+        if _terminal is None or time.monotonic() - _terminal[0] > TERMINAL_COUNTS_SECONDS:
+            _terminal = (time.monotonic(), _counts(Job.objects.terminal()))
+        return _terminal[1]
+
+
+def overview(now: datetime | None = None) -> Overview:
+    now = now or timezone.now()
+    start = (now - timedelta(minutes=SPARK_MINUTES)).replace(second=0, microsecond=0)
+    by_state: dict[str, int] = {}
+    by_queue: dict[str, dict[str, int]] = {}
+    for (queue, state), n in (_live_counts() | _terminal_counts()).items():
+        by_state[state] = by_state.get(state, 0) + n
+        by_queue.setdefault(queue, {})[state] = n
+    oldest = Job.objects.due().order_by("run_at").values_list("run_at", flat=True).first()
+    events = JobEvent.objects.all()
+    return Overview(
+        by_state,
+        dict(sorted(by_queue.items())),
+        _per_minute(_minutes(events, start, type="succeeded"), now),
+        _per_minute(_minutes(events, start, type="failed"), now),
+        _per_minute(_minutes(RejectedWrite.objects.all(), start), now),
+        Job.objects.expired_leases().count(),
+        oldest,
+    )
+
+
+@dataclass
+class Lease:
+    job: Job
+    worker: str
+    attempt_heartbeat_at: datetime | None
+    worker_last_seen: datetime | None
+
+    @property
+    def expired(self) -> bool:
+        return self.job.lease_expires_at is not None and self.job.lease_expires_at < timezone.now()
+
+    @property
+    def zombie_suspect(self) -> bool:
+        """The lease ran out, yet its worker was seen alive afterwards (other attempts beat)."""
+        seen, lease = self.worker_last_seen, self.job.lease_expires_at
+        return self.expired and seen is not None and lease is not None and seen > lease
+
+
+@dataclass
+class Workers:
+    leases: list[Lease]
+    workers: list[dict[str, Any]]  # worker, last_seen, holds (job ids)
+    unresolved_expired: list[Attempt]  # expired attempts whose worker has not been heard since
+
+
+RECENT_ATTEMPTS = 2_000  # workers are "live" if seen among the newest attempts
+
+
+def workers(now: datetime | None = None) -> Workers:
+    now = now or timezone.now()
+    current = Attempt.objects.filter(job=OuterRef("pk"), number=OuterRef("attempt"))
+    running = list(
+        Job.objects.running()
+        .annotate(
+            worker=Subquery(current.values("worker")[:1]),
+            attempt_beat=Subquery(current.values("heartbeat_at")[:1]),
+        )
+        .defer("payload", "result", "progress", "error")
+        .order_by("lease_expires_at")[:500]
+    )
+    recent = Attempt.objects.filter(id__gt=(_max_id(Attempt) - RECENT_ATTEMPTS))
+    seen = dict(
+        recent.values("worker")
+        .annotate(
+            last=Max(
+                Greatest(
+                    "claimed_at",
+                    Coalesce("heartbeat_at", "claimed_at"),
+                    Coalesce("ended_at", "claimed_at"),
+                )
+            )
+        )
+        .order_by()
+        .values_list("worker", "last")
+    )
+    leases = [
+        Lease(j, j.worker or "", j.attempt_beat, seen.get(j.worker or ""))  # type: ignore[attr-defined]
+        for j in running
+    ]
+    holds: dict[str, list[int]] = {}
+    for lease in leases:
+        holds.setdefault(lease.worker, []).append(lease.job.pk)
+    table = [
+        {"worker": w, "last_seen": at, "holds": holds.get(w, [])}
+        for w, at in sorted(seen.items(), key=lambda kv: kv[1], reverse=True)
+        if holds.get(w) or now - at < timedelta(minutes=5)
+    ]
+    return Workers(leases, table, _unresolved_expired(recent))
+
+
+def _max_id(model: Any) -> int:
+    return model.objects.aggregate(m=Max("id"))["m"] or 0
+
+
+def _unresolved_expired(recent: QuerySet[Attempt]) -> list[Attempt]:
+    """Expired attempts with no write of theirs recorded since: the worker may still be running."""
+    expired = list(recent.filter(outcome="expired").order_by("-id")[:200])
+    if not expired:
+        return []
+    heard = set(
+        RejectedWrite.objects.filter(job_id__in={a.job_id for a in expired}).values_list(
+            "job_id", "attempt_presented"
+        )
+    )
+    return [a for a in expired if (a.job_id, a.number) not in heard][:50]
+
+
+def latest_event_id() -> int:
+    return JobEvent.objects.aggregate(m=Max("id"))["m"] or 0

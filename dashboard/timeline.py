@@ -1,0 +1,199 @@
+"""The attempt timeline's geometry: one bar per attempt on a shared time axis.
+
+Owns: turning a job's attempts, events and rejected writes into positions (percent of the axis)
+that the template draws as absolutely positioned boxes. Never: queries or writes.
+
+A bar runs from the claim to the attempt's end as the job saw it (commit, failure, expiry); if the
+attempt's worker kept going as a zombie, a dashed tail runs on to its last rejected write -- which
+is where two attempts visibly overlap. Boundaries (claim, expiry, commit, failure, rejection, ...)
+are always drawn; minor marks (heartbeats, checkpoints) are collapsed into one counted mark per
+percent of the axis, so a job with thousands of beats still draws a readable timeline.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from jobs.models import Attempt, Job, JobEvent, RejectedWrite
+
+MINOR_TYPES = frozenset({"heartbeat", "checkpoint", "progress"})
+AXIS_TICKS = 5
+
+
+def iso_ms(at: datetime | None) -> str:
+    return timezone.localtime(at).isoformat(timespec="milliseconds") if at else ""
+
+
+@dataclass
+class Marker:
+    pos: float  # percent of the axis
+    kind: str  # css class suffix: an event type, "rejected", "heartbeat"
+    label: str
+    at: datetime
+    count: int = 1
+    event: JobEvent | None = None  # its label is made only if the mark is drawn
+
+    @property
+    def at_iso(self) -> str:
+        return iso_ms(self.at)
+
+    @property
+    def title(self) -> str:
+        if self.count > 1:
+            return f"{self.count} {self.kind}s around {self.at_iso}"
+        if self.label:
+            return self.label
+        return _event_label(self.event) if self.event else f"{self.kind} at {self.at_iso}"
+
+
+@dataclass
+class Bar:
+    attempt: Attempt
+    left: float
+    width: float
+    won: bool
+    tail_left: float = 0.0
+    tail_width: float = 0.0
+    markers: list[Marker] = field(default_factory=list)
+
+
+@dataclass
+class Timeline:
+    start: datetime
+    end: datetime
+    bars: list[Bar]
+    ticks: list[tuple[float, str]]
+
+    @property
+    def overlaps(self) -> bool:
+        spans = sorted((b.left, b.left + b.width + b.tail_width) for b in self.bars)
+        return any(nxt[0] < cur[1] for cur, nxt in zip(spans, spans[1:], strict=False))
+
+
+class _Axis:
+    def __init__(self, start: datetime, end: datetime) -> None:
+        self.start = start
+        self.span = max((end - start).total_seconds(), 0.001)
+
+    def pos(self, at: datetime) -> float:
+        return round(min(max((at - self.start).total_seconds() / self.span, 0.0), 1.0) * 100, 3)
+
+
+def _collapse(markers: list[Marker]) -> list[Marker]:
+    """Keep every boundary mark; fold minor marks into one per percent, counted."""
+    kept = [m for m in markers if m.kind not in MINOR_TYPES]
+    bins: dict[tuple[str, int], Marker] = {}
+    for m in (m for m in markers if m.kind in MINOR_TYPES):
+        key = (m.kind, int(m.pos))
+        if key in bins:
+            bins[key].count += 1
+        else:
+            bins[key] = Marker(m.pos, m.kind, m.label, m.at, event=m.event)
+    return sorted(kept + list(bins.values()), key=lambda m: m.pos)
+
+
+def _event_label(e: JobEvent) -> str:
+    worker = f" by {e.worker}" if e.worker else ""
+    return f"{e.get_type_display()} (attempt {e.attempt}){worker} at {iso_ms(e.at)}"
+
+
+def _rejected_label(r: RejectedWrite) -> str:
+    return (
+        f"Stale {r.get_write_display().lower()} rejected: attempt {r.attempt_presented} presented, "
+        f"{r.attempt_current} current, by {r.worker} at {iso_ms(r.at)}"
+    )
+
+
+def build(
+    job: Job,
+    attempts: list[Attempt],
+    events: Iterable[JobEvent],
+    rejected: list[RejectedWrite],
+    now: datetime | None = None,
+    minor: Iterable[tuple[int, str, datetime]] = (),
+    lease_seconds: float | None = None,
+) -> Timeline | None:
+    """`events` are model rows (any type); `minor` are (attempt, type, at) tuples of heartbeats
+    and checkpoints, read as tuples because a long job has thousands of them. With
+    `lease_seconds`, an expired attempt also shows where its lease ran out (its last heartbeat
+    plus the lease), apart from the reaper's reclaim."""
+    if not attempts:
+        return None
+    now = now or timezone.now()
+    events = [e for e in events if e.type != "rejected"]  # drawn from RejectedWrite instead
+    minor_by_attempt: dict[int, list[tuple[str, datetime]]] = {}
+    for attempt, type_, at in minor:
+        minor_by_attempt.setdefault(attempt, []).append((type_, at))
+    stamps = [a.claimed_at for a in attempts] + [e.at for e in events] + [r.at for r in rejected]
+    stamps += [at for beats in minor_by_attempt.values() for _, at in beats[:1] + beats[-1:]]
+    stamps += [a.ended_at or now for a in attempts]
+    start = min(a.claimed_at for a in attempts)
+    end = max(stamps)
+    end = end + max((end - start) * 0.02, timedelta(milliseconds=5))  # room for the last mark
+    axis = _Axis(start, end)
+    by_attempt: dict[int, list[JobEvent]] = {}
+    for e in events:
+        by_attempt.setdefault(e.attempt, []).append(e)
+    bars = [
+        _bar(
+            job,
+            a,
+            by_attempt.get(a.number, []),
+            minor_by_attempt.get(a.number, []),
+            rejected,
+            axis,
+            now,
+        )
+        for a in attempts
+    ]
+    if lease_seconds:
+        for bar in bars:
+            _mark_lease_deadline(bar, lease_seconds, axis)
+    ticks = [
+        (round(i * 100 / (AXIS_TICKS - 1), 3), iso_ms(start + (end - start) * i / (AXIS_TICKS - 1)))
+        for i in range(AXIS_TICKS)
+    ]
+    return Timeline(start, end, bars, ticks)
+
+
+def _bar(
+    job: Job,
+    a: Attempt,
+    events: list[JobEvent],  # this attempt's own
+    minor: list[tuple[str, datetime]],  # this attempt's heartbeats/checkpoints: type, at
+    rejected: list[RejectedWrite],
+    axis: _Axis,
+    now: datetime,
+) -> Bar:
+    ended = a.ended_at or now
+    left, right = axis.pos(a.claimed_at), axis.pos(ended)
+    mine = [r for r in rejected if r.attempt_presented == a.number]
+    markers = [Marker(axis.pos(e.at), e.type, "", e.at, event=e) for e in events]
+    markers += [Marker(axis.pos(at), type_, "", at) for type_, at in minor]  # labels made lazily
+    if a.heartbeat_at and a.heartbeat_at != a.claimed_at:
+        label = f"Last heartbeat of attempt {a.number} at {iso_ms(a.heartbeat_at)}"
+        markers.append(Marker(axis.pos(a.heartbeat_at), "heartbeat", label, a.heartbeat_at))
+    markers += [Marker(axis.pos(r.at), "rejected", _rejected_label(r), r.at) for r in mine]
+    bar = Bar(a, left, max(right - left, 0.4), won=_won(job, a), markers=_collapse(markers))
+    last_write = max((r.at for r in mine), default=None)
+    if last_write and last_write > ended:
+        bar.tail_left, bar.tail_width = right, max(axis.pos(last_write) - right, 0.2)
+    return bar
+
+
+def _mark_lease_deadline(bar: Bar, lease_seconds: float, axis: _Axis) -> None:
+    a = bar.attempt
+    expiry = next((m for m in bar.markers if m.kind == "expired"), None)
+    if expiry is None:
+        return
+    deadline = (a.heartbeat_at or a.claimed_at) + timedelta(seconds=lease_seconds)
+    if deadline <= expiry.at:
+        label = f"Lease of attempt {a.number} ran out about {iso_ms(deadline)} (last beat + lease)"
+        bar.markers.append(Marker(axis.pos(deadline), "lease-deadline", label, deadline))
+        bar.markers.sort(key=lambda m: m.pos)
+
+
+def _won(job: Job, a: Attempt) -> bool:
+    return job.state == "succeeded" and job.attempt == a.number and a.outcome == "succeeded"

@@ -1,0 +1,77 @@
+"""Thin views: check access, ask screens for a context, render the page or (htmx) its partial."""
+
+import time
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
+
+from dashboard import screens, selectors
+from dashboard.access import actor, can_act, viewer
+
+
+def _page(
+    request: HttpRequest, template: str, partial: str, context: dict, live: str
+) -> HttpResponse:
+    if _htmx(request) and not _htmx(request).boosted:
+        return render(request, f"{template}#{partial}", context)
+    context |= {
+        "live_page": live,
+        "last_event_id": selectors.latest_event_id(),
+        "can_act": can_act(request.user),
+        "server_now_ms": int(time.time() * 1000),  # the client's countdowns correct for skew
+    }
+    return render(request, template, context)
+
+
+def _htmx(request: HttpRequest) -> HtmxDetails:
+    """The attribute django-htmx's HtmxMiddleware sets on every request."""
+    return request.htmx  # type: ignore[attr-defined]
+
+
+@viewer
+def overview(request: HttpRequest) -> HttpResponse:
+    return _page(
+        request, "dashboard/overview.html", "stats", screens.overview_context(), "overview"
+    )
+
+
+@viewer
+def jobs_list(request: HttpRequest) -> HttpResponse:
+    context = screens.jobs_context(request.GET)
+    return _page(request, "dashboard/jobs.html", "table", context, "jobs")
+
+
+@viewer
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    context = screens.job_context(job_id)
+    if context is None:
+        raise Http404("no such job")
+    return _page(request, "dashboard/job.html", "live", context, "job")
+
+
+@viewer
+def rejected(request: HttpRequest) -> HttpResponse:
+    return _page(request, "dashboard/rejected.html", "feed", screens.rejected_context(), "rejected")
+
+
+@viewer
+def workers(request: HttpRequest) -> HttpResponse:
+    return _page(request, "dashboard/workers.html", "workers", screens.workers_context(), "workers")
+
+
+@actor
+def drill(request: HttpRequest) -> HttpResponse:
+    """Stage a zombie on the local cluster; the operator is sent to the job to watch it."""
+    from demo import drill as zombie_drill  # job code lives in the demo app, never in dashboard
+
+    job = zombie_drill.enqueue_drill_job()
+    if not zombie_drill.run_in_background(job.pk):
+        messages.warning(request, "A drill is already running in this server process.")
+    url = reverse("dashboard:job", args=[job.pk])
+    if _htmx(request):
+        return HttpResponseClientRedirect(url)
+    return redirect(url)

@@ -1,0 +1,64 @@
+"""The jobs list: filters, search by id / unique key / payload, and keyset pagination."""
+
+from collections.abc import Callable
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from dashboard import selectors
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def ids_in(client: Client, **params: str) -> list[int]:
+    response = client.get(reverse("dashboard:jobs"), params)
+    return [job.pk for job in response.context["page"].jobs]
+
+
+def test_list_is_newest_first_and_pages_by_keyset(
+    operator_client: Client, make_job: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(selectors, "PAGE_SIZE", 2)
+    jobs = [make_job().pk for _ in range(5)]
+    first = operator_client.get(reverse("dashboard:jobs")).context
+    assert [j.pk for j in first["page"].jobs] == jobs[:-3:-1]
+    assert ids_in(operator_client, before=str(first["page"].next_before)) == [jobs[2], jobs[1]]
+    assert ids_in(operator_client, before=str(jobs[1])) == [jobs[0]]
+
+
+def test_filters_by_state_queue_and_kind(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    running = make_job(state="running", attempt=1, queue="mail")
+    make_job(kind="test.sleep")
+    assert ids_in(operator_client, state="running") == [running.pk]
+    assert ids_in(operator_client, queue="mail") == [running.pk]
+    assert len(ids_in(operator_client, kind="test.sleep")) == 1
+
+
+def test_search_finds_a_job_by_id_unique_key_and_payload(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    keyed = make_job(unique_key="order-42", payload={"customer": "acme", "n": 3})
+    other = make_job(payload={"customer": "zeta"})
+    assert ids_in(operator_client, q=str(other.pk)) == [other.pk]
+    assert ids_in(operator_client, q="order-42") == [keyed.pk]
+    assert ids_in(operator_client, q="acme") == [keyed.pk]
+    assert ids_in(operator_client, q='{"n": 3}') == [keyed.pk]
+
+
+def test_filters_by_created_time_range(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    old, new = make_job(), make_job()
+    Job.objects.filter(pk=old.pk).update(created_at="2020-01-01T00:00:00Z")
+    assert ids_in(operator_client, since="2021-01-01T00:00") == [new.pk]
+    assert ids_in(operator_client, until="2021-01-01T00:00") == [old.pk]
+
+
+def test_invalid_filter_values_are_reported_not_queried(operator_client: Client) -> None:
+    response = operator_client.get(reverse("dashboard:jobs"), {"state": "bogus"})
+    assert response.status_code == 200
+    assert "Select a valid choice" in response.content.decode()

@@ -1,0 +1,90 @@
+"""Every screen renders for an operator, as a full page and as its htmx partial."""
+
+import re
+from collections.abc import Callable
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize(
+    "name, live_region",
+    [
+        ("dashboard:overview", 'id="overview-stats"'),
+        ("dashboard:jobs", 'id="jobs-table"'),
+        ("dashboard:rejected", 'id="rejected-feed"'),
+        ("dashboard:workers", 'id="workers-live"'),
+    ],
+)
+def test_each_screen_renders_its_live_region(
+    operator_client: Client, name: str, live_region: str
+) -> None:
+    response = operator_client.get(reverse(name))
+    assert response.status_code == 200
+    assert live_region in response.content.decode()
+
+
+def test_htmx_request_gets_only_the_partial(operator_client: Client, make_job) -> None:
+    make_job(kind="test.echo")
+    response = operator_client.get(reverse("dashboard:jobs"), headers={"HX-Request": "true"})
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="jobs-table"')
+    assert "<html" not in html
+
+
+def test_htmx_is_served_from_static_never_a_cdn(operator_client: Client) -> None:
+    html = operator_client.get(reverse("dashboard:overview")).content.decode()
+    assert "/static/django_htmx/htmx" in html
+    assert "https://" not in html.split("<body")[0]
+
+
+def test_job_page_shows_both_attempts_and_the_rejected_commit(
+    operator_client: Client, zombie_story: Job
+) -> None:
+    html = operator_client.get(reverse("dashboard:job", args=[zombie_story.pk])).content.decode()
+    assert html.count('class="lane"') == 2
+    assert 'data-overlap="1"' in html
+    assert "mark-rejected" in html
+    assert "commit won" in html
+    assert "Stale commit rejected: attempt 1 presented, 2 current" in html
+
+
+def test_job_page_of_a_missing_job_is_404(operator_client: Client) -> None:
+    assert operator_client.get(reverse("dashboard:job", args=[999999])).status_code == 404
+
+
+def test_rejected_feed_links_to_the_job_timeline(
+    operator_client: Client, zombie_story: Job
+) -> None:
+    html = operator_client.get(reverse("dashboard:rejected")).content.decode()
+    assert f'href="/jobs/{zombie_story.pk}/#timeline"' in html
+    assert "host:101" in html
+    assert "4.500 s" in html  # the rejected commit came 4.5 s after attempt 1's lease expired
+
+
+def test_timestamps_carry_milliseconds(operator_client: Client, zombie_story: Job) -> None:
+    html = operator_client.get(reverse("dashboard:job", args=[zombie_story.pk])).content.decode()
+    assert re.search(r"\d\d:\d\d:\d\d\.\d{3}\+00:00", html)
+
+
+def test_workers_screen_flags_an_expired_lease(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    make_job(state="running", attempt=1, lease_in=-5, worker="host:9")
+    html = operator_client.get(reverse("dashboard:workers")).content.decode()
+    assert "lease expired" in html or "zombie suspect" in html
+    assert "host:9" in html
+
+
+def test_overview_counts_jobs_by_state(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    make_job(state="running", attempt=1, lease_in=-5)
+    make_job()
+    html = operator_client.get(reverse("dashboard:overview")).content.decode()
+    assert 'id="expired-running">1<' in html
