@@ -26,20 +26,30 @@ AGGREGATE_SECONDS = 1.0
 PAGES = {"overview", "jobs", "job", "rejected", "workers"}
 
 
+MAX_VISIBLE = 200  # rows a screen shows (a page is 50); more ids from a browser are ignored
+MAX_QUERY = 2000  # characters of the jobs list's query string
+
+
+def row_id(text: str) -> int | None:
+    """A job or event id from the browser: ASCII digits that fit a bigint, else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def screen_from(values: dict[str, Any]) -> broadcast.Screen:
+    """What the browser says it shows -- every value bounded: it is the client's word."""
+
     def one(name: str, default: str = "") -> str:
         value = values.get(name, default)
-        return str(value[0] if isinstance(value, list) else value)
+        return str(value[0] if isinstance(value, list) and value else value)[:MAX_QUERY]
 
     page = one("page")
-    job = one("job")
-    ids = one("ids")
+    ids = (row_id(i) for i in one("ids").split(",")[:MAX_VISIBLE])
     return broadcast.Screen(
         page=page if page in PAGES else "overview",
-        job=int(job) if job.isdigit() else None,
+        job=row_id(one("job")),
         query=one("query"),
         first_page=one("first", "1") != "0",
-        visible={int(i) for i in ids.split(",") if i.isdigit()},
+        visible={i for i in ids if i is not None},
     )
 
 
@@ -58,7 +68,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         latest = self.latest = await database_sync_to_async(selectors.latest_event_id)()
         tail.ensure_started(from_id=latest)
         await self.accept()
-        if not since.isdigit() or int(since) < latest:
+        seen = row_id(since)
+        if seen is None or seen < latest:
             self.pending.everything = True
             await self.push(latest)
         else:

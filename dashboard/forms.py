@@ -17,4 +17,6 @@ class JobFilterForm(forms.Form):
     )
     since = forms.DateTimeField(required=False, label="Created after")
     until = forms.DateTimeField(required=False, label="Created before")
-    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    before = forms.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, widget=forms.HiddenInput
+    )

@@ -39,7 +39,7 @@ class JobPage:
 
 def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
     q = q.strip()
-    if q.isdigit():
+    if q.isascii() and q.isdigit() and len(q) <= 18:  # an id that fits a bigint
         return qs.filter(Q(pk=int(q)) | Q(unique_key=q))
     if Job.objects.filter(unique_key=q).exists():  # one probe of its index: a key is exact
         return qs.filter(unique_key=q)

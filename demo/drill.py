@@ -62,7 +62,7 @@ def _wait[T](probe: Callable[[], T | None], timeout: float, what: str) -> T:
 def local_worker_pid(worker: str) -> int:
     """The pid in "<hostname>:<pid>" -- only for a live qcluster process on this host."""
     host, _, pid_text = worker.rpartition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
+    if host != socket.gethostname() or not (pid_text.isascii() and pid_text.isdigit()):
         raise DrillError(f"worker {worker!r} is not a process on this host")
     pid = int(pid_text)
     try:

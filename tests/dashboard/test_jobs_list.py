@@ -62,3 +62,17 @@ def test_invalid_filter_values_are_reported_not_queried(operator_client: Client)
     response = operator_client.get(reverse("dashboard:jobs"), {"state": "bogus"})
     assert response.status_code == 200
     assert "Select a valid choice" in response.content.decode()
+
+
+@pytest.mark.parametrize("q", ["²", "٣", "9" * 30, "1" * 19])
+def test_a_search_that_only_looks_like_an_id_is_not_taken_for_one(
+    operator_client: Client, q: str
+) -> None:
+    """Unicode digits and numbers beyond a bigint are searched as text, never cast to an id."""
+    response = operator_client.get(reverse("dashboard:jobs"), {"q": q})
+    assert response.status_code == 200
+
+
+def test_a_cursor_beyond_a_bigint_is_reported_not_queried(operator_client: Client) -> None:
+    response = operator_client.get(reverse("dashboard:jobs"), {"before": str(2**70)})
+    assert response.status_code == 200
