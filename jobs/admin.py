@@ -23,7 +23,16 @@ class AttemptInline(admin.TabularInline):
     model = Attempt
     extra = 0
     can_delete = False
-    fields = ("number", "worker", "outcome", "claimed_at", "heartbeat_at", "ended_at", "error")
+    fields = (
+        "number",
+        "worker",
+        "outcome",
+        "claimed_at",
+        "running_confirmed_at",
+        "heartbeat_at",
+        "ended_at",
+        "error",
+    )
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

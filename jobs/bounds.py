@@ -100,6 +100,8 @@ def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
     Refused: non-JSON types, NaN/Infinity, nesting deeper than JSON_DEPTH, strings holding NUL or
     lone surrogates (PostgreSQL's jsonb stores neither), and more than `limit_bytes` of UTF-8.
     """
+    if value is None or isinstance(value, bool):
+        return 5  # the common result of a no-op ("null", "true", "false"): nothing to inspect
     if isinstance(value, dict | list | tuple) and _too_deep(value, JSON_DEPTH):
         raise InvalidPayload(f"{what} is nested deeper than {JSON_DEPTH} levels")
     try:

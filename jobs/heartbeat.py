@@ -70,6 +70,7 @@ class Heartbeater:
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
         self._last_ok = time.monotonic()
+        self._shortest_lease = float("inf")
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeater":
@@ -88,6 +89,7 @@ class Heartbeater:
         held = Held(fence, lease_seconds)
         with self._lock:
             self._held[fence.job_id] = held
+            self._shortest_lease = min(self._shortest_lease, lease_seconds)
             # A shorter lease than the one held here means beating more often -- starting now,
             # not after the longer wait the thread is already in.
             if lease_seconds / 3.0 < self.interval:
@@ -100,9 +102,11 @@ class Heartbeater:
             self._held.pop(fence.job_id, None)
 
     def running(self, held: Held | None) -> None:
-        """Name the job whose handler runs now (None between handlers)."""
-        with self._lock:
-            self._running = held
+        """Name the job whose handler runs now (None between handlers).
+
+        A plain assignment (atomic): beat_now reads it once, under its lock, per beat.
+        """
+        self._running = held
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
         """A success to commit soon; its lease stays beaten until then.
@@ -126,10 +130,12 @@ class Heartbeater:
 
     @property
     def at_risk(self) -> bool:
-        """No beat has succeeded for half the shortest lease held: the leases may be gone."""
-        with self._lock:
-            leases = [h.lease_seconds for h in self._held.values()]
-        return bool(leases) and time.monotonic() - self._last_ok > min(leases) / 2.0
+        """No beat has succeeded for half the shortest lease held: the leases may be gone.
+
+        Read before every job, so it takes no lock: the shortest lease only ever shrinks.
+        """
+        unbeaten = time.monotonic() - self._last_ok
+        return unbeaten > self._shortest_lease / 2.0 and bool(self._held)
 
     def beat_now(self) -> None:
         with self._lock:
