@@ -154,8 +154,13 @@ def seed(conn: psycopg.Connection[Any], rows: int) -> int:
 
 
 def setup_django() -> None:
-    os.environ.update({k: v for k, v in ENV.items() if k in {"DJANGO_SETTINGS_MODULE",
-                                                             "DATABASE_URL", "ALLOWED_HOSTS"}})
+    os.environ.update(
+        {
+            k: v
+            for k, v in ENV.items()
+            if k in {"DJANGO_SETTINGS_MODULE", "DATABASE_URL", "ALLOWED_HOSTS"}
+        }
+    )
     import django
 
     django.setup()
@@ -210,8 +215,10 @@ def server_times(big: int, rows: int, samples: int) -> dict[str, Any]:
             "payload text": {"q": "cust-7"},
             "unique key": {"q": "key-500"},
         }.items():
-            qs = selectors._search(selectors.Job.objects.all(), filters["q"]) if filters else (
-                selectors.Job.objects.all()
+            qs = (
+                selectors._search(selectors.Job.objects.all(), filters["q"])
+                if filters
+                else (selectors.Job.objects.all())
             )
             sql, params = qs.order_by("-id")[:51].query.sql_with_params()
             cur.execute(f"EXPLAIN {sql}", params)
@@ -248,8 +255,9 @@ def open_pages(browser: Any, base: str, paths: list[str]) -> list[Any]:
     client = Client()
     client.force_login(superuser())
     context = browser.new_context()
-    context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
-                          "url": base}])
+    context.add_cookies(
+        [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": base}]
+    )
     pages = []
     for path in paths:
         page = context.new_page()
@@ -295,13 +303,17 @@ def drain_once(conn: psycopg.Connection[Any], n: int, label: str) -> float:
     floor = conn.execute("SELECT COALESCE(max(id), 0) FROM jobs_job").fetchone()[0]
     conn.execute(
         "INSERT INTO jobs_job (kind, payload, result_ref, error) "
-        "SELECT 'demo.noop', '{\"drain\": true}', '', '' FROM generate_series(1, %s)", (n,)
+        "SELECT 'demo.noop', '{\"drain\": true}', '', '' FROM generate_series(1, %s)",
+        (n,),
     )
     conn.execute("VACUUM ANALYZE jobs_job")
     conn.execute("CHECKPOINT")
     env = {**ENV, "JOBS_CLAIM_BATCH": "8"}
-    proc = spawn([sys.executable, "manage.py", "qcluster"], env,
-                 RESULTS_DIR / "logs" / f"dashboard-drain-{label}.log")
+    proc = spawn(
+        [sys.executable, "manage.py", "qcluster"],
+        env,
+        RESULTS_DIR / "logs" / f"dashboard-drain-{label}.log",
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -315,28 +327,37 @@ def drain_once(conn: psycopg.Connection[Any], n: int, label: str) -> float:
             time.sleep(0.05)
         first, last = conn.execute(
             "SELECT min(a.claimed_at), max(j.finished_at) FROM jobs_job j "
-            "JOIN jobs_attempt a ON a.job_id = j.id WHERE j.id > %s", (floor,)
+            "JOIN jobs_attempt a ON a.job_id = j.id WHERE j.id > %s",
+            (floor,),
         ).fetchone()
     finally:
         stop(proc)
     return n / (last - first).total_seconds()
 
 
-def drains(conn: psycopg.Connection[Any], browser: Any, base: str, n: int, repeat: int,
-           big: int) -> dict[str, Any]:
+def drains(
+    conn: psycopg.Connection[Any], browser: Any, base: str, n: int, repeat: int, big: int
+) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"none": [], "five": []}
     for rep in range(repeat):
         rates["none"].append(drain_once(conn, n, f"none-{rep}"))
-        pages = open_pages(browser, base, ["/", "/jobs/", f"/jobs/{big}/", "/rejected/",
-                                           "/workers/"])
+        pages = open_pages(
+            browser, base, ["/", "/jobs/", f"/jobs/{big}/", "/rejected/", "/workers/"]
+        )
         pages[0].wait_for_timeout(2000)  # let the five initial page loads finish first
         rates["five"].append(drain_once(conn, n, f"five-{rep}"))
         pushes = sum(len(p.evaluate("window.__applied")) for p in pages)
         pages[0].context.close()
-        log(f"drain rep {rep + 1}: no dashboard {rates['none'][-1]:.0f}/s, five dashboards "
-            f"{rates['five'][-1]:.0f}/s ({pushes} pushes applied)")
-    return {"jobs": n, "runs": rates, "median_none": median(rates["none"]),
-            "median_five": median(rates["five"])}
+        log(
+            f"drain rep {rep + 1}: no dashboard {rates['none'][-1]:.0f}/s, five dashboards "
+            f"{rates['five'][-1]:.0f}/s ({pushes} pushes applied)"
+        )
+    return {
+        "jobs": n,
+        "runs": rates,
+        "median_none": median(rates["none"]),
+        "median_five": median(rates["five"]),
+    }
 
 
 def main() -> int:
@@ -371,8 +392,10 @@ def main() -> int:
     path = RESULTS_DIR / f"dashboard-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     path.write_text(json.dumps(out, indent=2, default=str))
     d = out["drain"]
-    log(f"drain medians: no dashboard {d['median_none']:.0f}/s, "
-        f"five dashboards {d['median_five']:.0f}/s")
+    log(
+        f"drain medians: no dashboard {d['median_none']:.0f}/s, "
+        f"five dashboards {d['median_five']:.0f}/s"
+    )
     log(f"results: {path}")
     return 0
 
