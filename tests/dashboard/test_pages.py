@@ -88,3 +88,14 @@ def test_overview_counts_jobs_by_state(
     make_job()
     html = operator_client.get(reverse("dashboard:overview")).content.decode()
     assert 'id="expired-running">1<' in html
+
+
+def test_timeline_positions_stay_css_in_a_locale_with_a_decimal_comma(
+    operator_client: Client, zombie_story: Job
+) -> None:
+    from django.utils import translation
+
+    with translation.override("de"):
+        html = operator_client.get(reverse("dashboard:job", args=[zombie_story.pk])).content
+    positions = re.findall(rb"(?:left|width): ([^;\"]*)%", html)
+    assert positions and all(re.fullmatch(rb"\d+(\.\d+)?", p) for p in positions), positions[:5]
