@@ -256,12 +256,6 @@ def mark_lost(fence: Fence) -> None:
         _driver().end_attempt(cur, fence.job_id, fence.attempt, AttemptOutcome.LOST)
 
 
-def read_outcome(job_id: int) -> tuple[str, int, str] | None:
-    """(state, attempt, result_ref) as the database has it now."""
-    with connection.cursor() as cur:
-        return _driver().read_job(cur, job_id)
-
-
 def attempt_outcome(fence: Fence) -> str | None:
     """The outcome the database holds for this attempt (None: no such attempt row)."""
     with connection.cursor() as cur:

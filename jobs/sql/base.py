@@ -149,13 +149,6 @@ class Driver:
         )
         return [ExpiredRow(*r) for r in cur.fetchall()]
 
-    def read_job(self, cur: CursorWrapper, job_id: int) -> tuple[str, int, str] | None:
-        cur.execute(
-            "SELECT state, attempt, result_ref FROM jobs_job WHERE id = %(id)s", {"id": job_id}
-        )
-        row = cur.fetchone()
-        return (row[0], int(row[1]), row[2]) if row else None
-
     def read_attempt_outcome(self, cur: CursorWrapper, job_id: int, attempt: int) -> str | None:
         cur.execute(
             "SELECT outcome FROM jobs_attempt WHERE job_id = %(id)s AND number = %(attempt)s",
