@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
-from django.db.models.functions import Cast, Coalesce, Greatest, TruncMinute
+from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinute
 from django.utils import timezone
 
 from dashboard.timeline import MINOR_TYPES
@@ -95,8 +95,35 @@ MINOR_LIMIT = 10_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
 LOG_ROWS = 100
 
 
+SHOWN_JSON_CHARS = 64 * 1024  # of a payload or result on the job page
+
+
+def _shown_json(text: str | None) -> str:
+    """JSON as the database holds it, pretty-printed; cut, or raw, if it is huge or undecodable.
+
+    Read as text and never decoded as a model field: a row inserted by raw SQL can hold JSON
+    too large to render or too deep for Python to decode, and the page must still open.
+    """
+    if text is None or text == "null":
+        return ""
+    if len(text) >= SHOWN_JSON_CHARS:
+        return f"{text}\n… (the first {SHOWN_JSON_CHARS:,} characters)"
+    try:
+        return json.dumps(json.loads(text), indent=2, sort_keys=True)
+    except (ValueError, RecursionError):
+        return text
+
+
 def job_detail(job_id: int) -> JobDetail | None:
-    job = Job.objects.filter(pk=job_id).first()
+    job = (
+        Job.objects.filter(pk=job_id)
+        .defer("payload", "result", "progress")
+        .annotate(
+            payload_text=Left(Cast("payload", TextField()), SHOWN_JSON_CHARS),
+            result_text=Left(Cast("result", TextField()), SHOWN_JSON_CHARS),
+        )
+        .first()
+    )
     if job is None:
         return None
     attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
@@ -117,8 +144,8 @@ def job_detail(job_id: int) -> JobDetail | None:
         log,
         list(RejectedWrite.objects.filter(job_id=job_id).order_by("id")),
         total,
-        payload_json=json.dumps(job.payload, indent=2, sort_keys=True),
-        result_json=json.dumps(job.result, indent=2, sort_keys=True) if job.result else "",
+        payload_json=_shown_json(job.payload_text),  # type: ignore[attr-defined]
+        result_json=_shown_json(job.result_text),  # type: ignore[attr-defined]
     )
 
 

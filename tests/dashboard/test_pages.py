@@ -99,3 +99,27 @@ def test_timeline_positions_stay_css_in_a_locale_with_a_decimal_comma(
         html = operator_client.get(reverse("dashboard:job", args=[zombie_story.pk])).content
     positions = re.findall(rb"(?:left|width): ([^;\"]*)%", html)
     assert positions and all(re.fullmatch(rb"\d+(\.\d+)?", p) for p in positions), positions[:5]
+
+
+@pytest.mark.parametrize(
+    "sql_payload, shown",
+    [
+        ("'[' || repeat('[', 4999) || repeat(']', 4999) || ']'", "[[[[["),  # too deep to decode
+        ("jsonb_build_object('big', repeat('x', 200000))", "characters)"),  # cut
+    ],
+)
+def test_a_job_page_opens_whatever_raw_sql_put_in_the_payload(
+    operator_client: Client, sql_payload: str, shown: str
+) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO jobs_job (kind, payload) VALUES ('test.echo', ({sql_payload})::jsonb) "
+            "RETURNING id"
+        )
+        job_id = cur.fetchone()[0]
+    response = operator_client.get(reverse("dashboard:job", args=[job_id]))
+    assert response.status_code == 200
+    assert shown in response.content.decode()
+    assert len(response.content) < 200_000
