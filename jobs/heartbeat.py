@@ -60,7 +60,7 @@ Commit = Callable[[Sequence[Finished]], None]
 
 
 class Heartbeater:
-    def __init__(self, interval: float, commit: Commit | None = None) -> None:
+    def __init__(self, interval: float, commit: Commit) -> None:
         self.interval = interval
         self._commit = commit
         self._held: dict[int, Held] = {}
@@ -125,7 +125,7 @@ class Heartbeater:
                 # Released before the commit: a zero-row beat racing the commit is then no
                 # evidence of a lost lease; the commit's own fence decides.
                 self._held.pop(item.held.fence.job_id, None)
-        if items and self._commit is not None:
+        if items:
             self._commit(items)
 
     @property

@@ -118,7 +118,13 @@ def _claim_one_by_one(
         except DatabaseError as exc:
             if not _row_refused(exc):
                 raise
-            poison(job_id, f"the database refused to claim this job: {exc}", worker)
+            try:
+                poison(job_id, f"the database refused to claim this job: {exc}", worker)
+            except DatabaseError as refused:
+                if not _row_refused(refused):
+                    raise
+                # Refused even as a failure: it stays queued, and the rows after it move on.
+                logger.error("job %s: refused to claim and to fail: %s", job_id, refused)
     return rows
 
 

@@ -172,3 +172,21 @@ def test_a_row_the_claim_statement_refuses_is_failed_and_the_others_are_claimed(
     poison.refresh_from_db()
     assert poison.state == JobState.FAILED and "refused to claim" in poison.error
     assert JobEvent.objects.filter(job=poison, type="poisoned").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_refused_even_as_a_failure_stays_queued_and_the_others_are_claimed():
+    stuck = jobs.enqueue("test.echo", {"n": 0}, priority=5)
+    others = [jobs.enqueue("test.echo", {"n": n}) for n in (1, 2)]
+    with connection.cursor() as cur:
+        cur.execute(
+            "ALTER TABLE jobs_job ADD CONSTRAINT test_refuse_one "
+            f"CHECK (id <> {stuck.pk} OR state = 'queued') NOT VALID"
+        )
+    try:
+        claimed = transitions.claim(WORKER, limit=3, lease_seconds=30)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE jobs_job DROP CONSTRAINT test_refuse_one")
+    assert {c.fence.job_id for c in claimed} == {j.pk for j in others}
+    assert Job.objects.get(pk=stuck.pk).state == JobState.QUEUED

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
+from jobs import completer, transitions
 from jobs import heartbeat as heartbeat_module
-from jobs import transitions
 from jobs.heartbeat import Heartbeater
 from jobs.models import Job, RejectedWrite
 from jobs.states import JobState, Write
@@ -23,7 +23,7 @@ def running(make_job, attempt: int = 1) -> Fence:
 def test_a_beat_extends_every_held_lease(make_job):
     fences = [running(make_job), running(make_job)]
     before = dict(Job.objects.values_list("id", "lease_expires_at"))
-    beats = Heartbeater(interval=60)
+    beats = Heartbeater(interval=60, commit=completer.commit)
     for f in fences:
         beats.hold(f, 120)
     beats.beat_now()
@@ -35,7 +35,7 @@ def test_a_beat_extends_every_held_lease(make_job):
 def test_a_beat_that_finds_the_lease_gone_flags_the_job_and_records_it(make_job):
     kept, stolen = running(make_job), running(make_job)
     Job.objects.filter(pk=stolen.job_id).update(attempt=2)  # reclaimed and claimed elsewhere
-    beats = Heartbeater(interval=60)
+    beats = Heartbeater(interval=60, commit=completer.commit)
     held_kept, held_stolen = beats.hold(kept, 30), beats.hold(stolen, 30)
     beats.beat_now()
     assert held_stolen.lost.is_set() and not held_kept.lost.is_set()
@@ -49,7 +49,7 @@ def test_a_beat_that_finds_the_lease_gone_flags_the_job_and_records_it(make_job)
 
 def test_a_beat_racing_the_commit_of_a_released_job_records_nothing(make_job, monkeypatch):
     fence = running(make_job)
-    beats = Heartbeater(interval=60)
+    beats = Heartbeater(interval=60, commit=completer.commit)
     held = beats.hold(fence, 30)
     real = transitions.heartbeat_many
 
@@ -92,7 +92,7 @@ def test_a_short_lease_taken_mid_drain_is_beaten_in_time(make_job):
     """The thread may already be waiting out a long interval when a short-lease job arrives."""
     fence = running(make_job)
     first = Job.objects.get(pk=fence.job_id).heartbeat_at
-    with Heartbeater(interval=60) as beats:
+    with Heartbeater(interval=60, commit=completer.commit) as beats:
         beats.hold(fence, 0.6)  # must be beaten within 0.2 s, not after 60
         deadline = time.monotonic() + 5
         while Job.objects.get(pk=fence.job_id).heartbeat_at == first:

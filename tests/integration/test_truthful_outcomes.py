@@ -9,8 +9,8 @@ import pytest
 from django.db import connection, transaction
 
 import jobs
+from jobs import completer, reaper, runner, transitions
 from jobs import heartbeat as heartbeat_module
-from jobs import reaper, runner, transitions
 from jobs.heartbeat import Heartbeater
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.states import AttemptOutcome, JobState
@@ -111,7 +111,7 @@ def test_the_heartbeat_thread_survives_any_exception_and_beats_again(make_job, m
 
     monkeypatch.setattr(heartbeat_module.transitions, "heartbeat_many", fail_twice)
     before = Job.objects.get(pk=job.pk).lease_expires_at
-    with Heartbeater(interval=0.05) as beats:
+    with Heartbeater(interval=0.05, commit=completer.commit) as beats:
         beats.hold(Fence(job.pk, 1, WORKER), 30)
         wait_until(
             lambda: Job.objects.get(pk=job.pk).lease_expires_at > before,
@@ -132,7 +132,7 @@ def test_leases_unbeaten_for_half_their_length_are_at_risk_and_the_runner_knows(
         raise psycopg.OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(heartbeat_module.transitions, "heartbeat_many", database_gone)
-    with Heartbeater(interval=0.05) as beats:
+    with Heartbeater(interval=0.05, commit=completer.commit) as beats:
         beats.hold(Fence(job.pk, 1, WORKER), 1.0)
         assert not beats.at_risk
         started = time.monotonic()
