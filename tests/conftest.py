@@ -1,15 +1,48 @@
-"""Shared fixtures: a factory that plants a job in any state, and a second database connection."""
+"""Shared fixtures: a factory that plants a job in any state, and a second database connection.
 
+Two tiers share these: PostgreSQL (tests.settings, everything but tests/sqlite) and SQLite
+(tests.settings_sqlite, tests/sqlite only); `pytest_ignore_collect` keeps each tier to its tests.
+"""
+
+import datetime as dt
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from jobs.models import Attempt, Job
 from jobs.scheduler import dedicated_connection
+from jobs.sql import driver_for
 from jobs.states import AttemptOutcome, JobState
+
+SQLITE_TIER = Path(__file__).resolve().parent / "sqlite"
+
+
+def on_sqlite() -> bool:
+    return settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The SQLite tier collects only tests/sqlite; the PostgreSQL tier everything else."""
+    path = collection_path.resolve()
+    inside = path == SQLITE_TIER or SQLITE_TIER in path.parents
+    if on_sqlite():
+        return None if inside or path in SQLITE_TIER.parents else True
+    return True if inside else None
+
+
+def database_now() -> dt.datetime:
+    """The database clock (PostgreSQL's clock_timestamp(); on SQLite the host's, as stored)."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {driver_for(connection.vendor).now}", {})
+        value = cur.fetchone()[0]
+    if isinstance(value, str):  # SQLite: UTC text, the form Django stores datetimes in
+        return dt.datetime.fromisoformat(value).replace(tzinfo=dt.UTC)
+    return value
 
 
 @pytest.fixture
@@ -31,13 +64,13 @@ def make_job(db: None) -> Callable[..., Job]:
         **fields: Any,
     ) -> Job:
         job = Job.objects.create(kind=kind, state=JobState.QUEUED, attempt=attempt, **fields)
+        clock = driver_for(connection.vendor)
         if state == JobState.RUNNING:
             with connection.cursor() as cur:
                 cur.execute(
                     "UPDATE jobs_job SET state = 'running', "
-                    "lease_expires_at = clock_timestamp() + make_interval(secs => %s) "
-                    "WHERE id = %s",
-                    [lease_in, job.pk],
+                    f"lease_expires_at = {clock.later('lease')} WHERE id = %(id)s",
+                    {"lease": lease_in, "id": job.pk},
                 )
             Attempt.objects.create(
                 job=job,
@@ -50,8 +83,9 @@ def make_job(db: None) -> Callable[..., Job]:
         elif state != JobState.QUEUED:
             with connection.cursor() as cur:
                 cur.execute(
-                    "UPDATE jobs_job SET state = %s, finished_at = clock_timestamp() WHERE id = %s",
-                    [state, job.pk],
+                    f"UPDATE jobs_job SET state = %(state)s, finished_at = {clock.now} "
+                    "WHERE id = %(id)s",
+                    {"state": state, "id": job.pk},
                 )
         job.refresh_from_db()
         return job

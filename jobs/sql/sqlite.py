@@ -20,15 +20,20 @@ from jobs.sql.base import (
 from jobs.states import AttemptOutcome, EventType, JobState
 
 
+def _after_now(seconds_sql: str) -> str:
+    # Arithmetic on the Julian day number, not a '+N seconds' modifier: a modifier built from a
+    # number's text is NULL for a negative number or one SQLite prints with an exponent
+    # ('1.0e-05'), and a NULL lease or run_at would silently leave a job unclaimable.
+    return f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', julianday('now') + ({seconds_sql}) / 86400.0)"
+
+
 class SqliteDriver(Driver):
     # Django stores SQLite datetimes as UTC text 'YYYY-MM-DD HH:MM:SS.ffffff', which sorts and
-    # compares correctly against this expression.
+    # compares correctly against this expression (milliseconds: SQLite's clock resolution).
     now = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 
     def later(self, seconds_param: str) -> str:
-        return (
-            f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || %({seconds_param})s || ' seconds')"
-        )
+        return _after_now(f"%({seconds_param})s")
 
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"limit": limit, "lease": lease}
@@ -38,8 +43,7 @@ class SqliteDriver(Driver):
             only = " AND id = %(only)s"
         cur.execute(
             f"UPDATE jobs_job SET state = '{RUNNING}', attempt = attempt + 1, "
-            f"lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', "
-            f"'+' || {lease_expression(kind_leases, params)} || ' seconds'), "
+            f"lease_expires_at = {_after_now(lease_expression(kind_leases, params))}, "
             f"heartbeat_at = {self.now}, updated_at = {self.now} "
             f"WHERE state = '{QUEUED}' AND id IN (SELECT id FROM jobs_job WHERE state = '{QUEUED}' "
             f"AND run_at <= {self.now}{queue_filter(queues, params)}{only} "

@@ -9,7 +9,8 @@ Never: sleeps as synchronisation. `wait_until` polls the database until a condit
 deadline passes; the only other sleeps are the pauses of a shutdown waiting for processes to exit.
 
 Hazards: a subprocess must use the *test* database (settings_dict NAME is `test_...`), not the
-DATABASE_URL of the pytest process, or it would run jobs that no test can see. A signal goes only
+DATABASE_URL of the pytest process, or it would run jobs that no test can see. On the SQLite tier
+that is the test database's file (PALISADE_SQLITE_PATH). A signal goes only
 to a pid inside a process group this module started.
 """
 
@@ -29,6 +30,7 @@ from urllib.parse import quote
 from django.db import connection
 
 from jobs.models import Attempt, Job, RejectedWrite
+from tests.conftest import database_now
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 POLL_SECONDS = 0.05  # how often wait_until re-reads the database
@@ -59,6 +61,17 @@ def subprocess_database_url() -> str:
     host = s.get("HOST") or "127.0.0.1"
     port = f":{s['PORT']}" if s.get("PORT") else ""
     return f"postgres://{auth}{host}{port}/{quote(s['NAME'], safe='')}"
+
+
+def subprocess_database_env() -> dict[str, str]:
+    """The environment that points a subprocess at this test's database, on either tier."""
+    if connection.vendor == "sqlite":
+        return {
+            "DJANGO_SETTINGS_MODULE": "tests.settings_sqlite",
+            "DATABASE_URL": "",
+            "PALISADE_SQLITE_PATH": str(connection.settings_dict["NAME"]),
+        }
+    return {"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": subprocess_database_url()}
 
 
 # -- waiting on the database ---------------------------------------------------------------
@@ -148,21 +161,11 @@ def wait_for_rejection(
     )
 
 
-def database_now() -> datetime:
-    with connection.cursor() as cur:
-        cur.execute("SELECT clock_timestamp()")
-        return cur.fetchone()[0]
-
-
 def wait_for_db_clock_past(job_id: int, moment: datetime, seconds: float) -> None:
     """Wait until the database clock is `seconds` past `moment` (a DB timestamp)."""
 
     def past() -> bool:
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT clock_timestamp() > %s + make_interval(secs => %s)", [moment, seconds]
-            )
-            return bool(cur.fetchone()[0])
+        return database_now() > moment + timedelta(seconds=seconds)
 
     wait_until(past, timeout=seconds + 10, what=f"{seconds}s to pass since {moment}", job_id=job_id)
 
@@ -264,8 +267,7 @@ def running_clusters(log_dir: Path) -> Iterator[tuple[Callable[..., QCluster], l
     def start(**env_overrides: str) -> QCluster:
         env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": subprocess_database_url(),
+            **subprocess_database_env(),
             "PYTHONUNBUFFERED": "1",
             "JOBS_LOG_LEVEL": "INFO",
             "Q_LOG_LEVEL": "INFO",

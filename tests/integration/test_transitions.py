@@ -1,4 +1,7 @@
-"""Each transition on PostgreSQL: the claim, and every fenced write rejecting a stale attempt."""
+"""Each transition: the claim, and every fenced write rejecting a stale attempt.
+
+Run on PostgreSQL here and on SQLite by tests/sqlite/test_transitions.py (the same functions).
+"""
 
 import datetime as dt
 
@@ -11,15 +14,14 @@ from jobs import reaper, transitions
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.states import AttemptOutcome, JobState, Write
 from jobs.transitions import Fence
+from tests.conftest import database_now
 
 pytestmark = pytest.mark.django_db
 WORKER = "host-a:101"
 
 
 def db_now() -> dt.datetime:
-    with connection.cursor() as cur:
-        cur.execute("SELECT clock_timestamp()")
-        return cur.fetchone()[0]
+    return database_now()
 
 
 def claim_one(**kw) -> transitions.Claimed:
@@ -90,6 +92,7 @@ def test_rows_inserted_without_enqueue_are_claimed_too():
     assert {c.fence.job_id for c in claimed} == {created.pk, bulk.pk, raw_id}
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="a PostgreSQL plan")
 def test_the_claim_query_walks_the_partial_index():
     Job.objects.bulk_create(
         [Job(kind="test.echo", state="succeeded", finished_at=timezone.now()) for _ in range(3000)]
