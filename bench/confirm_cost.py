@@ -31,6 +31,7 @@ def prepare() -> str:
         admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {DB}")
     url = f"{SERVER}/{DB}"
+    os.environ.setdefault("SECRET_KEY", "palisade-bench-only")  # DEBUG is off
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
     migrate = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"]
     subprocess.run(migrate, cwd=ROOT, env=env, check=True)

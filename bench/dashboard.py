@@ -60,6 +60,7 @@ ENV = {
     **os.environ,
     "DJANGO_SETTINGS_MODULE": "config.settings",
     "DATABASE_URL": DB_URL,
+    "SECRET_KEY": os.environ.get("SECRET_KEY", "palisade-bench-only"),  # DEBUG is off
     "JOBS_WORKERS": "2",
     "PYTHONUNBUFFERED": "1",
     "ALLOWED_HOSTS": "testserver,localhost,127.0.0.1",

@@ -45,6 +45,7 @@ ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
 DB_NAME = "palisade_bench"
+BENCH_SECRET_KEY = os.environ.get("SECRET_KEY", "palisade-bench-only")  # DEBUG is off
 SCENARIOS = ("bare", "sql", "runner", "palisade", "batch1", "djq")
 
 
@@ -145,6 +146,7 @@ class Bench:
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DATABASE_URL": self.db_url,
+            "SECRET_KEY": BENCH_SECRET_KEY,
             "JOBS_WORKERS": str(args.workers),
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",
@@ -195,6 +197,7 @@ class Bench:
     def setup_django(self) -> None:
         os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
         os.environ["DATABASE_URL"] = self.db_url
+        os.environ.setdefault("SECRET_KEY", BENCH_SECRET_KEY)
         os.environ["JOBS_WORKERS"] = str(self.args.workers)
         os.environ.pop("REDIS_URL", None)
         if str(ROOT) not in sys.path:

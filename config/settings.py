@@ -24,10 +24,10 @@ def env_bool(name: str, default: bool) -> bool:
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and env_bool("PALISADE_REQUIRE_SECRET_KEY", False):
-        raise RuntimeError("SECRET_KEY must be set when PALISADE_REQUIRE_SECRET_KEY is on")
+if not SECRET_KEY and DEBUG:
     SECRET_KEY = "palisade-insecure-development-key-change-me"  # noqa: S105
+# DEBUG off and no key: SECRET_KEY stays empty and every entry point refuses to start
+# (config/startup.py) -- never the public development key in production.
 ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
 
 INSTALLED_APPS = [

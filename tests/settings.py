@@ -3,6 +3,7 @@
 import os
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/palisade")
+os.environ.setdefault("SECRET_KEY", "palisade-tests-only-secret-key")  # DEBUG is off in tests
 
 from config.settings import *  # noqa: E402,F403
 from config.settings import INSTALLED_APPS  # noqa: E402
