@@ -64,8 +64,8 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
 
     def write(fences: Sequence[Fence]) -> None:
         rejected = transitions.commit_many([(f, results[f.job_id], "") for f in fences])
-        for fence in rejected:
-            logger.info("job %s attempt %s: commit rejected; work discarded", *_ids(fence))
+        for fence in rejected:  # each already logged once, on the fencing line
+            logger.debug("job %s attempt %s: commit rejected; work discarded", *_ids(fence))
 
     try:
         present_until_decided([i.held.fence for i in items], write, AttemptOutcome.SUCCEEDED)
@@ -102,8 +102,36 @@ def fail(claimed: Claimed, error: str) -> None:
 
     try:
         present_until_decided([fence], write, AttemptOutcome.FAILED)
-    except LeaseLost as exc:
-        logger.info("job %s attempt %s: %s; work discarded", *_ids(fence), exc)
+    except LeaseLost as exc:  # the fencing line (jobs.fencing) already told the operator
+        logger.debug("job %s attempt %s: %s; work discarded", *_ids(fence), exc)
+        return
+    if retry_in is not None:
+        logger.info(
+            "job %s (%s) attempt %s failed, retry in %.1f s: %s",
+            fence.job_id,
+            claimed.kind,
+            fence.attempt,
+            retry_in,
+            _one_line(error),
+        )
+    else:
+        logger.warning(
+            "job %s (%s) attempt %s failed for good (%s of %s attempts): %s",
+            fence.job_id,
+            claimed.kind,
+            fence.attempt,
+            charged,
+            limit,
+            _one_line(error),
+        )
+
+
+def _one_line(error: str, limit: int = 200) -> str:
+    """The last line of an error (a traceback's exception), printable and bounded, for a log."""
+    lines = [line for line in error.splitlines() if line.strip()] or ["(no error text)"]
+    last = lines[-1].strip()
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in last)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def release(claimed: Claimed) -> None:
@@ -114,13 +142,13 @@ def release(claimed: Claimed) -> None:
             [fence], lambda fences: transitions.release(fence), AttemptOutcome.RELEASED
         )
         logger.info("job %s attempt %s: released unstarted", *_ids(fence))
-    except LeaseLost as exc:
-        logger.info("job %s attempt %s: %s", *_ids(fence), exc)
+    except LeaseLost as exc:  # logged on the fencing line
+        logger.debug("job %s attempt %s: %s", *_ids(fence), exc)
 
 
 def discard(fence: Fence) -> None:
-    # The lost lease is already recorded by whichever fenced write saw it.
-    logger.info("job %s attempt %s: lease lost, work discarded", *_ids(fence))
+    # The lost lease is already recorded (and logged) by whichever fenced write saw it.
+    logger.debug("job %s attempt %s: lease lost, work discarded", *_ids(fence))
     transitions.mark_lost(fence)
 
 

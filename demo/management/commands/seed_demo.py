@@ -1,4 +1,8 @@
-"""Create the demo superuser and a read-only operator (if missing); enqueue demo jobs."""
+"""Create the demo superuser and a read-only operator (if missing); enqueue demo jobs once.
+
+`bin/run` calls this on every start: the demo jobs are enqueued only while the database holds
+none of them yet (each start used to add another dozen), and `--add N` enqueues N more on demand.
+"""
 
 import os
 from typing import Any
@@ -9,13 +13,21 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 import jobs
+from jobs.models import Job
+
+SEEDED_KINDS = ("demo.sleep", "demo.flaky", "demo.noop")
 
 
 class Command(BaseCommand):
-    help = "Create the demo superuser and enqueue demo jobs (sleepers, flaky ones, no-ops)."
+    help = "Create the demo superuser and, once, enqueue demo jobs (sleepers, flaky ones, no-ops)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--jobs", type=int, default=12, help="how many demo jobs to enqueue")
+        parser.add_argument(
+            "--jobs", type=int, default=12, help="how many demo jobs the first seed enqueues"
+        )
+        parser.add_argument(
+            "--add", type=int, default=0, metavar="N", help="enqueue N more demo jobs now"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         username = os.environ.get("DEMO_ADMIN_USER", "admin")
@@ -28,7 +40,12 @@ class Command(BaseCommand):
             viewer = user_model.objects.create_user("viewer", password=password)
             viewer.groups.add(Group.objects.get(name="operators"))  # read-only: sees, never acts
             self.stdout.write(f"created read-only operator 'viewer' with password {password!r}")
-        count = options["jobs"]
+        count = options["add"]
+        if not count:
+            if Job.objects.filter(kind__in=SEEDED_KINDS).exists():
+                self.stdout.write("demo jobs already seeded (seed_demo --add N enqueues more)")
+                return
+            count = options["jobs"]
         with transaction.atomic():
             for i in range(count):
                 if i % 3 == 0:
