@@ -27,6 +27,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from jobs import policy, transitions
 from jobs.conf import jobs_settings
+from jobs.context import record_unrecorded_rejection
 from jobs.exceptions import LeaseLost, UnknownKind
 from jobs.heartbeat import Finished
 from jobs.registry import Handler, get_handler
@@ -147,7 +148,9 @@ def release(claimed: Claimed) -> None:
 
 
 def discard(fence: Fence) -> None:
-    # The lost lease is already recorded (and logged) by whichever fenced write saw it.
+    # The lost lease is already recorded (and logged) by whichever fenced write saw it -- or,
+    # seen inside the handler's own transaction on SQLite, is recorded now that it is over.
+    record_unrecorded_rejection(fence)
     logger.debug("job %s attempt %s: lease lost, work discarded", *_ids(fence))
     transitions.mark_lost(fence)
 

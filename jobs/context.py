@@ -7,7 +7,10 @@ Hazards: a handler may call ctx.heartbeat()/ctx.checkpoint() inside its own
 `transaction.atomic()`. A fenced write must never join that transaction (the job row's lock would
 last as long as the handler's transaction, blocking the drain's heartbeat and the reaper, and a
 rollback would erase the RejectedWrite record), so such a call runs on a connection of its own,
-in a side thread: Django's connections are per thread.
+in a side thread: Django's connections are per thread. Except on SQLite, whose one writer is the
+handler's transaction itself: there the write joins it as a savepoint (see
+transitions.joining_callers_transaction), and a rejection it meets is recorded by the completer
+after the handler's transaction is over.
 """
 
 import threading
@@ -22,6 +25,7 @@ from jobs.conf import jobs_settings
 from jobs.exceptions import LeaseLost
 from jobs.heartbeat import Held
 from jobs.states import Write
+from jobs.transitions import Fence
 
 # One thread per worker process, started on first use: its database connection is the fenced
 # writes' own and stays open for the rest of the drain (a connection per call would cost a
@@ -37,9 +41,33 @@ def close_side_connection() -> None:
         _side_writer.submit(lambda: connection.close()).result()
 
 
-def _outside_callers_transaction(write: Callable[[], None]) -> None:
+# Rejections a handler met inside its own transaction on SQLite, recorded by the completer once
+# that transaction is over (its rollback would have erased them): fence -> which write.
+_unrecorded: dict[Fence, str] = {}
+_unrecorded_lock = threading.Lock()
+
+
+def record_unrecorded_rejection(fence: Fence) -> None:
+    """Record the rejection this attempt met inside its handler's transaction, if any."""
+    with _unrecorded_lock:
+        write = _unrecorded.pop(fence, None)
+    if write is not None:
+        transitions.record_rejected(fence, write)
+
+
+def _outside_callers_transaction(write: Callable[[], None], fence: Fence) -> None:
     if not connection.in_atomic_block:
         write()
+        return
+    if connection.vendor == "sqlite":
+        # One writer: another connection could not write before the handler's COMMIT.
+        try:
+            with transitions.joining_callers_transaction():
+                write()
+        except LeaseLost as lost:
+            with _unrecorded_lock:
+                _unrecorded[fence] = lost.write
+            raise
         return
 
     def on_own_connection() -> None:
@@ -75,7 +103,7 @@ class JobContext:
     def _fenced(self, write: str, action: Callable[[], None]) -> None:
         self._raise_if_lost(write)
         try:
-            _outside_callers_transaction(action)
+            _outside_callers_transaction(action, self._held.fence)
         except LeaseLost:
             self._held.lost.set()
             raise

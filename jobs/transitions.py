@@ -11,6 +11,7 @@ attempts and raises LeaseLost; the caller discards its work.
 """
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +51,36 @@ def _driver() -> Driver:
     return driver_for(connection.vendor)
 
 
+# Set by joining_callers_transaction() (SQLite only), per thread.
+_joining = threading.local()
+
+
+@contextmanager
+def joining_callers_transaction() -> Iterator[None]:
+    """SQLite only: fenced writes in this block run inside the caller's open transaction.
+
+    SQLite has one writer. While a handler's transaction is open (IMMEDIATE) it holds the
+    database's only write lock, so a fenced write on another connection would wait for the
+    handler's COMMIT, which waits for that write: stuck until the busy timeout, then "database is
+    locked". Joining is sound on SQLite alone: no other connection can change the job row until
+    the caller's transaction ends, so the fenced statement decides against the row as it stands
+    at the caller's COMMIT. A rejection is *not* recorded inside (the caller's rollback would
+    erase it): it raises LeaseLost, and the caller records it with record_rejected() once its
+    transaction is over.
+    """
+    if connection.vendor != "sqlite":
+        raise RuntimeError("only SQLite's single writer makes joining a transaction sound")
+    _joining.active = True
+    try:
+        yield
+    finally:
+        _joining.active = False
+
+
+def _joined() -> bool:
+    return bool(getattr(_joining, "active", False)) and connection.in_atomic_block
+
+
 @contextmanager
 def _fenced_write() -> Iterator[None]:
     """The transaction a fenced write runs in.
@@ -60,8 +91,12 @@ def _fenced_write() -> Iterator[None]:
     join a caller's transaction -- its decision would count only once that caller commits, and
     the job row's lock would last as long as the caller's work -- so inside an atomic block it
     runs as `atomic(durable=True)`, which refuses that (Django's TestCase blocks excepted).
+    The one exception is SQLite inside joining_callers_transaction() (see there): a savepoint.
     """
-    if connection.in_atomic_block:
+    if _joined():
+        with transaction.atomic():
+            yield
+    elif connection.in_atomic_block:
         with transaction.atomic(durable=True):
             yield
     elif _driver().single_statement_writes:
@@ -304,6 +339,12 @@ def _record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | 
     return current
 
 
+def record_rejected(fence: Fence, write: str) -> None:
+    """Record a rejection seen inside a caller's transaction, once that transaction is over."""
+    _record(fence, write, AttemptOutcome.LOST)
+
+
 def _rejected(fence: Fence, write: str, outcome: str) -> None:
-    _record(fence, write, outcome)
+    if not _joined():  # joined: the caller records it after its transaction (see above)
+        _record(fence, write, outcome)
     raise LeaseLost(fence.job_id, fence.attempt, write)
