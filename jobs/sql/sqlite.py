@@ -21,9 +21,9 @@ from jobs.states import AttemptOutcome, EventType, JobState
 
 
 def _after_now(seconds_sql: str) -> str:
-    # Arithmetic on the Julian day number, not a '+N seconds' modifier: a modifier built from a
-    # number's text is NULL for a negative number or one SQLite prints with an exponent
-    # ('1.0e-05'), and a NULL lease or run_at would silently leave a job unclaimable.
+    # Arithmetic on the Julian day number, not a '+N seconds' modifier built from the number's
+    # text: '+-1.0 seconds' is not a modifier, so a negative number of seconds gave NULL (a
+    # lease already past, as tests plant, could not be written at all).
     return f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', julianday('now') + ({seconds_sql}) / 86400.0)"
 
 

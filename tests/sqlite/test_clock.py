@@ -16,7 +16,6 @@ WORKER = "host-a:1"
 
 @pytest.mark.parametrize("retry_in", [1e-05, 0.0, 3600.0])
 def test_a_retry_due_in_any_number_of_seconds_is_queued_at_that_time(make_job, retry_in):
-    """SQLite prints 1e-05 as '1.0e-05': a '+N seconds' modifier made of it is NULL."""
     job = make_job(state=JobState.RUNNING, attempt=1, worker=WORKER)
     before = database_now()
     transitions.fail(Fence(job.pk, 1, WORKER), "boom", retry_in)
@@ -29,6 +28,7 @@ def test_a_retry_due_in_any_number_of_seconds_is_queued_at_that_time(make_job, r
 
 
 def test_an_expired_lease_planted_in_the_past_is_in_the_past(make_job):
+    """A negative number of seconds: '+-5.0 seconds' was no SQLite modifier, and gave NULL."""
     job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-5)
     assert job.lease_expires_at is not None
     assert job.lease_expires_at < database_now() - dt.timedelta(seconds=4)
