@@ -2,6 +2,7 @@
 point with a clear message, as a new user or an operator would meet it (real subprocesses)."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,10 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run an entry point in a session of its own; a start that does not refuse (a qcluster
+    that starts) is stopped with its whole process group after the deadline."""
     base = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DJANGO_DEBUG"}}
-    return subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, *args],
         cwd=PROJECT_DIR,
         env={
@@ -23,10 +26,17 @@ def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProc
             "PALISADE_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
             **env,
         },
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
+        start_new_session=True,
     )
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize(
