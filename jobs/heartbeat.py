@@ -46,6 +46,9 @@ class Held:
     # A beat (or the runner's explicit write) has marked this attempt's handler as running. A
     # confirmed attempt would be charged if it expired, so its success is committed at once.
     confirmed: bool = False
+    # time.monotonic() when the drain took it over: the claim had just set its lease, so the
+    # lease is fresh from then whether or not a beat has run since.
+    since: float = field(default_factory=lambda: time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,6 @@ class Heartbeater:
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
         self._last_ok = time.monotonic()
-        self._shortest_lease = float("inf")
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeater":
@@ -89,7 +91,6 @@ class Heartbeater:
         held = Held(fence, lease_seconds)
         with self._lock:
             self._held[fence.job_id] = held
-            self._shortest_lease = min(self._shortest_lease, lease_seconds)
             # A shorter lease than the one held here means beating more often -- starting now,
             # not after the longer wait the thread is already in.
             if lease_seconds / 3.0 < self.interval:
@@ -130,12 +131,17 @@ class Heartbeater:
 
     @property
     def at_risk(self) -> bool:
-        """No beat has succeeded for half the shortest lease held: the leases may be gone.
+        """A held lease has gone unextended for half its length: it may be gone.
 
-        Read before every job, so it takes no lock: the shortest lease only ever shrinks.
+        Each lease counts from the later of the last successful beat and its own claim: a job
+        with a short lease claimed just now is fresh, however long ago the last beat was (a
+        drain that had run only long-lease jobs used to hand back a freshly claimed 2 s-lease
+        job as "heartbeats failing", which broke bin/run's zombie drill).
         """
-        unbeaten = time.monotonic() - self._last_ok
-        return unbeaten > self._shortest_lease / 2.0 and bool(self._held)
+        now, last_ok = time.monotonic(), self._last_ok
+        with self._lock:
+            held = list(self._held.values())
+        return any(now - max(last_ok, h.since) > h.lease_seconds / 2.0 for h in held)
 
     def beat_now(self) -> None:
         with self._lock:
