@@ -15,7 +15,7 @@ import jobs
 from jobs import outbox, transitions
 from jobs.context import JobContext
 from jobs.heartbeat import Finished, Held
-from jobs.models import Intent, Job
+from jobs.models import Intent
 from tests.acceptance.cluster import PROJECT_DIR, subprocess_database_url
 from tests.integration.attempts import claim, expire_and_reap
 from tests.receiver import Received, receiver
