@@ -134,7 +134,11 @@ class JobContext:
         result = effects.checked_result(fn(begun[0].key))
         # Presented even if the lease was lost meanwhile: the ledger row decides, and recording
         # that the effect happened is the truth a later attempt needs.
-        self._fenced("effect", lambda: effects.finish(fence, begun[0].key, result))
+        try:
+            _outside_callers_transaction(lambda: effects.finish(fence, begun[0].key, result))
+        except LeaseLost:
+            self._held.lost.set()
+            raise
         return result
 
     def intent(self, step: str, target: str, data: Any) -> None:
