@@ -15,3 +15,15 @@ class Report(FencedRow):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Delivery(models.Model):
+    """What the demo's own webhook receiver got: one row per idempotency key (it deduplicates)."""
+
+    key = models.CharField(max_length=140, unique=True)
+    body = models.JSONField(null=True, blank=True)
+    repeats = models.IntegerField(default=0)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.key

@@ -12,7 +12,7 @@ import jobs
 
 
 class Command(BaseCommand):
-    help = "Create the demo superuser and enqueue demo jobs (sleepers, flaky ones, no-ops)."
+    help = "Create the demo users and enqueue demo jobs (sleep, flaky, render, report, noop)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--jobs", type=int, default=12, help="how many demo jobs to enqueue")
@@ -31,10 +31,14 @@ class Command(BaseCommand):
         count = options["jobs"]
         with transaction.atomic():
             for i in range(count):
-                if i % 3 == 0:
+                if i % 5 == 0:
                     jobs.enqueue("demo.sleep", {"seconds": 1 + i % 5})
-                elif i % 3 == 1:
+                elif i % 5 == 1:
                     jobs.enqueue("demo.flaky", {"fail_rate": 0.5})
+                elif i % 5 == 2:
+                    jobs.enqueue("demo.render", {"pages": 1 + i % 4})
+                elif i % 5 == 3:
+                    jobs.enqueue("demo.report", {"name": f"report-{i}", "rows": i})
                 else:
                     jobs.enqueue("demo.noop", {"n": i})
         self.stdout.write(f"enqueued {count} demo jobs")
