@@ -83,3 +83,11 @@ def report(ctx: JobContext) -> dict[str, Any]:
     check = url.rstrip("/") + "/check/"
     ctx.intent("publish", "webhook", {"url": url, "check_url": check, "json": {"report": name}})
     return {"report": name, "rows": rows}
+
+
+@handler("demo.staged_effect")
+def staged_effect(ctx: JobContext) -> dict[str, Any]:
+    """The benchmark's job (bench/run.py `effects`): one small staged output, one effect."""
+    ref = ctx.stage("out.txt", b"ok")
+    effect = ctx.effect("record", lambda key: {"key": key})
+    return {"ref": ref, "effect": effect}
