@@ -47,7 +47,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
-DB_NAME = "palisade_bench"
+DB_NAME = os.environ.get("BENCH_DB", "palisade_bench")  # one per engineer on a shared server
 SCENARIOS = ("bare", "sql", "runner", "palisade", "effects", "batch1", "djq")
 
 
