@@ -19,6 +19,12 @@ How one effect runs:
    raised as LeaseLost -- it can never record its completion over the newer attempt's.
 
 Never: runs `fn` inside the ledger's transaction (the lock would last as long as the call).
+
+Durability: the ledger's two transactions commit with `synchronous_commit = off` on PostgreSQL
+(no WAL flush of their own). Losing them in a database crash can only make a later attempt call
+`fn` again with the same key -- exactly what an effect that never recorded completion does, and
+what the receiver must deduplicate anyway -- and the job's own commit (synchronous, later in the
+same WAL) flushes them before the job can succeed.
 """
 
 import logging
@@ -29,7 +35,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.mail import EmailMessage
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
@@ -69,6 +75,7 @@ def begin(fence: Fence, step: str) -> Begun:
 
     key = key_for(fence.job_id, step)
     with transaction.atomic():
+        _no_flush_of_its_own()
         row = IdempotencyKey.objects.select_for_update().filter(key=key).first()
         if row is not None and row.status == IdempotencyKey.Status.DONE:
             IdempotencyKey.objects.filter(pk=row.pk).update(
@@ -109,6 +116,7 @@ def finish(fence: Fence, key: str, result: Any) -> None:
     from jobs.models import IdempotencyKey, JobEvent
 
     with transaction.atomic():
+        _no_flush_of_its_own()
         done = IdempotencyKey.objects.filter(
             key=key, attempt=fence.attempt, status=IdempotencyKey.Status.STARTED
         ).update(status=IdempotencyKey.Status.DONE, result=result, updated_at=Now())
@@ -123,6 +131,12 @@ def finish(fence: Fence, key: str, result: Any) -> None:
             return
         current = IdempotencyKey.objects.filter(key=key).values_list("attempt", flat=True).first()
     _refuse(fence, key, current or 0)
+
+
+def _no_flush_of_its_own() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit = off")
 
 
 def _refuse(fence: Fence, key: str, attempt_current: int) -> None:

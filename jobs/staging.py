@@ -22,6 +22,7 @@ from typing import Any
 from django.core.files import File
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
+from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
 from jobs.conf import jobs_settings
@@ -80,18 +81,21 @@ def stage(fence: Fence, name: str, content: Any) -> str:
     name = _checked_name(name)
     file = _as_file(content)
     path = prefix(fence.job_id, fence.attempt) + name
-    row, created = StagedOutput.objects.get_or_create(
-        job_id=fence.job_id, attempt=fence.attempt, name=name, defaults={"path": path}
-    )
+    size = file.size or 0
     st = storage()
-    if not created:
+    try:  # one INSERT (one WAL flush) on the common path; the row exists before the file does
+        with transaction.atomic():
+            row = StagedOutput.objects.create(
+                job_id=fence.job_id, attempt=fence.attempt, name=name, path=path, size=size
+            )
+    except IntegrityError:  # staged again in this attempt: replace the first file
+        row = StagedOutput.objects.get(job_id=fence.job_id, attempt=fence.attempt, name=name)
         st.delete(row.path)
     written = st.save(path, file)
-    size = file.size or 0
-    settled = not StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED).update(
-        path=written, size=size
-    )
-    if settled:  # the janitor judged this attempt over while we were writing: undo our write
+    still = StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED)
+    if written != row.path or row.size != size:
+        still.update(path=written, size=size)
+    if not still.exists():  # the janitor judged this attempt over while we wrote: undo it
         st.delete(written)
         logger.warning("job %s attempt %s: output %s was settled meanwhile", *_ids(fence), name)
     return written

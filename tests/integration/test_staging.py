@@ -156,3 +156,39 @@ def test_two_janitors_at_once_settle_each_orphan_exactly_once(media, settings):
     assert sum(found) == 6
     assert JobEvent.objects.filter(type="orphaned").count() == 6
     assert StagedOutput.objects.filter(status="promoted").count() == 6
+
+
+def test_staging_a_name_twice_in_one_attempt_replaces_the_first_file(media):
+    job = jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.stage("out.txt", "first")
+    ref = running.ctx.stage("out.txt", "second, longer")
+    assert (media / ref).read_text() == "second, longer"
+    assert sorted(p.name for p in (media / f"jobs/{job.pk}/attempt-1").iterdir()) == ["out.txt"]
+    row = StagedOutput.objects.get(job=job)
+    assert (row.path, row.size) == (ref, len("second, longer"))
+
+
+def test_the_janitor_reads_only_the_unsettled_rows_through_its_partial_index(media):
+    from django.db.models import Exists, OuterRef
+    from django.db.models.functions import Now
+
+    with connection.cursor() as cur:  # a large settled history, a few unsettled rows
+        job = jobs.enqueue("test.echo")
+        cur.execute(
+            "INSERT INTO jobs_stagedoutput (job_id, attempt, name, path, size, status, created_at) "
+            "SELECT %s, 1, 'f' || g, 'p' || g, 0, 'promoted', now() "
+            "FROM generate_series(1, 20000) g",
+            [job.pk],
+        )
+        cur.execute("ANALYZE jobs_stagedoutput")
+    running = Attempt.objects.filter(
+        job_id=OuterRef("job_id"), number=OuterRef("attempt"), outcome="running"
+    )
+    query = (
+        StagedOutput.objects.filter(status="staged", created_at__lt=Now())
+        .exclude(Exists(running))
+        .order_by("created_at", "id")[:200]
+    )
+    plan = query.explain()
+    assert "jobs_staged_unsettled_idx" in plan, plan
