@@ -107,3 +107,21 @@ def test_mail_is_sent_once_with_the_key_in_its_message_id():
     assert message.extra_headers["Message-ID"] == f"<{job.pk}.notice@palisade.invalid>"
     assert message.extra_headers["X-Idempotency-Key"] == f"{job.pk}:notice"
     assert IdempotencyKey.objects.get(key=f"{job.pk}:notice").repeats == 1
+
+
+def test_a_stale_attempt_cannot_record_completion_while_the_newer_one_is_performing():
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    began = effects.begin(first.held.fence, "notify")
+    expire_and_reap(job.pk)
+    second = claim(B)
+    effects.begin(second.held.fence, "notify")  # attempt 2 took the effect over, calling fn now
+
+    with pytest.raises(jobs.LeaseLost):
+        effects.finish(first.held.fence, began.key, "stale")  # attempt 1 wakes up first
+    row = IdempotencyKey.objects.get(key=began.key)
+    assert (row.status, row.attempt, row.result) == ("started", 2, None)
+
+    effects.finish(second.held.fence, began.key, "fresh")
+    row.refresh_from_db()
+    assert (row.status, row.attempt, row.result) == ("done", 2, "fresh")
