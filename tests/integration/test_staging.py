@@ -192,3 +192,19 @@ def test_the_janitor_reads_only_the_unsettled_rows_through_its_partial_index(med
     )
     plan = query.explain()
     assert "jobs_staged_unsettled_idx" in plan, plan
+
+
+def test_a_worker_whose_heartbeat_found_the_lease_gone_deletes_its_own_outputs(media):
+    from jobs import transitions
+
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    ref = zombie.ctx.stage("out.txt", "zombie")
+    expire_and_reap(job.pk)
+    claim(B)
+    with pytest.raises(jobs.LeaseLost):  # the beat changes zero rows
+        transitions.heartbeat(zombie.held.fence, 30)
+    zombie.held.lost.set()  # what the background heartbeat does on such a beat
+    zombie.commit("never presented")
+    assert not (media / ref).exists()
+    assert StagedOutput.objects.get(attempt=1).status == "discarded"
