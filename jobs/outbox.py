@@ -191,8 +191,12 @@ def _failed(c: Claim, relay: str, error: str) -> None:
     )
 
 
-def handle(c: Claim, relay: str) -> str:
-    """Reconcile if needed, perform, mark. Returns what happened (for tests and logs)."""
+def handle(c: Claim, relay: str, lease_seconds: float = RELAY_LEASE_SECONDS) -> str:
+    """Reconcile if needed, perform, mark. Returns what happened (for tests and logs).
+
+    Starting to perform renews the claim's lease, so every intent of a slow batch gets a whole
+    lease (far above the target's timeout) from the moment its own call begins.
+    """
 
     target = get_target(c.target)
     if target is None:
@@ -207,7 +211,7 @@ def handle(c: Claim, relay: str) -> str:
         if happened:
             logger.info("intent %s: reconciliation found it performed; not performing again", c.key)
             return "reconciled" if _done(c, relay, reconciled=True) else "taken-over"
-    if not _fenced(c).update(performs=F("performs") + 1):
+    if not _fenced(c).update(performs=F("performs") + 1, lease_expires_at=_later(lease_seconds)):
         return "taken-over"
     try:
         target.perform(c.key, c.data)
@@ -223,7 +227,7 @@ def relay_once(
     """Claim and handle one batch of due intents; return how many were claimed."""
     claims = claim(relay, limit, lease_seconds)
     for c in claims:
-        handle(c, relay)
+        handle(c, relay, lease_seconds)
     return len(claims)
 
 
