@@ -66,8 +66,9 @@ def _as_file(content: Any) -> "File[Any]":
         if content.size is not None and content.size > MAX_BYTES:
             raise InvalidOption(f"stage(): {content.size} bytes is more than {MAX_BYTES}")
         return content
-    if hasattr(content, "read"):
-        return File(content)
+    if hasattr(content, "read"):  # any readable object: read at most one byte past the limit
+        data = content.read(MAX_BYTES + 1)
+        return _as_file(data) if isinstance(data, bytes | str) else _as_file(None)
     raise InvalidOption(f"stage(): content must be bytes, str or a file, not {type(content)}")
 
 

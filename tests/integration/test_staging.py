@@ -208,3 +208,15 @@ def test_a_worker_whose_heartbeat_found_the_lease_gone_deletes_its_own_outputs(m
     zombie.commit("never presented")
     assert not (media / ref).exists()
     assert StagedOutput.objects.get(attempt=1).status == "discarded"
+
+
+def test_a_readable_object_is_staged_and_a_bad_content_type_refused(media):
+    import io
+
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    ref = running.ctx.stage("stream.bin", io.BytesIO(b"streamed"))
+    assert (media / ref).read_bytes() == b"streamed"
+    for bad in [None, 12, object()]:
+        with pytest.raises(ValueError):
+            running.ctx.stage("bad.bin", bad)
