@@ -149,7 +149,12 @@ def job_detail(job_id: int) -> JobDetail | None:
         total,
         payload_json=_shown_json(job.payload_text),  # type: ignore[attr-defined]
         result_json=_shown_json(job.result_text),  # type: ignore[attr-defined]
-        effects=list(IdempotencyKey.objects.filter(job_id=job_id).order_by("id")[:WRITE_ROWS]),
+        effects=list(
+            IdempotencyKey.objects.filter(job_id=job_id)
+            .defer("result")  # up to a payload's size each: only its start is shown
+            .annotate(result_text=Left(Cast("result", TextField()), 200))
+            .order_by("id")[:WRITE_ROWS]
+        ),
         outputs=_outputs(job_id, {a.number: a.outcome for a in attempts}),
         intents=list(
             Intent.objects.filter(job_id=job_id).defer("data").order_by("id")[:WRITE_ROWS]
