@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs import enqueue
-from jobs.models import IdempotencyKey, Job, JobEvent, StagedOutput
+from jobs.models import IdempotencyKey, Intent, Job, JobEvent, StagedOutput
 from tests.acceptance.cluster import (
     wait_for_attempt,
     wait_for_outcome,
@@ -119,3 +119,39 @@ def test_a_killed_workers_output_is_found_by_the_janitor_and_the_committed_one_k
     )
     assert kept.read_text() == f"output of attempt {done.attempt}"
     assert Job.objects.get(pk=job.pk).result_ref == f"jobs/{job.pk}/attempt-{done.attempt}/"
+
+
+def test_a_zombies_intent_never_reaches_the_outbox_the_replacements_is_relayed_once(
+    start_qcluster, tmp_path: Path
+):
+    with receiver() as r:
+        cluster = start_qcluster(MEDIA_ROOT=str(tmp_path / "media"))
+        hook = {"url": f"{r.url}/hook", "check_url": f"{r.url}/check"}
+        job = enqueue(
+            "test.effects",
+            {"stage": "out.txt", "after_stage": {"1": 1.5}, "intent": {"data": hook}},
+        )
+        zombie = _stop_inside_the_handlers_sleep(cluster, job.pk)
+        wait_for_outcome(job.pk, 1, {"expired"})
+        wait_for_state(job.pk, "succeeded")
+        cluster.resume(zombie)  # records its intent, then presents a commit that is rejected
+        wait_for_rejection(job.pk, 1, {"commit", "heartbeat"})
+        wait_until(  # the zombie's handler returned and its work was dropped, intent included
+            lambda: (
+                f"job {job.pk} attempt 1: " in cluster.log()
+                and "work discarded" in cluster.log().split(f"job {job.pk} attempt 1: ", 1)[1]
+            ),
+            timeout=20,
+            what="the zombie to discard its work",
+            job_id=job.pk,
+        )
+        wait_until(
+            lambda: Intent.objects.filter(job=job, state="done").exists(),
+            timeout=20,
+            what="the embedded relay to perform the intent",
+            job_id=job.pk,
+        )
+        assert list(Intent.objects.filter(job=job).values_list("attempt", "performs")) == [(2, 1)]
+        assert [(k, v, body) for k, v, body in r.calls] == [
+            (f"{job.pk}:publish", "performed", {"attempt": 2})
+        ]

@@ -134,7 +134,8 @@ def effects(ctx: JobContext) -> dict[str, Any]:
 
         out["effect"] = ctx.effect("notify", notify)
     if "intent" in p:
-        ctx.intent("publish", p["intent"].get("target", "webhook"), p["intent"]["data"])
+        data = {**p["intent"]["data"], "json": {"attempt": ctx.attempt}}
+        ctx.intent("publish", p["intent"].get("target", "webhook"), data)
     return out
 
 
