@@ -29,7 +29,6 @@ same WAL) flushes them before the job can succeed.
 
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +180,3 @@ def send_mail(
 
     result: dict[str, Any] = ctx.effect(step, send)
     return result
-
-
-Effect = Callable[[str], Any]

@@ -55,6 +55,9 @@ MAX_INTENT_BYTES = 64 * 1024
 
 
 class Target(Protocol):
+    """What the relay calls. A target may also offer `reconcile(key, data) -> bool | None`:
+    True, the effect happened; False, it did not; None, it cannot tell (performed again)."""
+
     def perform(self, key: str, data: Any) -> None: ...
 
 
@@ -71,18 +74,17 @@ class Claim:
     failures: int
 
 
-_targets: dict[str, Any] = {}
+_targets: dict[str, Target] = {}
 
 
-def register_target(name: str, target: Any) -> None:
-    """Register a target by name: `perform(key, data)`, optionally `reconcile(key, data)`
-    returning True (it happened), False (it did not) or None (cannot tell)."""
+def register_target(name: str, target: Target) -> None:
+    """Register an outbox target by name (at import of a handlers module, in every process)."""
     if not re.fullmatch(r"[a-z][a-z0-9._-]{0,99}", name):
         raise InvalidOption(f"target name {name!r} must be lowercase letters, digits, . _ -")
     _targets[name] = target
 
 
-def get_target(name: str) -> Any | None:
+def get_target(name: str) -> Target | None:
     return _targets.get(name)
 
 
