@@ -9,6 +9,8 @@ Scenarios (each repeat runs all of them, interleaved, against one database serve
   palisade  `manage.py qcluster` draining N pre-inserted demo.noop jobs, JOBS_CLAIM_BATCH=8
             (default), then idle enqueue->claim latency samples against the same, idle cluster.
   batch1    the same drain with JOBS_CLAIM_BATCH=1.
+  effects   the palisade drain (batch 8) of demo.staged_effect jobs: each stages one small
+            output (local filesystem storage) and records one effect under its idempotency key.
   djq       django-q2 alone (ORM broker, stock qcluster): one async_task("math.floor", 1) per job.
 
 Decomposition rows (where Palisade's time goes between the bare loop and the cluster):
@@ -29,6 +31,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -44,9 +47,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
-DB_NAME = "palisade_bench"
+DB_NAME = os.environ.get("BENCH_DB", "palisade_bench")  # one per engineer on a shared server
 BENCH_SECRET_KEY = os.environ.get("SECRET_KEY", "palisade-bench-only")  # DEBUG is off
-SCENARIOS = ("bare", "sql", "runner", "palisade", "batch1", "djq")
+SCENARIOS = ("bare", "sql", "runner", "palisade", "effects", "batch1", "djq")
 
 
 def drain_rates(n: int, first_claim: Any, first_finish: Any, last_finish: Any) -> dict[str, Any]:
@@ -267,16 +270,26 @@ class Bench:
 
     # -- scenario: Palisade drain (+ idle latency) -------------------------------------------------
 
-    def run_palisade(self, batch: int, latency: bool, label: str) -> dict[str, Any]:
+    def run_palisade(
+        self, batch: int, latency: bool, label: str, kind: str = "demo.noop"
+    ) -> dict[str, Any]:
         from jobs.models import Job
 
         n = self.args.jobs
         self.reset()
-        Job.objects.bulk_create(
-            [Job(kind="demo.noop", payload={}) for _ in range(n)], batch_size=1000
+        Job.objects.bulk_create([Job(kind=kind, payload={}) for _ in range(n)], batch_size=1000)
+        self.settle(
+            [
+                "jobs_job",
+                "jobs_attempt",
+                "jobs_jobevent",
+                "jobs_stagedoutput",
+                "jobs_idempotencykey",
+            ]
         )
-        self.settle(["jobs_job", "jobs_attempt", "jobs_jobevent"])
-        env = {**self.env, "JOBS_CLAIM_BATCH": str(batch)}
+        media = RESULTS_DIR / "media"
+        shutil.rmtree(media, ignore_errors=True)  # the staged outputs of an earlier round
+        env = {**self.env, "JOBS_CLAIM_BATCH": str(batch), "MEDIA_ROOT": str(media)}
         if self.args.q_poll is not None:
             env["Q_POLL"] = str(self.args.q_poll)
         log = self.log_dir / f"{label}-{self.rep}.log"
@@ -620,6 +633,7 @@ def uptime() -> str:
 
 ROWS = [
     ("palisade", "Palisade drain, claim batch 8"),
+    ("effects", "Palisade drain, stage 1 output + 1 effect"),
     ("batch1", "Palisade drain, claim batch 1"),
     ("bare", "bare SQL loop (raw psycopg)"),
     ("djq", "django-q2 alone, ORM broker"),
@@ -729,6 +743,10 @@ def main(argv: list[str] | None = None) -> int:
                     res = bench.run_workers(runner_worker, "runner")
                 elif key == "palisade":
                     res = bench.run_palisade(8, latency=args.latency_samples > 0, label="palisade")
+                elif key == "effects":
+                    res = bench.run_palisade(
+                        8, latency=False, label="effects", kind="demo.staged_effect"
+                    )
                 elif key == "batch1":
                     res = bench.run_palisade(1, latency=False, label="batch1")
                 else:

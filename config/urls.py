@@ -1,7 +1,16 @@
+from django.conf import settings
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 
-urlpatterns = [
+urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("", include("dashboard.urls")),
 ]
+
+if settings.DEBUG:  # the demo's webhook receiver (bin/run): see demo/views.py
+    from demo import views as demo_views
+
+    urlpatterns += [
+        path("demo/hook/", demo_views.hook, name="demo-hook"),
+        path("demo/hook/check/", demo_views.check, name="demo-hook-check"),
+    ]

@@ -19,7 +19,7 @@ from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinu
 from django.utils import timezone
 
 from dashboard.timeline import MINOR_TYPES
-from jobs.models import Attempt, Job, JobEvent, RejectedWrite
+from jobs.models import Attempt, IdempotencyKey, Intent, Job, JobEvent, RejectedWrite, StagedOutput
 from jobs.states import JobState
 
 PAGE_SIZE = 50
@@ -89,6 +89,9 @@ class JobDetail:
     events_total: int
     payload_json: str = ""
     result_json: str = ""
+    effects: list[IdempotencyKey] = field(default_factory=list)
+    outputs: list[StagedOutput] = field(default_factory=list)  # each with .shown_status
+    intents: list[Intent] = field(default_factory=list)
 
 
 MINOR_LIMIT = 10_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
@@ -146,7 +149,36 @@ def job_detail(job_id: int) -> JobDetail | None:
         total,
         payload_json=_shown_json(job.payload_text),  # type: ignore[attr-defined]
         result_json=_shown_json(job.result_text),  # type: ignore[attr-defined]
+        effects=list(
+            IdempotencyKey.objects.filter(job_id=job_id)
+            .defer("result")  # up to a payload's size each: only its start is shown
+            .annotate(result_text=Left(Cast("result", TextField()), 200))
+            .order_by("id")[:WRITE_ROWS]
+        ),
+        outputs=_outputs(job_id, {a.number: a.outcome for a in attempts}),
+        intents=list(
+            Intent.objects.filter(job_id=job_id).defer("data").order_by("id")[:WRITE_ROWS]
+        ),
     )
+
+
+WRITE_ROWS = 200  # effects, staged outputs and intents shown per job
+
+
+def _outputs(job_id: int, outcomes: dict[int, str]) -> list[StagedOutput]:
+    """Staged outputs with what they are now: a `staged` row of a committed attempt is promoted
+    (the janitor records that lazily), of an attempt that ended otherwise an orphan-to-be."""
+    rows = list(StagedOutput.objects.filter(job_id=job_id).order_by("attempt", "id")[:WRITE_ROWS])
+    for row in rows:
+        shown = row.status
+        if shown == StagedOutput.Status.STAGED:
+            outcome = outcomes.get(row.attempt)
+            if outcome == "succeeded":
+                shown = "promoted"
+            elif outcome != "running":
+                shown = "orphan (awaiting the janitor)"
+        row.shown_status = shown  # type: ignore[attr-defined]
+    return rows
 
 
 def rejected_feed(limit: int = 100) -> list[RejectedWrite]:

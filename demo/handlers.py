@@ -41,3 +41,53 @@ def drill(ctx: JobContext) -> dict[str, Any]:
     the resumed process goes straight to its commit -- the stale write the fence rejects."""
     time.sleep(float(ctx.payload.get("seconds", 3.0)))
     return {"attempt": ctx.attempt, "worker": ctx.worker}
+
+
+@handler("demo.render", lease_seconds=15)
+def render(ctx: JobContext) -> dict[str, Any]:
+    """Renders a small text file as a staged output and mails a notice under an idempotency key.
+
+    The file lands under jobs/<id>/attempt-<n>/ and becomes the job's result_ref only through
+    the commit; the mail is sent at most once per job, whichever attempt gets there.
+    """
+    from jobs.effects import send_mail
+
+    pages = int(ctx.payload.get("pages", 3))
+    text = "\n".join(f"page {p + 1} of {pages}" for p in range(pages))
+    time.sleep(float(ctx.payload.get("seconds", 0.5)))
+    ref = ctx.stage("render.txt", text)
+    mail = send_mail(
+        ctx, "notice", f"Render {ctx.job_id} is ready", f"Your file: {ref}", ["ops@example.com"]
+    )
+    return {"ref": ref, "pages": pages, "message_id": mail["message_id"]}
+
+
+@handler("demo.report")
+def report(ctx: JobContext) -> dict[str, Any]:
+    """Writes a report row through the token-checked helper and posts an intent to a webhook.
+
+    A zombie of this job can neither overwrite the row (its attempt is lower than the row's
+    token) nor post (its intent only exists if its commit is accepted).
+    """
+    from django.conf import settings
+
+    from demo.models import Report
+
+    name = str(ctx.payload.get("name", f"report-{ctx.job_id}"))[:100]
+    rows = int(ctx.payload.get("rows", 10))
+    Report.objects.get_or_create(name=name)
+    ctx.fenced_write(
+        Report.objects.filter(name=name), body=f"{rows} rows by attempt {ctx.attempt}", rows=rows
+    )
+    url = settings.DEMO_WEBHOOK_URL
+    check = url.rstrip("/") + "/check/"
+    ctx.intent("publish", "webhook", {"url": url, "check_url": check, "json": {"report": name}})
+    return {"report": name, "rows": rows}
+
+
+@handler("demo.staged_effect")
+def staged_effect(ctx: JobContext) -> dict[str, Any]:
+    """The benchmark's job (bench/run.py `effects`): one small staged output, one effect."""
+    ref = ctx.stage("out.txt", b"ok")
+    effect = ctx.effect("record", lambda key: {"key": key})
+    return {"ref": ref, "effect": effect}

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from jobs import policy, transitions
+from jobs import pending, policy, staging, transitions
 from jobs.conf import jobs_settings
 from jobs.context import record_unrecorded_rejection
 from jobs.exceptions import LeaseLost, UnknownKind
@@ -64,9 +64,14 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
     results = {i.held.fence.job_id: i.result for i in items}
 
     def write(fences: Sequence[Fence]) -> None:
-        rejected = transitions.commit_many([(f, results[f.job_id], "") for f in fences])
+        refs, intents = _promotions(fences)
+        rows = [(f, results[f.job_id], refs[f.job_id]) for f in fences]
+        rejected = transitions.commit_many(rows, intents)
         for fence in rejected:  # each already logged once, on the fencing line
             logger.debug("job %s attempt %s: commit rejected; work discarded", *_ids(fence))
+            _settle_unpromoted(fence)
+        for fence in fences:
+            pending.forget(fence)
 
     try:
         present_until_decided([i.held.fence for i in items], write, AttemptOutcome.SUCCEEDED)
@@ -81,6 +86,27 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
         fence = items[0].held.fence
         logger.warning("job %s attempt %s: result refused by the database: %s", *_ids(fence), exc)
         fail(items[0].claimed, f"the database refused the handler's result: {exc}")
+
+
+def _promotions(fences: Sequence[Fence]) -> tuple[dict[int, str], dict[int, list[Any]]]:
+    """Each attempt's own staged prefix (its result_ref) and intents, for its commit row."""
+    refs: dict[int, str] = {}
+    intents: dict[int, list[Any]] = {}
+    for f in fences:
+        work = pending.peek(f)
+        refs[f.job_id] = staging.prefix(f.job_id, f.attempt) if work and work.staged else ""
+        if work and work.intents:
+            intents[f.job_id] = list(work.intents.values())
+    return refs, intents
+
+
+def _settle_unpromoted(fence: Fence) -> None:
+    """The attempt's final write is decided and was not a commit: delete its own outputs."""
+    pending.forget(fence)
+    try:
+        staging.discard_own(fence)
+    except DatabaseError:
+        logger.exception("job %s attempt %s: staged outputs left to the janitor", *_ids(fence))
 
 
 def fail(claimed: Claimed, error: str) -> None:
@@ -105,7 +131,9 @@ def fail(claimed: Claimed, error: str) -> None:
         present_until_decided([fence], write, AttemptOutcome.FAILED)
     except LeaseLost as exc:  # the fencing line (jobs.fencing) already told the operator
         logger.debug("job %s attempt %s: %s; work discarded", *_ids(fence), exc)
+        _settle_unpromoted(fence)
         return
+    _settle_unpromoted(fence)
     if retry_in is not None:
         logger.info(
             "job %s (%s) attempt %s failed, retry in %.1f s: %s",
@@ -153,6 +181,7 @@ def discard(fence: Fence) -> None:
     record_unrecorded_rejection(fence)
     logger.debug("job %s attempt %s: lease lost, work discarded", *_ids(fence))
     transitions.mark_lost(fence)
+    _settle_unpromoted(fence)
 
 
 def _handler(kind: str) -> Handler | None:

@@ -1,7 +1,9 @@
 """The handler's view of its attempt: identity, payload and fenced writes.
 
 Owns: what a handler may do while it runs. Never: commits -- the runner does, once, after the
-handler returns. stage/effect/intent/fenced_write arrive with the effects work.
+handler returns. Staged outputs (jobs/staging.py), effects (jobs/effects.py), intents
+(jobs/outbox.py) and token-checked writes (jobs/fenced.py) live in their own modules; the
+methods here bind them to this attempt's fence.
 
 Hazards: a handler may call ctx.heartbeat()/ctx.checkpoint() inside its own
 `transaction.atomic()`. A fenced write must never join that transaction (the job row's lock would
@@ -122,6 +124,78 @@ class JobContext:
         bounds.json_value(progress, jobs_settings().MAX_PAYLOAD_BYTES, what="progress")
         fence, lease = self._held.fence, self._held.lease_seconds
         self._fenced(Write.CHECKPOINT, lambda: transitions.checkpoint(fence, progress, lease))
+
+    # -- every write path beyond the job row (the effects issue) -------------------------------
+
+    def stage(self, name: str, content: Any) -> str:
+        """Write `content` (bytes, str or a file) as this attempt's output `name`.
+
+        Stored at `jobs/<job_id>/attempt-<n>/<name>` in `JOBS["STAGING_STORAGE"]`; the commit
+        points `Job.result_ref` at this attempt's outputs. Returns the storage name.
+        """
+        from jobs import pending, staging
+
+        self._raise_if_lost("stage")
+        ref: list[str] = []
+        _outside_callers_transaction(
+            lambda: ref.append(staging.stage(self._held.fence, name, content)), self._held.fence
+        )
+        pending.mark_staged(self._held.fence)
+        return ref[0]
+
+    def effect(self, step: str, fn: Callable[[str], Any]) -> Any:
+        """Perform `fn(key)` at most once per (job, step); key = "<job_id>:<step>".
+
+        On a later attempt the recorded result is returned without calling `fn` (counted as
+        deduplicated). If an earlier attempt started `fn` but never recorded completion, `fn` is
+        called again with the same key: the receiver must deduplicate by it (else use intent()).
+        """
+        from jobs import effects
+
+        effects.checked_step(step)
+        self._raise_if_lost("effect")
+        begun: list[effects.Begun] = []
+        fence = self._held.fence
+        self._fenced("effect", lambda: begun.append(effects.begin(fence, step)))
+        if begun[0].done:
+            return begun[0].result
+        result = effects.checked_result(fn(begun[0].key))
+        # Presented even if the lease was lost meanwhile: the ledger row decides, and recording
+        # that the effect happened is the truth a later attempt needs.
+        try:
+            _outside_callers_transaction(lambda: effects.finish(fence, begun[0].key, result), fence)
+        except LeaseLost:
+            self._held.lost.set()
+            raise
+        return result
+
+    def intent(self, step: str, target: str, data: Any) -> None:
+        """Record an outbox intent; it exists only if this attempt's commit is accepted."""
+        from jobs import outbox, pending
+
+        self._raise_if_lost("intent")
+        pending.add_intent(self._held.fence, outbox.intent(step, target, data, self.job_id))
+
+    def fenced_write(self, queryset: Any, **values: Any) -> int:
+        """Update `queryset` (a FencedRow model) unless a higher attempt of this job wrote it.
+
+        Returns the rows updated; raises LeaseLost, recorded, if any row had accepted a higher
+        attempt of this job.
+        """
+        from jobs import fenced
+
+        self._raise_if_lost("token_write")
+        fence = self._held.fence
+        decision = fenced.write(fence, queryset, **values)
+        if decision.refused:
+            highest = max(a for _, a in decision.refused)
+            _outside_callers_transaction(
+                lambda: fenced.record_rejection(fence, Write.TOKEN, decision.resource, highest),
+                fence,
+            )
+            self._held.lost.set()
+            raise LeaseLost(self.job_id, self.attempt, Write.TOKEN)
+        return decision.updated
 
     def __repr__(self) -> str:
         return f"<JobContext {self.kind}#{self.job_id} attempt {self.attempt}>"

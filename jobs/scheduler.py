@@ -1,7 +1,8 @@
 """The embedded scheduler that `manage.py qcluster` runs beside django-q2's workers.
 
 Owns: waking drains when work is due (LISTEN/NOTIFY on PostgreSQL, a short poll otherwise and as a
-safety net for retries whose run_at arrives later), and running the lease reaper.
+safety net for retries whose run_at arrives later), and running the lease reaper. The outbox relay
+and the orphan janitor run on a thread of their own (jobs/maintenance.py).
 
 Never: claims or runs jobs itself. Every write it causes is a compare-and-set, so two schedulers
 (two qcluster processes) at once are harmless: a surplus drain claims nothing, a reclaim that lost
@@ -23,6 +24,7 @@ from django.db import DatabaseError, connection
 
 from jobs import bridge, reaper, transitions
 from jobs.conf import jobs_settings
+from jobs.maintenance import Maintenance
 
 logger = logging.getLogger("jobs.scheduler")
 
@@ -109,6 +111,8 @@ class EmbeddedScheduler:
     def run(self, should_stop: Callable[[], bool]) -> None:
         logger.info("embedded scheduler %s started", self.identity)
         cfg = jobs_settings()
+        maintenance = Maintenance(self.identity)
+        maintenance.start()
         try:
             while not should_stop():
                 try:
@@ -119,6 +123,7 @@ class EmbeddedScheduler:
                 timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
                 self.waker.wait(timeout)
         finally:
+            maintenance.stop()
             self.waker.close()
             connection.close()
             logger.info("embedded scheduler %s stopped", self.identity)

@@ -74,6 +74,13 @@ class EventType(models.TextChoices):
     REQUEUED = "requeued", "Requeued"
     RELEASED = "released", "Released unstarted"
     POISONED = "poisoned", "Refused by the database"
+    # Effects, outputs and intents (jobs/effects.py, jobs/janitor.py, jobs/outbox.py).
+    EFFECT_PERFORMED = "effect_performed", "Effect performed"
+    EFFECT_DEDUPLICATED = "effect_deduplicated", "Effect deduplicated"
+    ORPHANED = "orphaned", "Orphaned output deleted"
+    INTENT_PERFORMED = "intent_performed", "Intent performed"
+    INTENT_RECONCILED = "intent_reconciled", "Intent reconciled"
+    INTENT_FAILED = "intent_failed", "Intent failed"
 
 
 class Write(models.TextChoices):
@@ -86,3 +93,5 @@ class Write(models.TextChoices):
     RECLAIM = "reclaim", "Reaper reclaim"
     CANCEL = "cancel", "Cancel"
     RELEASE = "release", "Release"
+    EFFECT = "effect", "Effect completion"  # an older attempt recording over a newer one
+    TOKEN = "token_write", "Token-checked write"  # ctx.fenced_write on another table

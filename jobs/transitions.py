@@ -12,7 +12,7 @@ attempts and raises LeaseLost; the caller discards its work.
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,16 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from jobs import bounds
 from jobs.exceptions import LeaseLost
 from jobs.registry import handler_leases
-from jobs.sql import ClaimedRow, CommitRow, Driver, ExpiredRow, FenceRow, driver_for, loads
+from jobs.sql import (
+    ClaimedRow,
+    CommitRow,
+    Driver,
+    ExpiredRow,
+    FenceRow,
+    IntentRow,
+    driver_for,
+    loads,
+)
 from jobs.states import AttemptOutcome, Write
 
 logger = logging.getLogger("jobs.fencing")
@@ -227,8 +236,14 @@ def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
         _rejected(fence, Write.CHECKPOINT, AttemptOutcome.LOST)
 
 
-def commit_many(items: Sequence[tuple[Fence, Any, str]]) -> list[Fence]:
+def commit_many(
+    items: Sequence[tuple[Fence, Any, str]],
+    intents: Mapping[int, Sequence[IntentRow]] | None = None,
+) -> list[Fence]:
     """End several attempts as succeeded in one statement, each fenced by its own attempt.
+
+    `result_ref` (the third item) points the job at the attempt's staged outputs and `intents`
+    (by job id) become outbox rows, both in the same statement: that is the promotion.
 
     Returns the fences whose commit changed zero rows, each already recorded -- except an
     attempt whose own earlier presentation already landed (a re-presented commit after an
@@ -239,7 +254,11 @@ def commit_many(items: Sequence[tuple[Fence, Any, str]]) -> list[Fence]:
     worker = items[0][0].worker
     if any(f.worker != worker for f, _, _ in items):
         raise ValueError("one commit statement speaks for one worker")
-    rows = [CommitRow(f.job_id, f.attempt, result, ref) for f, result, ref in items]
+    by_job = intents or {}
+    rows = [
+        CommitRow(f.job_id, f.attempt, result, ref, tuple(by_job.get(f.job_id, ())))
+        for f, result, ref in items
+    ]
     with _fenced_write(), connection.cursor() as cur:
         committed = _driver().commit(cur, worker, rows)
     rejected = []

@@ -5,7 +5,16 @@ interface; postgres.py and sqlite.py hold each vendor's hot path. Nothing outsid
 writes SQL text for the job tables.
 """
 
-from jobs.sql.base import ClaimedRow, CommitRow, Driver, ExpiredRow, FenceRow, dumps, loads
+from jobs.sql.base import (
+    ClaimedRow,
+    CommitRow,
+    Driver,
+    ExpiredRow,
+    FenceRow,
+    IntentRow,
+    dumps,
+    loads,
+)
 from jobs.sql.postgres import PostgresDriver
 from jobs.sql.sqlite import SqliteDriver
 
@@ -15,6 +24,7 @@ __all__ = [
     "Driver",
     "ExpiredRow",
     "FenceRow",
+    "IntentRow",
     "PostgresDriver",
     "SqliteDriver",
     "driver_for",

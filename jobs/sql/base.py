@@ -42,13 +42,27 @@ class ClaimedRow:
 
 
 @dataclass(frozen=True)
+class IntentRow:
+    """An outbox intent riding on its attempt's commit (jobs/outbox.py)."""
+
+    step: str
+    key: str
+    target: str
+    data: Any
+
+
+@dataclass(frozen=True)
 class CommitRow:
-    """One attempt's commit: the job is succeeded only if (id, attempt) is still current."""
+    """One attempt's commit: the job is succeeded only if (id, attempt) is still current.
+
+    Its intents are inserted by the same statement, only for a row that committed.
+    """
 
     id: int
     attempt: int
     result: Any
     ref: str
+    intents: tuple[IntentRow, ...] = ()
 
 
 @dataclass(frozen=True)

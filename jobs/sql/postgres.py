@@ -112,6 +112,7 @@ class PostgresDriver(Driver):
                 {f"i{i}": r.id, f"a{i}": r.attempt, f"r{i}": dumps(r.result), f"f{i}": r.ref}
             )
             values.append(f"(%(i{i})s::bigint, %(a{i})s::int, %(r{i})s::jsonb, %(f{i})s::text)")
+        intents = _intents_cte(rows, params)
         cur.execute(
             f"""
             WITH done AS (
@@ -130,7 +131,7 @@ class PostgresDriver(Driver):
                 INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
                 SELECT id, attempt, '{EventType.SUCCEEDED}', %(worker)s, clock_timestamp(), '{{}}'
                   FROM done
-            )
+            ){intents}
             SELECT id FROM done
             """,
             params,
@@ -175,3 +176,37 @@ class PostgresDriver(Driver):
             },
         )
         return int(cur.fetchone()[0]) == 1
+
+
+def _intents_cte(rows: Any, params: dict[str, Any]) -> str:
+    """Outbox intents inserted only for rows that committed (the join on `done`).
+
+    A zombie's commit matches no row, so its intents never exist; an intent for a (job, step)
+    that already exists (an operator's re-run of a finished job) is the same intent, kept once.
+    Empty when no row carries intents, so the plain commit statement is unchanged.
+    """
+    values = []
+    for i, r in enumerate(rows):
+        for k, intent in enumerate(r.intents):
+            p = f"n{i}_{k}"
+            params.update(
+                {
+                    f"{p}s": intent.step,
+                    f"{p}k": intent.key,
+                    f"{p}t": intent.target,
+                    f"{p}d": dumps(intent.data),
+                }
+            )
+            values.append(
+                f"(%(i{i})s::bigint, %(a{i})s::int, %({p}s)s::text, %({p}k)s::text, "
+                f"%({p}t)s::text, %({p}d)s::jsonb)"
+            )
+    if not values:
+        return ""
+    return f""", intents AS (
+                INSERT INTO jobs_intent (job_id, attempt, step, key, target, data)
+                SELECT iv.id, iv.attempt, iv.step, iv.key, iv.target, iv.data
+                  FROM (VALUES {", ".join(values)}) AS iv(id, attempt, step, key, target, data)
+                  JOIN done ON done.id = iv.id AND done.attempt = iv.attempt
+                ON CONFLICT (job_id, step) DO NOTHING
+            )"""

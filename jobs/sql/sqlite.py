@@ -102,6 +102,20 @@ class SqliteDriver(Driver):
                 {"id": r.id, "attempt": r.attempt, "ref": r.ref},
             )
             self.insert_event(cur, r.id, r.attempt, EventType.SUCCEEDED, worker, "{}")
+            for intent in r.intents:  # only for a row that committed: a zombie's never exist
+                cur.execute(
+                    "INSERT INTO jobs_intent (job_id, attempt, step, key, target, data) "
+                    "VALUES (%(id)s, %(attempt)s, %(step)s, %(key)s, %(target)s, %(data)s) "
+                    "ON CONFLICT (job_id, step) DO NOTHING",
+                    {
+                        "id": r.id,
+                        "attempt": r.attempt,
+                        "step": intent.step,
+                        "key": intent.key,
+                        "target": intent.target,
+                        "data": dumps(intent.data),
+                    },
+                )
         return committed
 
     def fail(self, cur, job_id, attempt, worker, error, retry_in):  # type: ignore[no-untyped-def]

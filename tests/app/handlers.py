@@ -92,3 +92,75 @@ def script(ctx: JobContext) -> Any:
 
         return Job.objects.values_list("state", flat=True).get(pk=p["observe"])
     return p.get("return", {"attempt": ctx.attempt})
+
+
+def _post(url: str, key: str, body: Any) -> Any:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Idempotency-Key": key},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _by_attempt(ctx: JobContext, name: str) -> float:
+    return float(ctx.payload.get(name, {}).get(str(ctx.attempt), 0.0))
+
+
+@handler("test.effects")
+def effects(ctx: JobContext) -> dict[str, Any]:
+    """Stages, performs effects and records intents as the payload says, pausing (a plain
+    sleep, per attempt) where a test wants to stop the worker:
+    `{"stage": name, "after_stage": {attempt: s}, "kill_after_stage": attempt,
+      "webhook": url, "in_effect": {attempt: s}, "intent": {url, check_url}}`."""
+    p = ctx.payload
+    out: dict[str, Any] = {"attempt": ctx.attempt}
+    if "stage" in p:
+        out["ref"] = ctx.stage(p["stage"], f"output of attempt {ctx.attempt}")
+        if p.get("kill_after_stage") == ctx.attempt:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(_by_attempt(ctx, "after_stage"))
+    if "webhook" in p:
+
+        def notify(key: str) -> Any:
+            answer = _post(p["webhook"], key, {"attempt": ctx.attempt})
+            time.sleep(_by_attempt(ctx, "in_effect"))  # stalled after performing, unrecorded
+            return answer
+
+        out["effect"] = ctx.effect("notify", notify)
+    if "intent" in p:
+        data = {**p["intent"]["data"], "json": {"attempt": ctx.attempt}}
+        ctx.intent("publish", p["intent"].get("target", "webhook"), data)
+    return out
+
+
+class _CrashAfterPerform:
+    """The webhook target, except that a relay process started with
+    PALISADE_TEST_CRASH_AFTER_PERFORM=1 dies (SIGKILL) right after performing, before marking."""
+
+    def __init__(self) -> None:
+        from jobs.outbox import WebhookTarget
+
+        self._inner = WebhookTarget(timeout=5)
+
+    def perform(self, key: str, data: Any) -> None:
+        self._inner.perform(key, data)
+        if os.environ.get("PALISADE_TEST_CRASH_AFTER_PERFORM") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def reconcile(self, key: str, data: Any) -> bool | None:
+        return self._inner.reconcile(key, data)
+
+
+def _register_targets() -> None:
+    from jobs.outbox import register_target
+
+    register_target("test.crash-after-perform", _CrashAfterPerform())
+
+
+_register_targets()

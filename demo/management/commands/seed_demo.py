@@ -15,11 +15,11 @@ from django.db import transaction
 import jobs
 from jobs.models import Job
 
-SEEDED_KINDS = ("demo.sleep", "demo.flaky", "demo.noop")
+SEEDED_KINDS = ("demo.sleep", "demo.flaky", "demo.render", "demo.report", "demo.noop")
 
 
 class Command(BaseCommand):
-    help = "Create the demo superuser and, once, enqueue demo jobs (sleepers, flaky ones, no-ops)."
+    help = "Create the demo users and, once, enqueue demo jobs (sleep, flaky, render, report...)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -48,10 +48,14 @@ class Command(BaseCommand):
             count = options["jobs"]
         with transaction.atomic():
             for i in range(count):
-                if i % 3 == 0:
+                if i % 5 == 0:
                     jobs.enqueue("demo.sleep", {"seconds": 1 + i % 5})
-                elif i % 3 == 1:
+                elif i % 5 == 1:
                     jobs.enqueue("demo.flaky", {"fail_rate": 0.5})
+                elif i % 5 == 2:
+                    jobs.enqueue("demo.render", {"pages": 1 + i % 4})
+                elif i % 5 == 3:
+                    jobs.enqueue("demo.report", {"name": f"report-{i}", "rows": i})
                 else:
                     jobs.enqueue("demo.noop", {"n": i})
         self.stdout.write(f"enqueued {count} demo jobs")

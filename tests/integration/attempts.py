@@ -1,0 +1,45 @@
+"""In-process attempts for the effects tests: claim, lose to the reaper, claim again, commit.
+
+Every step is the real fenced statement on PostgreSQL; only the worker is this test process.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+from jobs import completer, reaper, transitions
+from jobs.context import JobContext
+from jobs.heartbeat import Finished, Held
+from jobs.transitions import Claimed
+
+
+@dataclass
+class Running:
+    claimed: Claimed
+    held: Held
+    ctx: JobContext
+
+    def commit(self, result: Any = None) -> None:
+        completer.commit([Finished(self.held, self.claimed, result, time.monotonic())])
+
+    def fail(self, error: str = "boom") -> None:
+        completer.fail(self.claimed, error)
+
+
+def claim(worker: str) -> Running:
+    (claimed,) = transitions.claim(worker, limit=1, lease_seconds=30)
+    held = Held(claimed.fence, 30)
+    return Running(claimed, held, JobContext(held, claimed.kind, claimed.payload))
+
+
+def expire_and_reap(job_id: int) -> None:
+    """The lease runs out (moved into the past on the database clock) and the reaper reclaims."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE jobs_job SET lease_expires_at = clock_timestamp() - interval '1 second' "
+            "WHERE id = %s",
+            [job_id],
+        )
+    assert reaper.reap("reaper:1") == 1

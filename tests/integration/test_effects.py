@@ -1,0 +1,127 @@
+"""Effects under idempotency keys: performed once per (job, step), deduplicated on later
+attempts, re-performed with the same key when never recorded, and a stale attempt can never
+record its completion over a newer one's. Mail through Django's framework, key in Message-ID."""
+
+import pytest
+from django.core import mail
+
+import jobs
+from jobs import effects
+from jobs.models import IdempotencyKey, Job, JobEvent, RejectedWrite
+from tests.integration.attempts import claim, expire_and_reap
+
+# transaction=True: the context's ledger writes run outside any transaction of the caller's.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+A, B = "host-a:1", "host-b:2"
+
+
+def test_a_later_attempt_gets_the_recorded_result_without_performing_again():
+    job = jobs.enqueue("test.echo")
+    calls = []
+    first = claim(A)
+    assert first.ctx.effect("charge", lambda key: calls.append(key) or {"charged": 7}) == {
+        "charged": 7
+    }
+    first.fail("crashed after the effect")  # retried later
+
+    Job.objects.filter(pk=job.pk).update(run_at="2000-01-01T00:00:00Z")  # the retry is due now
+    second = claim(B)
+    assert second.ctx.attempt == 2
+    assert second.ctx.effect("charge", lambda key: calls.append(key)) == {"charged": 7}
+
+    assert calls == [f"{job.pk}:charge"]  # the key is the job and step, never the attempt
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:charge")
+    assert (row.status, row.attempt, row.performs, row.repeats) == ("done", 1, 1, 1)
+    assert JobEvent.objects.filter(job=job, type="effect_deduplicated", attempt=2).count() == 1
+
+
+def test_an_effect_started_but_never_recorded_is_performed_again_with_the_same_key():
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    began = effects.begin(first.held.fence, "notify")  # attempt 1 called fn, then stalled
+    expire_and_reap(job.pk)
+    second = claim(B)
+    keys = []
+    assert second.ctx.effect("notify", lambda key: keys.append(key) or "sent") == "sent"
+    assert keys == [began.key]
+    row = IdempotencyKey.objects.get(key=began.key)
+    assert (row.status, row.attempt, row.performs) == ("done", 2, 2)
+
+    # The stale attempt wakes up and tries to record its completion: refused and recorded.
+    with pytest.raises(jobs.LeaseLost):
+        effects.finish(first.held.fence, began.key, "stale")
+    row.refresh_from_db()
+    assert (row.attempt, row.result) == (2, "sent")
+    rejected = RejectedWrite.objects.get(job=job)
+    assert (rejected.write, rejected.attempt_presented, rejected.attempt_current) == (
+        "effect",
+        1,
+        2,
+    )
+    assert rejected.resource == f"effect {began.key}"
+
+
+def test_a_zombie_cannot_start_an_effect_the_job_has_moved_past():
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    expire_and_reap(job.pk)
+    claim(B)
+    called = []
+    with pytest.raises(jobs.LeaseLost):
+        first.ctx.effect("notify", lambda key: called.append(key))
+    assert called == []
+    assert not IdempotencyKey.objects.filter(job=job).exists()
+    assert RejectedWrite.objects.get(job=job).write == "effect"
+
+
+def test_a_hostile_step_is_refused_before_anything_is_written():
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    for step in ["", "a/b", "x\x00y", "é", "a" * 101, None]:
+        with pytest.raises(ValueError):
+            running.ctx.effect(step, lambda key: None)
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_an_effect_result_that_cannot_be_stored_leaves_the_effect_unrecorded():
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    with pytest.raises(ValueError):
+        running.ctx.effect("bad", lambda key: {"text": "nul\x00"})
+    assert IdempotencyKey.objects.get().status == "started"
+
+
+def test_mail_is_sent_once_with_the_key_in_its_message_id():
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    sent = effects.send_mail(first.ctx, "notice", "Rendered", "Your file is ready", ["a@b.c"])
+    expire_and_reap(job.pk)
+    Job.objects.filter(pk=job.pk).update(run_at="2000-01-01T00:00:00Z")
+    second = claim(B)
+    again = effects.send_mail(second.ctx, "notice", "Rendered", "Your file is ready", ["a@b.c"])
+
+    assert again == sent
+    assert len(mail.outbox) == 1
+    message = mail.outbox[0]
+    assert message.extra_headers["Message-ID"] == f"<{job.pk}.notice@palisade.invalid>"
+    assert message.extra_headers["X-Idempotency-Key"] == f"{job.pk}:notice"
+    assert IdempotencyKey.objects.get(key=f"{job.pk}:notice").repeats == 1
+
+
+def test_a_stale_attempt_cannot_record_completion_while_the_newer_one_is_performing():
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    began = effects.begin(first.held.fence, "notify")
+    expire_and_reap(job.pk)
+    second = claim(B)
+    effects.begin(second.held.fence, "notify")  # attempt 2 took the effect over, calling fn now
+
+    with pytest.raises(jobs.LeaseLost):
+        effects.finish(first.held.fence, began.key, "stale")  # attempt 1 wakes up first
+    row = IdempotencyKey.objects.get(key=began.key)
+    assert (row.status, row.attempt, row.result) == ("started", 2, None)
+
+    effects.finish(second.held.fence, began.key, "fresh")
+    row.refresh_from_db()
+    assert (row.status, row.attempt, row.result) == ("done", 2, "fresh")

@@ -1,0 +1,113 @@
+"""Token-checked writes to the application's own table (demo.Report, a FencedRow): a lower attempt
+of the same job is refused by the UPDATE itself, an equal one is an idempotent retry, the refusal
+is recorded like every stale write; racing sessions show the database decides."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+import jobs
+from demo.models import Report
+from jobs import fenced
+from jobs.models import RejectedWrite
+from jobs.transitions import Fence
+from tests.integration.attempts import claim, expire_and_reap
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+A, B = "host-a:1", "host-b:2"
+
+
+def test_a_lower_attempt_is_refused_and_recorded_an_equal_one_accepted():
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    expire_and_reap(job.pk)
+    current = claim(B)
+    report = Report.objects.create(name="daily")
+    reports = Report.objects.filter(pk=report.pk)
+
+    assert current.ctx.fenced_write(reports, body="from attempt 2", rows=2) == 1
+    assert current.ctx.fenced_write(reports, body="attempt 2, retried", rows=2) == 1  # equal
+
+    with pytest.raises(jobs.LeaseLost):
+        zombie.ctx.fenced_write(reports, body="from attempt 1", rows=1)
+
+    report.refresh_from_db()
+    assert (report.body, report.fence_job_id, report.fence_attempt) == (
+        "attempt 2, retried",
+        job.pk,
+        2,
+    )
+    rejected = RejectedWrite.objects.get(job=job)
+    assert (rejected.write, rejected.attempt_presented, rejected.attempt_current) == (
+        "token_write",
+        1,
+        2,
+    )
+    assert rejected.resource == f"demo.Report:{report.pk}"
+
+
+def test_another_jobs_token_does_not_block_a_write():
+    first = jobs.enqueue("test.echo")
+    claim(A)
+    report = Report.objects.create(name="shared")
+    Report.objects.filter(pk=report.pk).update(fence_job_id=first.pk, fence_attempt=9)
+    jobs.enqueue("test.echo")
+    other = claim(B)
+    assert other.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="other job") == 1
+
+
+def test_a_model_without_the_mixin_is_refused():
+    from jobs.models import Job
+
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    with pytest.raises(ValueError):
+        running.ctx.fenced_write(Job.objects.all(), error="x")
+
+
+def _blocked_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cur.fetchone()
+    return bool(row and row[0] == "Lock")
+
+
+def test_racing_sessions_the_database_decides_and_the_lower_attempt_loses():
+    job = jobs.enqueue("test.echo")
+    report = Report.objects.create(name="raced")
+    reports = Report.objects.filter(pk=report.pk)
+    newer, older = Fence(job.pk, 3, B), Fence(job.pk, 2, A)
+    outcome: dict[str, object] = {}
+    started = threading.Event()
+
+    def older_writer() -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                outcome["pid"] = cur.fetchone()[0]
+            started.set()
+            outcome["decision"] = fenced.write(older, reports, body="older")
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        # The newer attempt's write holds the row lock, uncommitted.
+        assert fenced.write(newer, reports, body="newer").updated == 1
+        thread = threading.Thread(target=older_writer)
+        thread.start()
+        assert started.wait(5)
+        deadline = time.monotonic() + 10
+        while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
+            assert time.monotonic() < deadline, "the older write never waited on the row lock"
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+        # Before this COMMIT the older write's filter matched (token 0 <= 2); PostgreSQL
+        # re-checks it against the committed row version once the lock is released.
+    thread.join(10)
+    decision = outcome["decision"]
+    assert isinstance(decision, fenced.TokenDecision)
+    assert decision.updated == 0 and decision.refused == [(report.pk, 3)]
+    report.refresh_from_db()
+    assert (report.body, report.fence_attempt) == ("newer", 3)

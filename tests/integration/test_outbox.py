@@ -1,0 +1,179 @@
+"""Intents and the outbox relay: an intent exists only through its attempt's accepted commit,
+two relays never perform one intent, a relay killed between performing and marking is resolved
+by reconciliation, a failing target is retried with backoff; counts come from the rows."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+import jobs
+from jobs import outbox, transitions
+from jobs.context import JobContext
+from jobs.heartbeat import Finished, Held
+from jobs.models import Intent
+from tests.acceptance.cluster import PROJECT_DIR, subprocess_database_url
+from tests.integration.attempts import claim, expire_and_reap
+from tests.receiver import Received, receiver
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+A, B = "host-a:1", "host-b:2"
+
+
+def _hook(r: Received, **extra: object) -> dict[str, object]:
+    return {"url": f"{r.url}/hook", "check_url": f"{r.url}/check", "json": extra}
+
+
+def test_a_zombies_intent_never_reaches_the_outbox():
+    with receiver() as r:
+        job = jobs.enqueue("test.echo")
+        zombie = claim(A)
+        zombie.ctx.intent("publish", "webhook", _hook(r, by=1))
+        expire_and_reap(job.pk)
+        current = claim(B)
+        current.ctx.intent("publish", "webhook", _hook(r, by=2))
+        assert not Intent.objects.exists()  # nothing is durable before a commit
+
+        zombie.commit("zombie")  # rejected: its intent goes with it
+        assert not Intent.objects.exists()
+
+        current.commit("ok")
+        (row,) = Intent.objects.all()
+        assert (row.job_id, row.attempt, row.key, row.data["json"]) == (
+            job.pk,
+            2,
+            f"{job.pk}:publish",
+            {"by": 2},
+        )
+
+
+def test_a_batch_commit_inserts_each_rows_own_intents():
+    with receiver() as r:
+        first, second = jobs.enqueue("test.echo"), jobs.enqueue("test.echo")
+        claimed = transitions.claim(A, limit=2, lease_seconds=30)
+        finished = []
+        for c in claimed:
+            held = Held(c.fence, 30)
+            JobContext(held, c.kind, c.payload).intent(
+                "publish", "webhook", _hook(r, job=c.fence.job_id)
+            )
+            finished.append(Finished(held, c, None, time.monotonic()))
+        from jobs import completer
+
+        completer.commit(finished)
+        by_job = dict(Intent.objects.values_list("job_id", "data"))
+        assert by_job[first.pk]["json"] == {"job": first.pk}
+        assert by_job[second.pk]["json"] == {"job": second.pk}
+
+
+def test_an_intent_for_an_unknown_target_or_too_large_is_refused_at_the_call():
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    with pytest.raises(ValueError):
+        running.ctx.intent("publish", "nowhere", {})
+    with pytest.raises(ValueError):
+        running.ctx.intent("publish", "webhook", {"blob": "x" * 70_000})
+    with pytest.raises(ValueError):
+        running.ctx.intent("bad step", "webhook", {})
+
+
+def _committed_intents(r: Received, n: int) -> list[str]:
+    keys = []
+    for _ in range(n):
+        jobs.enqueue("test.echo")
+        running = claim(A)
+        running.ctx.intent("publish", "webhook", _hook(r))
+        running.commit(None)
+        keys.append(f"{running.ctx.job_id}:publish")
+    return keys
+
+
+def test_two_relays_at_once_never_perform_one_intent():
+    with receiver() as r:
+        keys = _committed_intents(r, 30)
+        barrier = threading.Barrier(2)
+
+        def relay(name: str) -> None:
+            try:
+                barrier.wait(5)
+                while outbox.relay_once(name, limit=3):
+                    pass
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=relay, args=(f"relay-{i}",)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(k for k, _, _ in r.calls) == sorted(keys)  # each exactly once
+        assert set(Intent.objects.values_list("state", "performs", "claims")) == {("done", 1, 1)}
+        assert outbox.counts()["relay_reperforms"] == 0
+
+
+RELAY_SCRIPT = (
+    "import django; django.setup(); from jobs import outbox; "
+    "outbox.relay_once('relay-crashing', lease_seconds=1.0)"
+)
+
+
+def test_a_relay_killed_between_performing_and_marking_is_resolved_without_performing_again():
+    with receiver() as r:
+        job = jobs.enqueue("test.echo")
+        running = claim(A)
+        running.ctx.intent("publish", "test.crash-after-perform", _hook(r, order=1))
+        running.commit(None)
+        key = f"{job.pk}:publish"
+
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DATABASE_URL": subprocess_database_url(),
+            "PALISADE_TEST_CRASH_AFTER_PERFORM": "1",
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", RELAY_SCRIPT], cwd=PROJECT_DIR, env=env, timeout=60
+        )
+        assert done.returncode == -9  # SIGKILLed itself after performing, before marking
+        assert r.verdicts(key) == ["performed"]
+        row = Intent.objects.get()
+        assert (row.state, row.performs, row.claims) == ("performing", 1, 1)
+
+        deadline = time.monotonic() + 10
+        while not outbox.relay_once("relay-b"):  # due once the crashed relay's lease ran out
+            assert time.monotonic() < deadline, "the crashed relay's claim never expired"
+            time.sleep(0.05)  # poll interval of a deadline-bound wait
+
+        row.refresh_from_db()
+        assert (row.state, row.reconciled, row.performs, row.claims) == ("done", True, 1, 2)
+        assert r.verdicts(key) == ["performed"]  # never performed a second time
+        counts = outbox.counts()
+        assert counts["reconciliation_mismatches"] == 1 and counts["relay_reperforms"] == 0
+
+
+def test_a_failing_target_is_retried_with_backoff_until_it_answers():
+    with receiver() as r:
+        (key,) = _committed_intents(r, 1)
+        r.failing = True
+        assert outbox.relay_once("relay-a") == 1
+        row = Intent.objects.get()
+        assert (row.state, row.failures, row.performs) == ("pending", 1, 1)
+        assert "503" in row.last_error
+        assert outbox.relay_once("relay-a") == 0  # backing off: not due yet
+        counts = outbox.counts()
+        assert counts["pending_intents"] == 1 and counts["oldest_pending_age_seconds"] >= 0
+
+        r.failing = False
+        Intent.objects.update(next_try_at="2000-01-01T00:00:00Z")  # the backoff has passed
+        assert outbox.relay_once("relay-a") == 1
+        row.refresh_from_db()
+        # The 503 was a refusal, so reconciliation found nothing and the relay performed again.
+        assert (row.state, row.performs, row.reconciled) == ("done", 2, False)
+        assert r.verdicts(key) == ["performed"]
+        counts = outbox.counts()
+        assert counts["pending_intents"] == 0 and counts["relay_reperforms"] == 1

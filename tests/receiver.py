@@ -1,0 +1,84 @@
+"""A real local HTTP receiver for webhook effects and intents, started by a test.
+
+POST /hook records the request under its `Idempotency-Key` header and answers whether it was the
+first one with that key (`performed`) or a repeat it deduplicated (`deduplicated`). GET
+/check?key=K answers 200 if K was received, else 404 (a target's reconciliation check). With
+`failing` set it answers 503 to every POST (a downstream that is down).
+"""
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+
+@dataclass
+class Received:
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)  # (key, verdict, body)
+    failing: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+
+    def keys(self) -> set[str]:
+        with self.lock:
+            return {k for k, _, _ in self.calls}
+
+    def verdicts(self, key: str) -> list[str]:
+        with self.lock:
+            return [v for k, v, _ in self.calls if k == key]
+
+    def posts(self) -> int:
+        with self.lock:
+            return len(self.calls)
+
+
+def _handler(received: Received) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"null")
+            if received.failing:
+                self._answer(503, {"error": "down"})
+                return
+            key = self.headers.get("Idempotency-Key", "")
+            with received.lock:
+                seen = any(k == key for k, _, _ in received.calls)
+                verdict = "deduplicated" if seen else "performed"
+                received.calls.append((key, verdict, body))
+            self._answer(200, {"verdict": verdict, "key": key})
+
+        def do_GET(self) -> None:  # noqa: N802
+            key = parse_qs(urlparse(self.path).query).get("key", [""])[0]
+            self._answer(200 if key in received.keys() else 404, {"key": key})
+
+    return Handler
+
+
+@contextmanager
+def receiver() -> Iterator[Received]:
+    received = Received()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(received))
+    received.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield received
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
