@@ -90,6 +90,8 @@ class PostgresDriver(Driver):
                 RETURNING j.id, j.attempt
             ), attempts AS (
                 UPDATE jobs_attempt a SET heartbeat_at = clock_timestamp(),
+                       heartbeat_gap_max = GREATEST(COALESCE(a.heartbeat_gap_max, 0),
+                           EXTRACT(EPOCH FROM clock_timestamp() - a.heartbeat_at)),
                        running_confirmed_at = CASE
                            WHEN a.job_id = %(confirm)s::bigint
                            THEN COALESCE(a.running_confirmed_at, clock_timestamp())

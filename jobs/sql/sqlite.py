@@ -70,7 +70,10 @@ class SqliteDriver(Driver):
             if cur.rowcount == 1:
                 held.add(f.id)
                 cur.execute(
-                    f"UPDATE jobs_attempt SET heartbeat_at = {self.now}, running_confirmed_at = "
+                    "UPDATE jobs_attempt SET heartbeat_gap_max = MAX("
+                    "COALESCE(heartbeat_gap_max, 0), "
+                    "(julianday('now') - julianday(heartbeat_at)) * 86400.0), "
+                    f"heartbeat_at = {self.now}, running_confirmed_at = "
                     f"CASE WHEN %(confirm)s THEN COALESCE(running_confirmed_at, {self.now}) "
                     "ELSE running_confirmed_at END "
                     "WHERE job_id = %(id)s AND number = %(attempt)s",
