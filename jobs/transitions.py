@@ -251,9 +251,34 @@ def reclaim_expired(
     rejection; the reaper counts it on its own.
     """
     with _fenced_write(), connection.cursor() as cur:
-        return _driver().reclaim_expired(
+        won = _driver().reclaim_expired(
             cur, row, terminal=terminal, charged=charged, worker=worker, error=error
         )
+    if won:
+        evidence = {
+            "event": "reclaim",
+            "job_id": row.id,
+            "kind": row.kind,
+            "attempt": row.attempt,
+            "worker": row.worker,
+            "last_heartbeat": _iso(row.heartbeat_at),
+            "lease_expires_at": _iso(row.lease_expires_at),
+            "charged": charged,
+            "terminal": terminal,
+            "reaper": worker,
+        }
+        logger.warning(
+            "lease reclaimed: job=%(job_id)s kind=%(kind)s attempt=%(attempt)s "
+            "worker=%(worker)s last_heartbeat=%(last_heartbeat)s "
+            "lease_expires_at=%(lease_expires_at)s charged=%(charged)s terminal=%(terminal)s",
+            evidence,
+            extra={"fields": evidence},
+        )
+    return won
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if hasattr(value, "isoformat") else value
 
 
 def mark_lost(fence: Fence) -> None:
@@ -285,21 +310,33 @@ def find_expired(limit: int) -> list[ExpiredRow]:
 
 
 def _record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | None:
+    from jobs.sql.operator import rejection_context
+
     with transaction.atomic(), connection.cursor() as cur:
         d = _driver()
         current = d.record_rejection(cur, fence.job_id, fence.attempt, fence.worker, write)
+        kind, lateness = rejection_context(d, cur, fence.job_id, fence.attempt)
         if outcome is not None:
             d.end_attempt(cur, fence.job_id, fence.attempt, outcome)
     attempt_current, state_current = current if current else (None, "deleted")
+    fields = {
+        "event": "stale_write_rejected",
+        "write": str(write),
+        "job_id": fence.job_id,
+        "kind": kind,
+        "attempt_presented": fence.attempt,
+        "attempt_current": attempt_current,
+        "state_current": str(state_current),
+        "worker": fence.worker,
+        # Seconds since this attempt's last accepted heartbeat (database clock).
+        "lateness_seconds": lateness,
+    }
     logger.warning(
-        "stale %s rejected: job=%s attempt_presented=%s attempt_current=%s state_current=%s "
-        "worker=%s",
-        write,
-        fence.job_id,
-        fence.attempt,
-        attempt_current,
-        state_current,
-        fence.worker,
+        "stale %(write)s rejected: job=%(job_id)s kind=%(kind)s "
+        "attempt_presented=%(attempt_presented)s attempt_current=%(attempt_current)s "
+        "state_current=%(state_current)s worker=%(worker)s lateness=%(lateness_seconds)ss",
+        fields,
+        extra={"fields": fields},
     )
     return current
 
@@ -380,14 +417,18 @@ def _operator_write(
             raise
         reason = "another live job holds its unique_key"
         return OperatorResult(job_id, action, False, reason, state, attempt)
+    fields_logged = {
+        "event": f"operator_{action}",
+        "job_id": job_id,
+        "attempt": attempt,
+        "state_before": state,
+        "by": actor,
+    }
     logger.warning(
-        "operator %s: job=%s attempt=%s state_before=%s by=%s",
-        action,
-        job_id,
-        attempt,
-        state,
-        actor,
-        extra={"event": f"operator_{action}", "job_id": job_id, "attempt": attempt, "by": actor},
+        "operator %(event)s: job=%(job_id)s attempt=%(attempt)s state_before=%(state_before)s "
+        "by=%(by)s",
+        fields_logged,
+        extra={"fields": fields_logged},
     )
     return OperatorResult(
         job_id, action, True, f"{state} -> {fields.get('state', state)}", state, attempt

@@ -25,3 +25,19 @@ def close_running_attempt(
         "WHERE job_id = %(id)s AND number = %(attempt)s AND outcome = 'running'",
         {"id": job_id, "attempt": attempt, "outcome": outcome, "note": note},
     )
+
+
+def rejection_context(
+    driver: Driver, cur: CursorWrapper, job_id: int, attempt: int
+) -> tuple[str, float | None]:
+    """(kind, seconds since the presenting attempt's last accepted beat) for the log line."""
+    cur.execute(
+        f"SELECT j.kind, {driver.seconds_since('a.heartbeat_at')} FROM jobs_job j "
+        "LEFT JOIN jobs_attempt a ON a.job_id = j.id AND a.number = %(attempt)s "
+        "WHERE j.id = %(id)s",
+        {"id": job_id, "attempt": attempt},
+    )
+    row = cur.fetchone()
+    if row is None:
+        return "", None
+    return row[0], (round(float(row[1]), 3) if row[1] is not None else None)

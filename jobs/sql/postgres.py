@@ -28,6 +28,9 @@ class PostgresDriver(Driver):
     def later(self, seconds_param: str) -> str:
         return f"clock_timestamp() + make_interval(secs => %({seconds_param})s)"
 
+    def seconds_between(self, later: str, earlier: str) -> str:
+        return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
+
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
         only = ""

@@ -30,6 +30,9 @@ class SqliteDriver(Driver):
             f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || %({seconds_param})s || ' seconds')"
         )
 
+    def seconds_between(self, later: str, earlier: str) -> str:
+        return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
+
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"limit": limit, "lease": lease}
         only = ""
