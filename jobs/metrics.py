@@ -8,11 +8,12 @@ nothing. (prometheus_client's multiprocess mode would need one shared directory 
 loses counts when a worker is SIGKILLed mid-write; the tables already hold every event.)
 
 Counters come from rows that are only ever added (events, rejected writes). A scrape must stay
-cheap with millions of rows, so each process counts every row once: rows up to a *settled* id
-(the newest one written more than SETTLE_SECONDS ago -- every writer's transaction that wrote an
-event is a single short statement, long committed by then) are added to a running tally, and
-only the rows after it are re-read on each scrape, by primary-key range. The first scrape of a
-process reads the whole history once (see the README for its cost at a million jobs).
+cheap with millions of rows, so each process reads every row once: it keeps a running tally up
+to the newest id it has read and, on each scrape, reads only the rows after it (a primary-key
+range), so a scrape costs what was written since the last one, not the size of the table. An id
+skipped over because its transaction had not committed yet is looked for again on later scrapes
+(PENDING_SECONDS). The first scrape of a process reads the whole history once (its cost at a
+million jobs is in the README); rows older than SETTLE_SECONDS are then taken as settled.
 
 Gauges (queue depth, oldest due job, running and expired leases) are read live through partial
 indexes. Extending: `register(source)` adds a callable returning metric families (see
@@ -51,7 +52,9 @@ from jobs.sql import metrics as sql
 
 logger = logging.getLogger("jobs.metrics")
 
-SETTLE_SECONDS = 10.0
+SETTLE_SECONDS = 10.0  # the first scrape of a process takes rows older than this as settled
+PENDING_SECONDS = 60.0  # how long an id skipped over (its transaction still open) is looked for
+MAX_PENDING = 10_000
 MAX_QUEUE_LABELS = 100  # more queues than this are summed under queue="_other"
 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 10)
@@ -123,6 +126,7 @@ class Tally:
     reclaims: Hist = field(default_factory=lambda: Hist.empty(RECLAIM_BUCKETS))
     rejected: Counter[str] = field(default_factory=Counter)
     wasted: float = 0.0
+    rows: int = 0  # rows read
 
     def __add__(self, other: "Tally") -> "Tally":
         return Tally(
@@ -133,32 +137,34 @@ class Tally:
             self.reclaims + other.reclaims,
             self.rejected + other.rejected,
             self.wasted + other.wasted,
+            self.rows + other.rows,
         )
 
 
-def _events(lo: int, hi: int) -> Tally:
+def _events(rows: sql.Rows) -> Tally:
     t = Tally()
-    if hi <= lo:
-        return t
     driver = driver_for(connection.vendor)
     with connection.cursor() as cur:
-        t.events.update(dict(sql.event_counts(cur, lo, hi)))
-        t.success_attempts.update(dict(sql.success_attempts(cur, lo, hi)))
-        t.gaps = Hist.from_row(sql.heartbeat_gaps(cur, lo, hi, GAP_BUCKETS))
-        t.starts = Hist.from_row(sql.start_latency(driver, cur, lo, hi, START_BUCKETS))
+        t.events.update(dict(sql.event_counts(cur, rows)))
+        t.rows = sum(t.events.values())
+        if not t.rows:
+            return t
+        t.success_attempts.update(dict(sql.success_attempts(cur, rows)))
+        t.gaps = Hist.from_row(sql.heartbeat_gaps(cur, rows, GAP_BUCKETS))
+        t.starts = Hist.from_row(sql.start_latency(driver, cur, rows, START_BUCKETS))
         t.reclaims = Hist.from_row(
-            sql.reclaim_latency(driver, connection.vendor, cur, lo, hi, RECLAIM_BUCKETS)
+            sql.reclaim_latency(driver, connection.vendor, cur, rows, RECLAIM_BUCKETS)
         )
     return t
 
 
-def _rejections(lo: int, hi: int) -> Tally:
+def _rejections(rows: sql.Rows) -> Tally:
     t = Tally()
-    if hi <= lo:
-        return t
     with connection.cursor() as cur:
-        t.rejected.update(dict(sql.rejected_counts(cur, lo, hi)))
-        t.wasted = sql.wasted_seconds(driver_for(connection.vendor), cur, lo, hi)
+        t.rejected.update(dict(sql.rejected_counts(cur, rows)))
+        t.rows = sum(t.rejected.values())
+        if t.rows:
+            t.wasted = sql.wasted_seconds(driver_for(connection.vendor), cur, rows)
     return t
 
 
@@ -171,28 +177,74 @@ def database_now() -> datetime:
 
 
 class _Incremental:
-    """Counters over an append-only table: a settled tally plus a re-read of the newest rows."""
+    """Counters over an append-only table, each row read once per process.
 
-    def __init__(self, table: str, read: Callable[[int, int], Tally]) -> None:
+    Rows up to `counted_to` are in `tally`. An id at or below it that was not visible when its
+    range was read (its transaction still open) is *pending*: looked for again on every scrape
+    for PENDING_SECONDS, then given up (a rolled-back insert leaves such a hole for good).
+    """
+
+    def __init__(self, table: str, read: Callable[[sql.Rows], Tally]) -> None:
         self.table = table
         self.read = read
-        self.settled_id = 0
-        self.settled = Tally()
-        self.database: str | None = None  # a test database swap resets the tally
+        self._reset(None)
+
+    def _reset(self, database: str | None) -> None:
+        self.database = database
+        self.counted_to = 0
+        self.tally = Tally()
+        self.pending: dict[int, float] = {}
 
     def total(self, cutoff: datetime) -> Tally:
         name = str(connection.settings_dict.get("NAME"))
         if name != self.database:
-            self.database, self.settled_id, self.settled = name, 0, Tally()
+            self._reset(name)  # another database (tests): start over
+            with connection.cursor() as cur:
+                # The first scrape takes rows written before `cutoff` as settled.
+                settled = sql.newest_id_before(cur, self.table, cutoff)
+            self.tally = self.read(sql.Rows(0, settled))
+            self.counted_to = settled
         with connection.cursor() as cur:
-            settle_to = sql.newest_id_before(cur, self.table, cutoff)
-            newest = sql.newest_id(cur, self.table)
-        if newest < self.settled_id:  # rows were deleted (a pruned or emptied table): recount
-            self.settled_id, self.settled = 0, Tally()
-        if settle_to > self.settled_id:
-            self.settled = self.settled + self.read(self.settled_id, settle_to)
-            self.settled_id = settle_to
-        return self.settled + self.read(self.settled_id, newest)
+            oldest, newest = sql.id_span(cur, self.table)
+        if newest < self.counted_to or (self.tally.rows and oldest > self.counted_to):
+            # Every row counted is gone (the table was emptied or pruned past what we read):
+            # start over -- Prometheus reads the drop as a counter reset.
+            self._reset(None)
+            return self.total(cutoff)
+        if newest > self.counted_to:
+            self._count_new(newest)
+        if self.pending:
+            self._recheck_pending()
+        return self.tally
+
+    def _count_new(self, newest: int) -> None:
+        rows = sql.Rows(self.counted_to, newest)
+        fresh = self.read(rows)
+        self.tally = self.tally + fresh
+        missing = newest - self.counted_to - fresh.rows
+        if 0 < missing <= MAX_PENDING:
+            with connection.cursor() as cur:
+                present = set(sql.ids(cur, self.table, rows))
+            now = time.monotonic()
+            for i in range(self.counted_to + 1, newest + 1):
+                if i not in present:
+                    self.pending[i] = now
+        elif missing > MAX_PENDING:
+            logger.warning("%s: %s ids skipped at once; not looked for again", self.table, missing)
+        self.counted_to = newest
+
+    def _recheck_pending(self) -> None:
+        ids = sorted(self.pending)
+        found = self.read(sql.Rows(ids=ids))
+        if found.rows:
+            self.tally = self.tally + found
+            with connection.cursor() as cur:
+                for i in sql.ids(cur, self.table, sql.Rows(ids=ids)):
+                    self.pending.pop(i, None)
+        expired_before = time.monotonic() - PENDING_SECONDS
+        for i, seen in list(self.pending.items()):
+            if seen < expired_before:
+                del self.pending[i]
 
 
 _lock = threading.Lock()

@@ -27,6 +27,18 @@ ENDING = {
 }
 
 
+class Rows:
+    """Which rows of a table a tally reads: an id range (lo, hi], or the ids listed."""
+
+    def __init__(self, lo: int = 0, hi: int = 0, ids: Sequence[int] = ()) -> None:
+        self.lo, self.hi, self.ids = lo, hi, list(ids)
+
+    def where(self, alias: str) -> tuple[str, list[Any]]:
+        if self.ids:
+            return f"{alias}.id IN ({', '.join(['%s'] * len(self.ids))})", list(self.ids)
+        return f"{alias}.id > %s AND {alias}.id <= %s", [self.lo, self.hi]
+
+
 def _buckets(expression: str, bounds: Sequence[float]) -> str:
     arms = [f"SUM(CASE WHEN {expression} <= {float(b)!r} THEN 1 ELSE 0 END)" for b in bounds]
     return ", ".join([*arms, "COUNT(*)", f"COALESCE(SUM({expression}), 0)"])
@@ -39,45 +51,55 @@ def newest_id_before(cur: CursorWrapper, table: str, cutoff: Any) -> int:
     return int(row[0]) if row else 0
 
 
-def newest_id(cur: CursorWrapper, table: str) -> int:
-    cur.execute(f"SELECT id FROM {table} ORDER BY id DESC LIMIT 1")
-    row = cur.fetchone()
-    return int(row[0]) if row else 0
-
-
-def event_counts(cur: CursorWrapper, lo: int, hi: int) -> list[tuple[str, int]]:
+def id_span(cur: CursorWrapper, table: str) -> tuple[int, int]:
+    """(oldest id, newest id), 0 for an empty table: two probes of the primary key."""
     cur.execute(
-        "SELECT type, COUNT(*) FROM jobs_jobevent WHERE id > %s AND id <= %s GROUP BY type",
-        [lo, hi],
+        f"SELECT (SELECT id FROM {table} ORDER BY id LIMIT 1), "
+        f"(SELECT id FROM {table} ORDER BY id DESC LIMIT 1)"
     )
+    oldest, newest = cur.fetchone()
+    return int(oldest or 0), int(newest or 0)
+
+
+def ids(cur: CursorWrapper, table: str, rows: Rows) -> list[int]:
+    where, params = rows.where(table)
+    cur.execute(f"SELECT id FROM {table} WHERE {where}", params)
+    return [int(r[0]) for r in cur.fetchall()]
+
+
+def event_counts(cur: CursorWrapper, rows: Rows) -> list[tuple[str, int]]:
+    where, params = rows.where("e")
+    cur.execute(f"SELECT type, COUNT(*) FROM jobs_jobevent e WHERE {where} GROUP BY type", params)
     return [(r[0], int(r[1])) for r in cur.fetchall()]
 
 
-def success_attempts(cur: CursorWrapper, lo: int, hi: int) -> list[tuple[int, int]]:
+def success_attempts(cur: CursorWrapper, rows: Rows) -> list[tuple[int, int]]:
+    where, params = rows.where("e")
     cur.execute(
-        "SELECT attempt, COUNT(*) FROM jobs_jobevent "
-        "WHERE id > %s AND id <= %s AND type = 'succeeded' GROUP BY attempt",
-        [lo, hi],
+        "SELECT attempt, COUNT(*) FROM jobs_jobevent e "
+        f"WHERE {where} AND type = 'succeeded' GROUP BY attempt",
+        params,
     )
     return [(int(r[0]), int(r[1])) for r in cur.fetchall()]
 
 
-def heartbeat_gaps(cur: CursorWrapper, lo: int, hi: int, bounds: Sequence[float]) -> list[Any]:
+def heartbeat_gaps(cur: CursorWrapper, rows: Rows, bounds: Sequence[float]) -> list[Any]:
     """Bucket counts, count and sum of the longest beat gap of each attempt ended in range."""
+    where, params = rows.where("e")
     arms = " ".join(f"WHEN '{event}' THEN '{outcome}'" for event, outcome in ENDING.items())
     cur.execute(
         f"SELECT {_buckets('a.heartbeat_gap_max', bounds)} FROM jobs_jobevent e "
         "JOIN jobs_attempt a ON a.job_id = e.job_id AND a.number = e.attempt "
-        "WHERE e.id > %s AND e.id <= %s AND a.heartbeat_gap_max IS NOT NULL "
+        f"WHERE {where} AND a.heartbeat_gap_max IS NOT NULL "
         f"AND e.type IN ({', '.join(repr(t) for t in ENDING)}) "
         f"AND a.outcome = CASE e.type {arms} END",
-        [lo, hi],
+        params,
     )
     return list(cur.fetchone())
 
 
 def start_latency(
-    driver: Driver, cur: CursorWrapper, lo: int, hi: int, bounds: Sequence[float]
+    driver: Driver, cur: CursorWrapper, rows: Rows, bounds: Sequence[float]
 ) -> list[Any]:
     """First claims in range: seconds from the job becoming due (enqueue or run_at) to claim.
 
@@ -86,18 +108,18 @@ def start_latency(
     """
     due = "CASE WHEN j.run_at > j.created_at THEN j.run_at ELSE j.created_at END"
     latency = driver.seconds_between("e.at", due)
+    where, params = rows.where("e")
     cur.execute(
         f"SELECT {_buckets(latency, bounds)} FROM jobs_jobevent e "
         "JOIN jobs_job j ON j.id = e.job_id "
-        "WHERE e.id > %s AND e.id <= %s AND e.type = 'claimed' AND e.attempt = 1 "
-        "AND j.run_at <= e.at",
-        [lo, hi],
+        f"WHERE {where} AND e.type = 'claimed' AND e.attempt = 1 AND j.run_at <= e.at",
+        params,
     )
     return list(cur.fetchone())
 
 
 def reclaim_latency(
-    driver: Driver, vendor: str, cur: CursorWrapper, lo: int, hi: int, bounds: Sequence[float]
+    driver: Driver, vendor: str, cur: CursorWrapper, rows: Rows, bounds: Sequence[float]
 ) -> list[Any]:
     """Claims in range that follow an expired attempt: seconds from its lease deadline."""
     if vendor == "postgresql":
@@ -105,33 +127,34 @@ def reclaim_latency(
     else:
         deadline = "json_extract(x.data, '$.lease_expires_at')"
     latency = driver.seconds_between("c.at", deadline)
+    where, params = rows.where("c")
     cur.execute(
         f"SELECT {_buckets(latency, bounds)} FROM jobs_jobevent c "
         "JOIN jobs_jobevent x ON x.job_id = c.job_id AND x.attempt = c.attempt - 1 "
         "AND x.type = 'expired' "
-        "WHERE c.id > %s AND c.id <= %s AND c.type = 'claimed' AND c.attempt > 1 "
-        f"AND {deadline} IS NOT NULL",
-        [lo, hi],
+        f"WHERE {where} AND c.type = 'claimed' AND c.attempt > 1 AND {deadline} IS NOT NULL",
+        params,
     )
     return list(cur.fetchone())
 
 
-def rejected_counts(cur: CursorWrapper, lo: int, hi: int) -> list[tuple[str, int]]:
+def rejected_counts(cur: CursorWrapper, rows: Rows) -> list[tuple[str, int]]:
+    where, params = rows.where("r")
     cur.execute(
-        "SELECT write, COUNT(*) FROM jobs_rejectedwrite WHERE id > %s AND id <= %s GROUP BY write",
-        [lo, hi],
+        f"SELECT write, COUNT(*) FROM jobs_rejectedwrite r WHERE {where} GROUP BY write", params
     )
     return [(r[0], int(r[1])) for r in cur.fetchall()]
 
 
-def wasted_seconds(driver: Driver, cur: CursorWrapper, lo: int, hi: int) -> float:
+def wasted_seconds(driver: Driver, cur: CursorWrapper, rows: Rows) -> float:
     """Runtime of attempts whose commit was rejected: claim -> the rejected commit."""
+    where, params = rows.where("r")
     cur.execute(
         f"SELECT COALESCE(SUM({driver.seconds_between('r.at', 'a.claimed_at')}), 0) "
         "FROM jobs_rejectedwrite r "
         "JOIN jobs_attempt a ON a.job_id = r.job_id AND a.number = r.attempt_presented "
-        "WHERE r.id > %s AND r.id <= %s AND r.write = 'commit'",
-        [lo, hi],
+        f"WHERE {where} AND r.write = 'commit'",
+        params,
     )
     return float(cur.fetchone()[0])
 
