@@ -37,7 +37,6 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -49,6 +48,7 @@ from prometheus_client.registry import Collector
 
 from jobs.sql import driver_for
 from jobs.sql import metrics as sql
+from jobs.sql.operator import database_clock
 
 logger = logging.getLogger("jobs.metrics")
 
@@ -166,14 +166,6 @@ def _rejections(rows: sql.Rows) -> Tally:
         if t.rows:
             t.wasted = sql.wasted_seconds(driver_for(connection.vendor), cur, rows)
     return t
-
-
-def database_now() -> datetime:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SELECT clock_timestamp()")
-            return cur.fetchone()[0]  # type: ignore[no-any-return]
-    return timezone.now()  # SQLite: the database clock is this host's clock
 
 
 class _Incremental:
@@ -301,7 +293,7 @@ def collect_families() -> list[Metric]:
     """Every metric family of one scrape (all from the database)."""
     started = time.perf_counter()
     driver = driver_for(connection.vendor)
-    cutoff = database_now() - timedelta(seconds=SETTLE_SECONDS)
+    cutoff = database_clock() - timedelta(seconds=SETTLE_SECONDS)
     with _lock:
         tally = _event_tally.total(cutoff) + _rejection_tally.total(cutoff)
     with connection.cursor() as cur:

@@ -4,6 +4,9 @@ Owns: the SQL text jobs.transitions' operator section needs beyond the ORM: the 
 an ORM expression, and closing the running attempt an operator took away. Never: decides.
 """
 
+from datetime import datetime
+
+from django.db import connection
 from django.db.backends.utils import CursorWrapper
 from django.db.models.expressions import RawSQL
 
@@ -41,3 +44,14 @@ def rejection_context(
     if row is None:
         return "", None
     return row[0], (round(float(row[1]), 3) if row[1] is not None else None)
+
+
+def database_clock() -> datetime:
+    """The database's time now (SQLite's is this host's clock: one host)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT clock_timestamp()")
+            return cur.fetchone()[0]  # type: ignore[no-any-return]
+    from django.utils import timezone
+
+    return timezone.now()
