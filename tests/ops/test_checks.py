@@ -1,5 +1,6 @@
 """System checks for operations: reaper slower than the lease, SQLite without WAL, bad cron."""
 
+import pytest
 from django.conf import settings
 from django.core.checks import run_checks
 from django.test import override_settings
@@ -21,6 +22,7 @@ def test_a_reaper_slower_than_the_lease_is_refused():
     assert "jobs.E011" not in _ids(JOBS=_jobs(LEASE_SECONDS=30.0, REAPER_SECONDS=1.0))
 
 
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_sqlite_without_wal_is_refused():
     db = {**settings.DATABASES["default"]}
     sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"}
