@@ -171,3 +171,18 @@ def test_django_q2_admin_creates_no_work(admin_client, model):
     assert admin_client.get(f"/admin/django_q/{model}/add/").status_code == 403
     index = admin_client.get("/admin/").content.decode()
     assert "Transport (django-q2)" in index
+
+
+def test_kind_and_queue_filters_come_without_scanning_every_job(admin_client, make_job):
+    make_job(kind="test.echo", queue="mail")
+    make_job(kind="test.sleep", queue="default", state=JobState.SUCCEEDED, attempt=1)
+    page = admin_client.get("/admin/jobs/job/").content.decode()
+    assert "?kind=test.fail" in page  # every registered kind, with or without jobs
+    assert "?queue=mail" in page
+    filtered = admin_client.get("/admin/jobs/job/?kind=test.echo&queue=mail").content.decode()
+    assert "test.echo" in filtered and "test.sleep</td>" not in filtered
+
+
+def test_django_q2_failures_cannot_be_resubmitted(admin_client):
+    page = admin_client.get("/admin/django_q/failure/")
+    assert page.status_code == 200 and b"resubmit" not in page.content.lower()
