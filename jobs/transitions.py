@@ -419,13 +419,14 @@ def _operator_write(
         return OperatorResult(job_id, action, False, reason, state, attempt)
     fields_logged = {
         "event": f"operator_{action}",
+        "action": action,
         "job_id": job_id,
         "attempt": attempt,
         "state_before": state,
         "by": actor,
     }
     logger.warning(
-        "operator %(event)s: job=%(job_id)s attempt=%(attempt)s state_before=%(state_before)s "
+        "operator %(action)s: job=%(job_id)s attempt=%(attempt)s state_before=%(state_before)s "
         "by=%(by)s",
         fields_logged,
         extra={"fields": fields_logged},
