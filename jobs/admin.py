@@ -144,6 +144,14 @@ class ViewOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+def duration(attempt: Attempt) -> str:
+    """Claim to end (or to the last heartbeat while it runs), to the millisecond."""
+    end = attempt.ended_at or attempt.heartbeat_at
+    if end is None or attempt.claimed_at is None:
+        return "-"
+    return f"{(end - attempt.claimed_at).total_seconds():.3f} s"
+
+
 class AttemptInline(admin.TabularInline):
     model = Attempt
     extra = 0
@@ -157,6 +165,7 @@ class AttemptInline(admin.TabularInline):
         "last_heartbeat",
         "heartbeat_gap_max",
         "ended",
+        "took",
         "error",
     )
     readonly_fields = fields
@@ -165,6 +174,10 @@ class AttemptInline(admin.TabularInline):
     confirmed = _time_column("running_confirmed_at", "confirmed running")
     last_heartbeat = _time_column("heartbeat_at", "last heartbeat")
     ended = _time_column("ended_at", "ended at")
+
+    @admin.display(description="duration")
+    def took(self, obj: Attempt) -> str:
+        return duration(obj)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -398,7 +411,16 @@ class JobAdmin(admin.ModelAdmin):
 
 @admin.register(Attempt)
 class AttemptAdmin(ViewOnlyAdmin):
-    list_display = ("job", "number", "worker", "outcome", "claimed", "ended", "heartbeat_gap_max")
+    list_display = (
+        "job",
+        "number",
+        "worker",
+        "outcome",
+        "claimed",
+        "ended",
+        "took",
+        "heartbeat_gap_max",
+    )
     list_filter = ("outcome", "claimed_at")
     search_fields = ("=job__id", "worker")
     list_select_related = ("job",)
@@ -406,6 +428,10 @@ class AttemptAdmin(ViewOnlyAdmin):
     show_full_result_count = False
     claimed = _time_column("claimed_at", "claimed at")
     ended = _time_column("ended_at", "ended at")
+
+    @admin.display(description="duration")
+    def took(self, obj: Attempt) -> str:
+        return duration(obj)
 
 
 @admin.register(RejectedWrite)
