@@ -29,13 +29,14 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -82,7 +83,7 @@ CATALOGUE = {
     "jobs_reclaim_latency_seconds": "Lease expiry to the next claim of that job.",
     "jobs_enqueue_to_start_seconds": "Job due (enqueued or run_at) to its first claim.",
     "jobs_lease_too_short": "1 for a kind whose recent heartbeat gaps approach its lease.",
-    "jobs_metrics_scrape_seconds": "Time this scrape spent in the database.",
+    "jobs_metrics_scrape_seconds": "Time this scrape took to collect (almost all of it queries).",
 }
 
 
@@ -168,6 +169,22 @@ def _rejections(rows: sql.Rows) -> Tally:
     return t
 
 
+@contextmanager
+def _one_snapshot() -> Iterator[None]:
+    """A REPEATABLE READ transaction on PostgreSQL: every read inside sees the same rows.
+
+    (Inside a caller's transaction -- tests -- the reads join it. SQLite's IMMEDIATE
+    transactions would take the write lock, so there the reads run as they are.)
+    """
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
+
+
 class _Incremental:
     """Counters over an append-only table, each row read once per process.
 
@@ -209,30 +226,43 @@ class _Incremental:
             self._recheck_pending()
         return self.tally
 
+    # Both steps read everything first and change the state last, so a database error half-way
+    # leaves the tally as it was (the rows are read again next time, never counted twice). Their
+    # two reads share one snapshot, or a row committed between them would be seen by one only.
+
     def _count_new(self, newest: int) -> None:
+        with _one_snapshot():
+            self._count_new_in_snapshot(newest)
+
+    def _count_new_in_snapshot(self, newest: int) -> None:
         rows = sql.Rows(self.counted_to, newest)
         fresh = self.read(rows)
-        self.tally = self.tally + fresh
         missing = newest - self.counted_to - fresh.rows
+        skipped: list[int] = []
         if 0 < missing <= MAX_PENDING:
             with connection.cursor() as cur:
                 present = set(sql.ids(cur, self.table, rows))
-            now = time.monotonic()
-            for i in range(self.counted_to + 1, newest + 1):
-                if i not in present:
-                    self.pending[i] = now
+            skipped = [i for i in range(self.counted_to + 1, newest + 1) if i not in present]
         elif missing > MAX_PENDING:
             logger.warning("%s: %s ids skipped at once; not looked for again", self.table, missing)
+        now = time.monotonic()
+        self.tally = self.tally + fresh
+        self.pending.update(dict.fromkeys(skipped, now))
         self.counted_to = newest
 
     def _recheck_pending(self) -> None:
+        with _one_snapshot():
+            self._recheck_pending_in_snapshot()
+
+    def _recheck_pending_in_snapshot(self) -> None:
         ids = sorted(self.pending)
         found = self.read(sql.Rows(ids=ids))
         if found.rows:
-            self.tally = self.tally + found
             with connection.cursor() as cur:
-                for i in sql.ids(cur, self.table, sql.Rows(ids=ids)):
-                    self.pending.pop(i, None)
+                visible = sql.ids(cur, self.table, sql.Rows(ids=ids))
+            self.tally = self.tally + found
+            for i in visible:
+                self.pending.pop(i, None)
         expired_before = time.monotonic() - PENDING_SECONDS
         for i, seen in list(self.pending.items()):
             if seen < expired_before:
