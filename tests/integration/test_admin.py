@@ -192,3 +192,9 @@ def test_kind_and_queue_filters_come_without_scanning_every_job(admin_client, ma
 def test_django_q2_failures_cannot_be_resubmitted(admin_client):
     page = admin_client.get("/admin/django_q/failure/")
     assert page.status_code == 200 and b"resubmit" not in page.content.lower()
+
+
+@pytest.mark.parametrize("model", ["schedule", "idempotencykey", "jobevent", "rejectedwrite"])
+def test_operations_tables_are_listed_read_only(admin_client, model):
+    assert admin_client.get(f"/admin/jobs/{model}/").status_code == 200
+    assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
