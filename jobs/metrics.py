@@ -305,7 +305,13 @@ def _success_histogram(counts: Counter[int]) -> HistogramMetricFamily:
 
 
 def _queue_families(rows: list[tuple[str, int, float | None]]) -> list[Metric]:
-    rows = sorted(rows, key=lambda r: -r[1])
+    # Configured queues (and "default") are always present, at 0 when empty: an alert on a
+    # missing series is easy to get wrong.
+    from jobs.conf import jobs_settings
+
+    seen = {r[0] for r in rows}
+    known = set(jobs_settings().QUEUES or ()) | {"default"}
+    rows = sorted([*rows, *((q, 0, None) for q in known - seen)], key=lambda r: (-r[1], r[0]))
     kept, rest = rows[:MAX_QUEUE_LABELS], rows[MAX_QUEUE_LABELS:]
     if rest:
         ages = [r[2] for r in rest if r[2] is not None]

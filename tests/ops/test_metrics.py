@@ -128,3 +128,8 @@ def test_many_queues_are_capped_in_labels(client, make_job, monkeypatch):
     assert samples["jobs_queue_depth{queue=_other}"] == 2
     assert not any("queue=c" in k for k in samples)
     assert Job.objects.count() == 7
+
+
+@pytest.mark.django_db
+def test_an_empty_default_queue_is_reported_at_zero(client):
+    assert scrape(client)["jobs_queue_depth{queue=default}"] == 0
