@@ -76,6 +76,11 @@ CATALOGUE = {
     "jobs_queue_depth": "Queued jobs, by queue (due now or later).",
     "jobs_queue_oldest_age_seconds": "How long the oldest due job of a queue has waited.",
     "jobs_running": "Jobs running now.",
+    "jobs_outbox_pending_intents": "Intents waiting for the relay (pending or being performed).",
+    "jobs_outbox_oldest_pending_age_seconds": "Age of the oldest intent not yet performed.",
+    "jobs_outbox_relay_reperforms_total": "Intents the relay took up again after an earlier claim.",
+    "jobs_outbox_reconciliation_mismatches_total": "Intents decided by a target's reconciliation.",
+    "jobs_outbox_failed_intents": "Intents that ended failed after their retries.",
     "jobs_events_total": "Job events, by type.",
     "jobs_attempts_per_success": "Attempts a job took to succeed.",
     "jobs_wasted_work_seconds_total": "Runtime of attempts whose commit was rejected.",
@@ -272,7 +277,21 @@ class _Incremental:
 _lock = threading.Lock()
 _event_tally = _Incremental("jobs_jobevent", _events)
 _rejection_tally = _Incremental("jobs_rejectedwrite", _rejections)
-_sources: list[Callable[[], Iterable[Metric]]] = []
+
+
+def _outbox() -> Iterable[Metric]:
+    """The outbox relay's figures (jobs.outbox.counts, read from jobs_intent)."""
+    from jobs import outbox
+
+    c = outbox.counts()
+    yield _gauge("jobs_outbox_pending_intents", c["pending_intents"])
+    yield _gauge("jobs_outbox_oldest_pending_age_seconds", c["oldest_pending_age_seconds"])
+    yield _counter("jobs_outbox_relay_reperforms_total", c["relay_reperforms"])
+    yield _counter("jobs_outbox_reconciliation_mismatches_total", c["reconciliation_mismatches"])
+    yield _gauge("jobs_outbox_failed_intents", c["failed_intents"])
+
+
+_sources: list[Callable[[], Iterable[Metric]]] = [_outbox]
 
 
 def register(source: Callable[[], Iterable[Metric]]) -> None:

@@ -133,3 +133,21 @@ def test_many_queues_are_capped_in_labels(client, make_job, monkeypatch):
 @pytest.mark.django_db
 def test_an_empty_default_queue_is_reported_at_zero(client):
     assert scrape(client)["jobs_queue_depth{queue=default}"] == 0
+
+
+@pytest.mark.django_db
+def test_the_outbox_figures_come_from_the_intent_rows(client, make_job):
+    from jobs.models import Intent
+
+    job = make_job(kind="test.echo")
+    common = {"job": job, "attempt": 1, "target": "webhook", "data": {}}
+    Intent.objects.create(step="a", key=f"{job.pk}:a", state="pending", **common)
+    Intent.objects.create(step="b", key=f"{job.pk}:b", state="performing", performs=3, **common)
+    Intent.objects.create(step="c", key=f"{job.pk}:c", state="done", reconciled=True, **common)
+    Intent.objects.create(step="d", key=f"{job.pk}:d", state="failed", performs=1, **common)
+    got = scrape(client)
+    assert got["jobs_outbox_pending_intents"] == 2
+    assert got["jobs_outbox_oldest_pending_age_seconds"] >= 0
+    assert got["jobs_outbox_relay_reperforms_total"] == 2
+    assert got["jobs_outbox_reconciliation_mismatches_total"] == 1
+    assert got["jobs_outbox_failed_intents"] == 1
