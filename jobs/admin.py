@@ -28,7 +28,16 @@ from django.utils.functional import cached_property
 from jobs import actions, bounds, policy
 from jobs.conf import jobs_settings
 from jobs.exceptions import EnqueueError, UnknownKind
-from jobs.models import Attempt, IdempotencyKey, Job, JobEvent, RejectedWrite, Schedule
+from jobs.models import (
+    Attempt,
+    IdempotencyKey,
+    Intent,
+    Job,
+    JobEvent,
+    RejectedWrite,
+    Schedule,
+    StagedOutput,
+)
 from jobs.registry import _handlers, get_handler
 
 SEARCH_PAYLOAD_ROWS = 50_000  # a payload text search looks at the newest this many jobs
@@ -455,11 +464,34 @@ class JobEventAdmin(ViewOnlyAdmin):
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(ViewOnlyAdmin):
-    list_display = ("key", "job", "step", "status", "attempt", "repeats", "created")
+    list_display = ("key", "job", "step", "status", "attempt", "performs", "repeats", "created")
     list_filter = ("status",)
     search_fields = ("key", "=job__id")
     ordering = ("-id",)
     created = _time_column("created_at", "created")
+
+
+@admin.register(StagedOutput)
+class StagedOutputAdmin(ViewOnlyAdmin):
+    list_display = ("path", "job", "attempt", "name", "size", "status", "created", "settled")
+    list_filter = ("status", "created_at")
+    search_fields = ("=job__id", "path")
+    ordering = ("-id",)
+    created = _time_column("created_at", "staged")
+    settled = _time_column("settled_at", "settled")
+
+
+@admin.register(Intent)
+class IntentAdmin(ViewOnlyAdmin):
+    list_display = (
+        "key", "job", "attempt", "target", "state", "claims", "performs", "failures",
+        "reconciled", "created", "done",
+    )  # fmt: skip
+    list_filter = ("state", "target", "reconciled", "created_at")
+    search_fields = ("key", "=job__id")
+    ordering = ("-id",)
+    created = _time_column("created_at", "created")
+    done = _time_column("done_at", "done")
 
 
 @admin.register(Schedule)

@@ -194,7 +194,9 @@ def test_django_q2_failures_cannot_be_resubmitted(admin_client):
     assert page.status_code == 200 and b"resubmit" not in page.content.lower()
 
 
-@pytest.mark.parametrize("model", ["schedule", "idempotencykey", "jobevent", "rejectedwrite"])
+@pytest.mark.parametrize(
+    "model", ["schedule", "idempotencykey", "jobevent", "rejectedwrite", "stagedoutput", "intent"]
+)
 def test_operations_tables_are_listed_read_only(admin_client, model):
     assert admin_client.get(f"/admin/jobs/{model}/").status_code == 200
     assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
