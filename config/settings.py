@@ -182,8 +182,16 @@ Q_CLUSTER = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "formatters": {
+        "line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "jobs.logs.JsonFormatter"},  # JOBS_LOG_FORMAT=json: one object a line
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if os.environ.get("JOBS_LOG_FORMAT") == "json" else "line",
+        }
+    },
     "loggers": {
         "jobs": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
         "dashboard": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},

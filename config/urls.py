@@ -2,8 +2,11 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 
+from jobs.metrics import metrics_view
+
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
     path("", include("dashboard.urls")),
 ]
 

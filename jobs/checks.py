@@ -58,3 +58,40 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             )
         )
     return errors
+
+
+@register()
+def check_operations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Reaper slower than the lease, SQLite without WAL, invalid cron schedules."""
+    errors: list[CheckMessage] = []
+    try:
+        cfg = jobs_settings()
+    except ValueError:
+        return []  # reported by check_jobs_settings
+    if cfg.REAPER_SECONDS > cfg.LEASE_SECONDS:
+        errors.append(
+            Error(
+                f"JOBS REAPER_SECONDS ({cfg.REAPER_SECONDS}) is longer than LEASE_SECONDS "
+                f"({cfg.LEASE_SECONDS})",
+                hint="A dead worker's job would wait longer for its reclaim than its lease.",
+                id="jobs.E011",
+            )
+        )
+    for alias, db in settings.DATABASES.items():
+        if "sqlite3" not in str(db.get("ENGINE", "")):
+            continue
+        init = str((db.get("OPTIONS") or {}).get("init_command", "")).lower().replace(" ", "")
+        if "journal_mode=wal" not in init:
+            errors.append(
+                Error(
+                    f"SQLite database {alias!r} does not set journal_mode=WAL",
+                    hint="Without WAL every read blocks the workers' writes (and the reverse): "
+                    'set OPTIONS["init_command"] = "PRAGMA journal_mode=WAL;".',
+                    id="jobs.E012",
+                )
+            )
+    from jobs.schedules import declared
+
+    for problem in declared()[1]:
+        errors.append(Error(problem, id="jobs.E010"))
+    return errors

@@ -133,6 +133,12 @@ class Job(models.Model):
                 name="jobs_job_lease_idx",
             ),
             models.Index(fields=["-updated_at"], name="jobs_job_updated_idx"),
+            # Queue depth and oldest due job per queue for /metrics: an index-only scan.
+            models.Index(
+                fields=["queue", "run_at"],
+                condition=Q(state=JobState.QUEUED),
+                name="jobs_job_queue_depth_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -151,6 +157,9 @@ class Attempt(models.Model):
     # beat: the reaper does not charge such an expired attempt against max_attempts.
     running_confirmed_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The longest time between two accepted beats of this attempt (claim -> first beat
+    # included), seconds on the database clock: what the lease had to cover (jobs.metrics).
+    heartbeat_gap_max = models.FloatField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(
         max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING
@@ -363,3 +372,36 @@ class FencedRow(models.Model):
 
     class Meta:
         abstract = True
+class Schedule(models.Model):
+    """A recurring job: one row per declared schedule; `next_at` is the tick not yet enqueued.
+
+    Written only by jobs.schedules (a compare-and-set on `next_at`, so two schedulers enqueue each
+    tick once) and by its sync from settings and @handler(cron=...).
+    """
+
+    class Missed(models.TextChoices):
+        LATEST = "latest", "Run the latest missed tick once"
+        ALL = "all", "Run every missed tick (bounded)"
+        SKIP = "skip", "Skip missed ticks"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=100)
+    cron = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64, default="UTC")
+    payload = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=64, default="default")
+    missed = models.CharField(max_length=8, choices=Missed.choices, default=Missed.LATEST)
+    enabled = models.BooleanField(default=True)
+    next_at = models.DateTimeField(help_text="the next tick to enqueue (UTC)")
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    last_job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL)
+    ticks_enqueued = models.IntegerField(default=0)
+    ticks_skipped = models.IntegerField(default=0)
+    source = models.CharField(max_length=16, default="settings")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron} {self.timezone})"

@@ -27,13 +27,20 @@ class Handler:
     fn: HandlerFn
     lease_seconds: float | None = None
     max_attempts: int | None = None
+    cron: str | None = None  # a recurring schedule named after the kind (jobs.schedules)
+    timezone: str = "UTC"
 
 
 _handlers: dict[str, Handler] = {}
 
 
 def handler(
-    kind: str, *, lease_seconds: float | None = None, max_attempts: int | None = None
+    kind: str,
+    *,
+    lease_seconds: float | None = None,
+    max_attempts: int | None = None,
+    cron: str | None = None,
+    timezone: str = "UTC",
 ) -> Callable[[HandlerFn], HandlerFn]:
     """Register `fn(ctx) -> JSON-able result` as the handler for `kind`."""
     if not isinstance(kind, str) or not KIND.match(kind):
@@ -42,6 +49,8 @@ def handler(
         bounds.lease_seconds(lease_seconds)
     if max_attempts is not None:
         bounds.max_attempts(max_attempts)
+    if cron is not None:
+        _check_schedule(cron, timezone)
 
     def register(fn: HandlerFn) -> HandlerFn:
         existing = _handlers.get(kind)
@@ -49,10 +58,23 @@ def handler(
             qualname = f"{existing.fn.__module__}.{existing.fn.__qualname__}"
             raise HandlerAlreadyRegistered(f"kind {kind!r} is already handled by {qualname}")
         lease = float(lease_seconds) if lease_seconds is not None else None
-        _handlers[kind] = Handler(kind, fn, lease, max_attempts)
+        _handlers[kind] = Handler(kind, fn, lease, max_attempts, cron, timezone)
         return fn
 
     return register
+
+
+def _check_schedule(cron: object, timezone: object) -> None:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from croniter import croniter
+
+    if not isinstance(cron, str) or len(cron) > 200 or not croniter.is_valid(cron):
+        raise InvalidOption(f"cron must be a cron expression, not {cron!r}")
+    try:
+        ZoneInfo(timezone)  # type: ignore[arg-type]
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise InvalidOption(f"unknown time zone {timezone!r}") from None
 
 
 def get_handler(kind: str) -> Handler:

@@ -22,13 +22,14 @@ from collections.abc import Callable, Sequence
 import psycopg
 from django.db import DatabaseError, connection
 
-from jobs import bridge, reaper, transitions
+from jobs import bridge, reaper, schedules, transitions
 from jobs.conf import jobs_settings
 from jobs.maintenance import Maintenance
 
 logger = logging.getLogger("jobs.scheduler")
 
 NOTIFY_CHANNEL = "jobs_enqueued"
+SCHEDULE_CHECK_SECONDS = 0.5  # how often due cron ticks are looked for
 
 
 def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
@@ -89,6 +90,7 @@ class EmbeddedScheduler:
         self.waker = Waker()
         self.broker = bridge.new_broker()
         self._next_reap = 0.0
+        self._next_cron = 0.0
 
     def tick(self) -> None:
         cfg = jobs_settings()
@@ -96,6 +98,9 @@ class EmbeddedScheduler:
         if now >= self._next_reap:
             reaper.reap(self.identity)
             self._next_reap = now + cfg.REAPER_SECONDS
+        if now >= self._next_cron:  # cron ticks (jobs.schedules): exactly once per tick
+            schedules.run_due()
+            self._next_cron = now + SCHEDULE_CHECK_SECONDS
         self.dispatch()
 
     def dispatch(self) -> None:
@@ -114,6 +119,11 @@ class EmbeddedScheduler:
         maintenance = Maintenance(self.identity)
         maintenance.start()
         try:
+            try:
+                schedules.sync()
+            except DatabaseError:
+                logger.exception("cron schedules could not be synced; retried at next start")
+                connection.close()
             while not should_stop():
                 try:
                     self.tick()

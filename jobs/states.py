@@ -59,6 +59,7 @@ class AttemptOutcome(models.TextChoices):
     EXPIRED = "expired", "Expired"  # its lease ran out and the reaper reclaimed the job
     RELEASED = "released", "Released"  # handed back unstarted (shutdown, a batch-mate's crash)
     CANCELLED = "cancelled", "Cancelled"  # an operator cancelled the job while it ran
+    REQUEUED = "requeued", "Requeued"  # an operator took the job back while it ran (jobs.actions)
 
 
 class EventType(models.TextChoices):

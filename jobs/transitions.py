@@ -12,7 +12,7 @@ attempts and raises LeaseLost; the caller discards its work.
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +30,10 @@ from jobs.sql import (
     FenceRow,
     IntentRow,
     driver_for,
+    dumps,
     loads,
 )
-from jobs.states import AttemptOutcome, Write
+from jobs.states import AttemptOutcome, EventType, JobState, Write
 
 logger = logging.getLogger("jobs.fencing")
 
@@ -305,9 +306,34 @@ def reclaim_expired(
     rejection; the reaper counts it on its own.
     """
     with _fenced_write(), connection.cursor() as cur:
-        return _driver().reclaim_expired(
+        won = _driver().reclaim_expired(
             cur, row, terminal=terminal, charged=charged, worker=worker, error=error
         )
+    if won:
+        evidence = {
+            "event": "reclaim",
+            "job_id": row.id,
+            "kind": row.kind,
+            "attempt": row.attempt,
+            "worker": row.worker,
+            "last_heartbeat": _iso(row.heartbeat_at),
+            "lease_expires_at": _iso(row.lease_expires_at),
+            "charged": charged,
+            "terminal": terminal,
+            "reaper": worker,
+        }
+        logger.warning(
+            "lease reclaimed: job=%(job_id)s kind=%(kind)s attempt=%(attempt)s "
+            "worker=%(worker)s last_heartbeat=%(last_heartbeat)s "
+            "lease_expires_at=%(lease_expires_at)s charged=%(charged)s terminal=%(terminal)s",
+            evidence,
+            extra={"fields": evidence},
+        )
+    return won
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if hasattr(value, "isoformat") else value
 
 
 def mark_lost(fence: Fence) -> None:
@@ -339,21 +365,33 @@ def find_expired(limit: int) -> list[ExpiredRow]:
 
 
 def _record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | None:
+    from jobs.sql.operator import rejection_context
+
     with transaction.atomic(), connection.cursor() as cur:
         d = _driver()
         current = d.record_rejection(cur, fence.job_id, fence.attempt, fence.worker, write)
+        kind, lateness = rejection_context(d, cur, fence.job_id, fence.attempt)
         if outcome is not None:
             d.end_attempt(cur, fence.job_id, fence.attempt, outcome)
     attempt_current, state_current = current if current else (None, "deleted")
+    fields = {
+        "event": "stale_write_rejected",
+        "write": str(write),
+        "job_id": fence.job_id,
+        "kind": kind,
+        "attempt_presented": fence.attempt,
+        "attempt_current": attempt_current,
+        "state_current": str(state_current),
+        "worker": fence.worker,
+        # Seconds since this attempt's last accepted heartbeat (database clock).
+        "lateness_seconds": lateness,
+    }
     logger.warning(
-        "stale %s rejected: job=%s attempt_presented=%s attempt_current=%s state_current=%s "
-        "worker=%s",
-        write,
-        fence.job_id,
-        fence.attempt,
-        attempt_current,
-        state_current,
-        fence.worker,
+        "stale %(write)s rejected: job=%(job_id)s kind=%(kind)s "
+        "attempt_presented=%(attempt_presented)s attempt_current=%(attempt_current)s "
+        "state_current=%(state_current)s worker=%(worker)s lateness=%(lateness_seconds)ss",
+        fields,
+        extra={"fields": fields},
     )
     return current
 
@@ -367,3 +405,160 @@ def _rejected(fence: Fence, write: str, outcome: str) -> None:
     if not _joined():  # joined: the caller records it after its transaction (see above)
         _record(fence, write, outcome)
     raise LeaseLost(fence.job_id, fence.attempt, write)
+
+
+# -- operator transitions: requeue, cancel, retry now (admin actions and `manage.py jobs`) ------
+#
+# An operator's write is fenced like a worker's: the row is locked (select_for_update) and read,
+# the decision is made on what was read, and the filtered UPDATE carries the fence (id, attempt,
+# state as read), so a claim, commit or reclaim that slipped in makes it change zero rows: the
+# job is then skipped ("changed meanwhile"), never overwritten. Taking a running job away ends
+# its attempt (`requeued`/`cancelled`); that worker's next heartbeat or commit changes zero rows
+# and is recorded like any zombie's. An operator's requeue gives the job a fresh budget of
+# attempts (every earlier claim counts as released), so a job that exhausted max_attempts runs
+# again.
+
+
+@dataclass(frozen=True)
+class OperatorResult:
+    """What one operator transition did to one job (`changed`), or why it skipped it."""
+
+    job_id: int
+    action: str
+    changed: bool
+    reason: str
+    state_before: str = ""
+    attempt: int = 0  # the attempt the fence carried (the worker's, for a running job)
+    new_job_id: int | None = None  # enqueue a copy: the copy
+
+
+def _operator_write(
+    job_id: int,
+    action: str,
+    actor: str,
+    plan: Callable[[str, int], tuple[dict[str, Any], str, str | None] | str],
+) -> OperatorResult:
+    from django.db import IntegrityError
+
+    from jobs.models import Job
+    from jobs.sql.operator import close_running_attempt, database_now
+
+    driver = _driver()
+    try:
+        with transaction.atomic():
+            row = (
+                Job.objects.select_for_update()
+                .filter(pk=job_id)
+                .values_list("state", "attempt")
+                .first()
+            )
+            if row is None:
+                return OperatorResult(job_id, action, False, "no such job")
+            state, attempt = row
+            decided = plan(state, attempt)
+            if isinstance(decided, str):
+                return OperatorResult(job_id, action, False, decided, state, attempt)
+            fields, event, outcome = decided
+            now = database_now(driver)
+            extra = fields.pop("_filter", {})
+            changed = Job.objects.filter(pk=job_id, attempt=attempt, state=state, **extra).update(
+                **{k: (now if v is _NOW else v) for k, v in fields.items()}, updated_at=now
+            )
+            if changed != 1:
+                reason = "already due" if extra else "changed meanwhile"
+                return OperatorResult(job_id, action, False, reason, state, attempt)
+            data = dumps({"by": actor[:200], "action": action, "from": state})
+            with connection.cursor() as cur:
+                if outcome is not None:
+                    note = f"{action} by {actor[:200]}"
+                    close_running_attempt(driver, cur, job_id, attempt, outcome, note)
+                driver.insert_event(cur, job_id, attempt, event, actor[:200], data)
+    except IntegrityError as exc:
+        if "unique_key" not in str(exc):
+            raise
+        reason = "another live job holds its unique_key"
+        return OperatorResult(job_id, action, False, reason, state, attempt)
+    fields_logged = {
+        "event": f"operator_{action}",
+        "action": action,
+        "job_id": job_id,
+        "attempt": attempt,
+        "state_before": state,
+        "by": actor,
+    }
+    logger.warning(
+        "operator %(action)s: job=%(job_id)s attempt=%(attempt)s state_before=%(state_before)s "
+        "by=%(by)s",
+        fields_logged,
+        extra={"fields": fields_logged},
+    )
+    return OperatorResult(
+        job_id, action, True, f"{state} -> {fields.get('state', state)}", state, attempt
+    )
+
+
+_NOW = object()  # placeholder for the database clock in an operator plan
+
+
+def _back_to_queue(state: str) -> dict[str, Any]:
+    from django.db.models import F
+
+    return {
+        "state": JobState.QUEUED,
+        "run_at": _NOW,
+        "lease_expires_at": None,
+        "finished_at": None,
+        "attempts_released": F("attempt"),  # a fresh budget: earlier claims no longer count
+    }
+
+
+def requeue(job_id: int, actor: str) -> OperatorResult:
+    """Queue the job again now: running (taken from its worker, fenced), failed or cancelled."""
+
+    def plan(state: str, attempt: int) -> tuple[dict[str, Any], str, str | None] | str:
+        if state == JobState.RUNNING:
+            return _back_to_queue(state), EventType.REQUEUED, AttemptOutcome.REQUEUED
+        if state in (JobState.FAILED, JobState.CANCELLED):
+            return _back_to_queue(state), EventType.REQUEUED, None
+        if state == JobState.QUEUED:
+            return "already queued"
+        return f"{state}: enqueue a copy to run it again"
+
+    return _operator_write(job_id, "requeue", actor, plan)
+
+
+def cancel(job_id: int, actor: str) -> OperatorResult:
+    """End a queued or running job as cancelled; a running worker learns at its next beat."""
+
+    def plan(state: str, attempt: int) -> tuple[dict[str, Any], str, str | None] | str:
+        fields: dict[str, Any] = {
+            "state": JobState.CANCELLED,
+            "finished_at": _NOW,
+            "lease_expires_at": None,
+        }
+        if state == JobState.RUNNING:
+            return fields, EventType.CANCELLED, AttemptOutcome.CANCELLED
+        if state == JobState.QUEUED:
+            return fields, EventType.CANCELLED, None
+        return f"already {state}"
+
+    return _operator_write(job_id, "cancel", actor, plan)
+
+
+def retry_now(job_id: int, actor: str) -> OperatorResult:
+    """A failed job runs again now (fresh budget); a queued one waiting for its backoff runs now."""
+    from jobs.sql.operator import database_now
+
+    def plan(state: str, attempt: int) -> tuple[dict[str, Any], str, str | None] | str:
+        if state == JobState.FAILED:
+            return _back_to_queue(state), EventType.REQUEUED, None
+        if state == JobState.QUEUED:
+            # Decided in the UPDATE: only a row whose run_at is still ahead moves.
+            return (
+                {"run_at": _NOW, "_filter": {"run_at__gt": database_now(_driver())}},
+                EventType.REQUEUED,
+                None,
+            )
+        return f"{state}: only failed or waiting jobs are retried"
+
+    return _operator_write(job_id, "retry", actor, plan)

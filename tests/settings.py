@@ -1,5 +1,6 @@
 """Test settings: PostgreSQL (DATABASE_URL, default the local cluster) plus test-only handlers."""
 
+import json
 import os
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/palisade")
@@ -10,3 +11,6 @@ from config.settings import INSTALLED_APPS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.app"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Cron schedules for acceptance tests that start qcluster subprocesses (JSON, see jobs.schedules).
+JOBS_SCHEDULES = json.loads(os.environ.get("TEST_JOBS_SCHEDULES", "{}"))

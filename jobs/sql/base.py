@@ -85,6 +85,14 @@ class ExpiredRow:
     attempts_released: int
     confirmed: bool  # a heartbeat (or explicit write) confirmed its handler running
     worker: str
+    # The evidence, for the reclaim's log line and event (database clock).
+    lease_expires_at: Any = None
+    heartbeat_at: Any = None
+
+
+def _iso(value: Any) -> str | None:
+    # PostgreSQL returns datetimes, SQLite the stored text.
+    return value.isoformat() if hasattr(value, "isoformat") else value
 
 
 def dumps(value: Any) -> str:
@@ -132,6 +140,13 @@ class Driver:
     def later(self, seconds_param: str) -> str:
         raise NotImplementedError
 
+    def seconds_between(self, later: str, earlier: str) -> str:
+        """SQL for the seconds from timestamp expression `earlier` to `later`."""
+        raise NotImplementedError
+
+    def seconds_since(self, column: str) -> str:
+        return self.seconds_between(self.now, column)
+
     # -- reads --------------------------------------------------------------------------------
 
     def count_due(self, cur: CursorWrapper, limit: int, queues: Sequence[str] | None) -> int:
@@ -155,7 +170,8 @@ class Driver:
     def find_expired(self, cur: CursorWrapper, limit: int) -> list[ExpiredRow]:
         cur.execute(
             "SELECT j.id, j.attempt, j.kind, j.max_attempts, j.attempts_released, "
-            "a.running_confirmed_at IS NOT NULL, COALESCE(a.worker, '') "
+            "a.running_confirmed_at IS NOT NULL, COALESCE(a.worker, ''), "
+            "j.lease_expires_at, j.heartbeat_at "
             "FROM jobs_job j LEFT JOIN jobs_attempt a ON a.job_id = j.id AND a.number = j.attempt "
             f"WHERE j.state = '{RUNNING}' AND j.lease_expires_at < {self.now} "
             "ORDER BY j.lease_expires_at LIMIT %(limit)s",
@@ -251,7 +267,22 @@ class Driver:
         if cur.rowcount != 1:
             return False
         self.end_attempt(cur, row.id, row.attempt, AttemptOutcome.EXPIRED)
-        evidence = dumps({"charged": charged, "worker": row.worker})
+        # The silence that cost the lease is the attempt's longest heartbeat gap (jobs.metrics).
+        cur.execute(
+            f"UPDATE jobs_attempt SET heartbeat_gap_max = {self.seconds_since('heartbeat_at')} "
+            "WHERE job_id = %(id)s AND number = %(attempt)s AND heartbeat_at IS NOT NULL "
+            f"AND (heartbeat_gap_max IS NULL OR heartbeat_gap_max < "
+            f"{self.seconds_since('heartbeat_at')})",
+            {"id": row.id, "attempt": row.attempt},
+        )
+        evidence = dumps(
+            {
+                "charged": charged,
+                "worker": row.worker,
+                "lease_expires_at": _iso(row.lease_expires_at),
+                "heartbeat_at": _iso(row.heartbeat_at),
+            }
+        )
         self.insert_event(cur, row.id, row.attempt, EventType.EXPIRED, worker, evidence)
         if terminal:
             data = dumps({"reason": "expired", "error": error[-500:]})

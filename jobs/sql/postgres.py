@@ -28,6 +28,9 @@ class PostgresDriver(Driver):
     def later(self, seconds_param: str) -> str:
         return f"clock_timestamp() + make_interval(secs => %({seconds_param})s)"
 
+    def seconds_between(self, later: str, earlier: str) -> str:
+        return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
+
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
         only = ""
@@ -90,6 +93,8 @@ class PostgresDriver(Driver):
                 RETURNING j.id, j.attempt
             ), attempts AS (
                 UPDATE jobs_attempt a SET heartbeat_at = clock_timestamp(),
+                       heartbeat_gap_max = GREATEST(COALESCE(a.heartbeat_gap_max, 0),
+                           EXTRACT(EPOCH FROM clock_timestamp() - a.heartbeat_at)),
                        running_confirmed_at = CASE
                            WHEN a.job_id = %(confirm)s::bigint
                            THEN COALESCE(a.running_confirmed_at, clock_timestamp())

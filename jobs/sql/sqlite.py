@@ -35,6 +35,9 @@ class SqliteDriver(Driver):
     def later(self, seconds_param: str) -> str:
         return _after_now(f"%({seconds_param})s")
 
+    def seconds_between(self, later: str, earlier: str) -> str:
+        return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
+
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"limit": limit, "lease": lease}
         only = ""
@@ -74,7 +77,10 @@ class SqliteDriver(Driver):
             if cur.rowcount == 1:
                 held.add(f.id)
                 cur.execute(
-                    f"UPDATE jobs_attempt SET heartbeat_at = {self.now}, running_confirmed_at = "
+                    "UPDATE jobs_attempt SET heartbeat_gap_max = MAX("
+                    "COALESCE(heartbeat_gap_max, 0), "
+                    "(julianday('now') - julianday(heartbeat_at)) * 86400.0), "
+                    f"heartbeat_at = {self.now}, running_confirmed_at = "
                     f"CASE WHEN %(confirm)s THEN COALESCE(running_confirmed_at, {self.now}) "
                     "ELSE running_confirmed_at END "
                     "WHERE job_id = %(id)s AND number = %(attempt)s",

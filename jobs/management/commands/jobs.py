@@ -1,0 +1,173 @@
+"""`manage.py jobs status|list|show|requeue|cancel|retry|copy` -- the operator's terminal.
+
+Reads go through the same selectors the screens use; every change goes through jobs.actions ->
+jobs.transitions with the same fencing, permission and LogEntry audit as the admin. The acting
+Django user is --user (default: $JOBS_OPERATOR, else the login name), and must be staff with the
+job "change" permission.
+"""
+
+import getpass
+import os
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from jobs import actions
+from jobs.admin import effective_lease, effective_max_attempts, seconds
+from jobs.models import Attempt, Job, JobEvent, RejectedWrite
+from jobs.states import JobState
+
+LIST_LIMIT = 1000
+
+
+def _first_line(text: str, width: int = 100) -> str:
+    line = (text or "").strip().splitlines()[-1:] or [""]
+    return line[0][:width]
+
+
+class Command(BaseCommand):
+    help = "Operate jobs without a browser: status, list, show, requeue, cancel, retry, copy."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="command", required=True)
+        sub.add_parser("status", help="queues, running leases, totals and the lease hint")
+        ls = sub.add_parser("list", help="newest jobs first")
+        self._filters(ls)
+        ls.add_argument("--limit", type=int, default=20)
+        show = sub.add_parser("show", help="one job with its attempt history")
+        show.add_argument("job_id", type=int)
+        for name in actions.ACTIONS:
+            act = sub.add_parser(name, help=f"{name} jobs (fenced, audited)")
+            act.add_argument("job_ids", type=int, nargs="*")
+            self._filters(act)
+            act.add_argument(
+                "--all-matching", action="store_true", help="every job matching the filters"
+            )
+            act.add_argument("--user", default=None, help="the Django user acting")
+            act.add_argument("--limit", type=int, default=actions.MAX_ROWS)
+
+    @staticmethod
+    def _filters(parser: CommandParser) -> None:
+        parser.add_argument("--state", choices=JobState.values)
+        parser.add_argument("--queue")
+        parser.add_argument("--kind")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        command = options["command"]
+        if command == "status":
+            self.status()
+        elif command == "list":
+            self.list(options)
+        elif command == "show":
+            self.show(options["job_id"])
+        else:
+            self.act(command, options)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def status(self) -> None:
+        from jobs.metrics import collect_families
+
+        families = {f.name: f for f in collect_families()}
+        out = self.stdout.write
+        out("queues (queued, oldest due waiting):")
+        ages = {
+            s.labels["queue"]: s.value for s in families["jobs_queue_oldest_age_seconds"].samples
+        }
+        depth = families["jobs_queue_depth"].samples
+        if not depth:
+            out("  (none queued)")
+        for s in depth:
+            queue = s.labels["queue"]
+            out(f"  {queue:<24} {int(s.value):>9}   {ages.get(queue, 0.0):9.1f} s")
+        running = families["jobs_running"].samples[0].value
+        expired = families["jobs_running_expired_leases"].samples[0].value
+        out(f"running: {int(running)}   leases run out, not yet reclaimed: {int(expired)}")
+        totals = [
+            ("claims", "jobs_claims"),
+            ("succeeded", "jobs_succeeded"),
+            ("failed", "jobs_failed"),
+            ("reclaims", "jobs_reclaims"),
+        ]
+        parts = [f"{label} {int(families[name].samples[0].value)}" for label, name in totals]
+        rejected = sum(s.value for s in families["jobs_stale_writes_rejected"].samples)
+        out("totals: " + ", ".join(parts) + f", stale writes rejected {int(rejected)}")
+        from jobs.tuning import lease_hints
+
+        hints = [h for h in lease_hints() if h.advice]
+        out("lease hint: " + ("no sign that a lease is too short" if not hints else ""))
+        for hint in hints:
+            out(f"  {'TOO SHORT ' if hint.too_short else ''}{hint.advice}")
+
+    def list(self, options: dict[str, Any]) -> None:
+        jobs = self._selected(options).order_by("-id")[: max(1, min(options["limit"], LIST_LIMIT))]
+        self.stdout.write(f"{'id':>10} {'state':<10} {'att':>4} {'queue':<12} {'kind':<24} updated")
+        for job in jobs:
+            self.stdout.write(
+                f"{job.pk:>10} {job.state:<10} {job.attempt:>4} {job.queue[:12]:<12} "
+                f"{job.kind[:24]:<24} {seconds(job.updated_at)}"
+            )
+
+    def show(self, job_id: int) -> None:
+        job = Job.objects.filter(pk=job_id).first()
+        if job is None:
+            raise CommandError(f"no job {job_id}")
+        out = self.stdout.write
+        out(f"job {job.pk}  {job.kind}  queue={job.queue}  priority={job.priority}")
+        out(f"  state {job.state}, attempt {job.attempt} ({job.attempts_released} uncharged)")
+        out(f"  max attempts {effective_max_attempts(job)}, lease {effective_lease(job)}")
+        out(f"  run at {seconds(job.run_at)}, lease expires {seconds(job.lease_expires_at)}")
+        out(f"  created {seconds(job.created_at)}, finished {seconds(job.finished_at)}")
+        if job.unique_key:
+            out(f"  unique key {job.unique_key!r}")
+        if job.error:
+            out(f"  error: {_first_line(job.error)}")
+        out("attempts:")
+        for a in Attempt.objects.filter(job=job).order_by("number"):
+            gap = f"{a.heartbeat_gap_max:.2f} s" if a.heartbeat_gap_max is not None else "-"
+            out(
+                f"  #{a.number:<3} {a.outcome:<10} {a.worker[:40]:<40} claimed "
+                f"{seconds(a.claimed_at)}  ended {seconds(a.ended_at)}  longest beat gap {gap}"
+            )
+            if a.error:
+                out(f"       {_first_line(a.error)}")
+        for r in RejectedWrite.objects.filter(job=job).order_by("id")[:100]:
+            out(
+                f"  rejected {r.write} of attempt {r.attempt_presented} (current "
+                f"{r.attempt_current}, {r.state_current}) from {r.worker} at {seconds(r.at)}"
+            )
+        out("events (newest 20):")
+        for e in reversed(JobEvent.objects.filter(job=job).order_by("-id")[:20]):
+            out(f"  {seconds(e.at)}  attempt {e.attempt:<3} {e.type:<16} {e.worker[:40]}")
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def _selected(self, options: dict[str, Any]) -> Any:
+        jobs = Job.objects.all()
+        for name in ("state", "queue", "kind"):
+            if options.get(name):
+                jobs = jobs.filter(**{name: options[name]})
+        return jobs
+
+    def act(self, action: str, options: dict[str, Any]) -> None:
+        username = options["user"] or os.environ.get("JOBS_OPERATOR") or getpass.getuser()
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise CommandError(f"no Django user {username!r}: pass --user (a staff operator)")
+        if options["all_matching"]:
+            if options["job_ids"]:
+                raise CommandError("give job ids or --all-matching, not both")
+            target: Any = self._selected(options)
+        elif options["job_ids"]:
+            target = options["job_ids"]
+        else:
+            raise CommandError("give job ids, or --all-matching with filters")
+        try:
+            report = actions.apply(action, target, user=user, via="cli", limit=options["limit"])
+        except PermissionError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(report.summary())
+        for r in report.changed:
+            detail = f"copied as job {r.new_job_id}" if r.new_job_id else r.reason
+            self.stdout.write(f"  job {r.job_id} (attempt {r.attempt}): {detail}")

@@ -1,0 +1,82 @@
+"""`manage.py jobs ...`: the same fencing, permissions and audit as the admin, as text."""
+
+from io import StringIO
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+
+from jobs import transitions
+from jobs.exceptions import LeaseLost
+from jobs.models import Attempt, Job
+from jobs.states import JobState
+from jobs.transitions import Fence
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_user(db):
+    return User.objects.create_superuser("root", password="pw")
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("jobs", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_requeue_takes_a_running_job_back_fenced_and_audited(make_job, admin_user):
+    job = make_job(state=JobState.RUNNING, attempt=2, worker="host-a:7")
+    text = run("requeue", str(job.pk), "--user", "root")
+    assert "requeue: 1 changed, 0 skipped" in text and f"job {job.pk} (attempt 2)" in text
+    with pytest.raises(LeaseLost):
+        transitions.commit(Fence(job.pk, 2, "host-a:7"), None)
+    entry = LogEntry.objects.get(object_id=str(job.pk))
+    assert "(cli), fenced by attempt 2" in entry.change_message
+
+
+def test_cancel_and_retry_with_filters_report_skips(make_job, admin_user):
+    failed = make_job(state=JobState.FAILED, attempt=1, queue="mail")
+    make_job(state=JobState.FAILED, attempt=1, queue="other")
+    done = make_job(state=JobState.SUCCEEDED, attempt=1, queue="mail")
+    text = run("cancel", "--all-matching", "--queue", "mail", "--user", "root")
+    assert "cancel: 0 changed, 2 skipped (1 already failed; 1 already succeeded)" in text
+    text = run("retry", "--all-matching", "--queue", "mail", "--state", "failed", "--user", "root")
+    assert "retry: 1 changed" in text
+    failed.refresh_from_db()
+    done.refresh_from_db()
+    assert (failed.state, done.state) == ("queued", "succeeded")
+    assert Job.objects.filter(queue="other", state="failed").count() == 1
+
+
+def test_a_user_without_permission_is_refused(make_job):
+    User.objects.create_user("viewer", password="pw", is_staff=True)
+    job = make_job(state=JobState.FAILED, attempt=1)
+    with pytest.raises(CommandError, match="may not change jobs"):
+        run("retry", str(job.pk), "--user", "viewer")
+    with pytest.raises(CommandError, match="no Django user"):
+        run("retry", str(job.pk), "--user", "nobody")
+    job.refresh_from_db()
+    assert job.state == "failed"
+
+
+def test_show_prints_the_attempt_history_with_seconds(make_job):
+    job = make_job(kind="test.fail", state=JobState.RUNNING, attempt=2, worker="host-b:2")
+    Attempt.objects.create(
+        job=job, number=1, worker="host-a:1", claimed_at=job.created_at, outcome="expired"
+    )
+    text = run("show", str(job.pk))
+    assert "max attempts 2 (handler)" in text
+    assert "#1   expired" in text and "#2   running" in text and "host-a:1" in text
+    assert ":" in text.split("claimed ")[1][:20] and "." in text.split("claimed ")[1][:24]
+
+
+def test_list_and_status(make_job):
+    make_job(queue="mail")
+    make_job(state=JobState.RUNNING, attempt=1, lease_in=-3)
+    listing = run("list", "--queue", "mail")
+    assert "queued" in listing and "mail" in listing and "running" not in listing.split("\n", 1)[1]
+    status = run("status")
+    assert "mail" in status and "leases run out, not yet reclaimed: 1" in status

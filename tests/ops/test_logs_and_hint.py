@@ -1,0 +1,73 @@
+"""One structured line per rejected write and per reclaim; the lease-tuning hint."""
+
+import json
+import logging
+
+import pytest
+
+from jobs import transitions
+from jobs.exceptions import LeaseLost
+from jobs.logs import JsonFormatter
+from jobs.models import Attempt, JobEvent
+from jobs.reaper import reap
+from jobs.states import JobState
+from jobs.transitions import Fence
+from jobs.tuning import lease_hints
+
+pytestmark = pytest.mark.django_db
+
+
+def _json_lines(caplog, event):
+    formatter = JsonFormatter()
+    lines = [json.loads(formatter.format(r)) for r in caplog.records]
+    return [line for line in lines if line.get("event") == event]
+
+
+def test_a_rejected_write_logs_one_json_line_with_its_evidence(make_job, caplog):
+    job = make_job(kind="test.echo", state=JobState.RUNNING, attempt=3)
+    with caplog.at_level(logging.WARNING, logger="jobs.fencing"), pytest.raises(LeaseLost):
+        transitions.commit(Fence(job.pk, 2, "host-z:9"), {"late": True})
+    (line,) = _json_lines(caplog, "stale_write_rejected")
+    assert line["job_id"] == job.pk and line["kind"] == "test.echo"
+    assert (line["write"], line["attempt_presented"], line["attempt_current"]) == ("commit", 2, 3)
+    assert line["worker"] == "host-z:9" and "lateness_seconds" in line
+
+
+def test_a_reclaim_logs_its_evidence(make_job, caplog):
+    job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-2, worker="host-a:1")
+    with caplog.at_level(logging.WARNING, logger="jobs.fencing"):
+        assert reap("reaper:1") == 1
+    (line,) = _json_lines(caplog, "reclaim")
+    assert line["job_id"] == job.pk and line["worker"] == "host-a:1"
+    assert line["lease_expires_at"] and "last_heartbeat" in line
+    event = JobEvent.objects.get(job=job, type="expired")
+    assert event.data["lease_expires_at"] == line["lease_expires_at"]
+
+
+def _ended(make_job, kind, gap, outcome="succeeded", n=5):
+    for _ in range(n):
+        job = make_job(kind=kind, state=JobState.SUCCEEDED, attempt=1)
+        Attempt.objects.create(
+            job=job,
+            number=1,
+            worker="w:1",
+            claimed_at=job.created_at,
+            outcome=outcome,
+            heartbeat_gap_max=gap,
+        )
+        JobEvent.objects.create(job=job, attempt=1, type=outcome, worker="w:1")
+
+
+def test_the_hint_says_the_lease_is_too_short_when_healthy_gaps_approach_it(make_job):
+    _ended(make_job, "test.echo", gap=2.0)  # default lease 30 s: fine
+    _ended(make_job, "test.sleep", gap=19.0)  # 19 s without a beat against 30 s
+    hints = {h.kind: h for h in lease_hints()}
+    assert not hints["test.echo"].too_short and not hints["test.echo"].advice
+    assert hints["test.sleep"].too_short
+    assert "19.0 s without a heartbeat" in hints["test.sleep"].advice
+
+
+def test_the_hint_does_not_blame_the_lease_for_long_stalls(make_job):
+    _ended(make_job, "test.sleep", gap=600.0, outcome="expired", n=2)
+    (hint,) = lease_hints()
+    assert not hint.too_short and "would not have saved them" in hint.advice

@@ -1,0 +1,153 @@
+"""/metrics: names, values derived from the tables, incremental counting, protection."""
+
+import pytest
+from django.contrib.auth.models import User
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobs import metrics, transitions
+from jobs.exceptions import LeaseLost
+from jobs.models import Job, JobEvent
+from jobs.states import JobState
+from jobs.transitions import Fence
+
+TOKEN = "s3cret-token"
+
+
+def scrape(client) -> dict[str, float]:
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200, response.content
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+@pytest.fixture(autouse=True)
+def token(settings):
+    settings.JOBS_METRICS_TOKEN = TOKEN
+
+
+@pytest.mark.django_db
+def test_every_design_name_is_exported(client):
+    names = {k.split("{")[0] for k in scrape(client)}
+    for name in [
+        "jobs_stale_writes_rejected_total",
+        "jobs_claims_total",
+        "jobs_reclaims_total",
+        "jobs_succeeded_total",
+        "jobs_failed_total",
+        "jobs_effects_deduplicated_total",
+        "jobs_orphaned_outputs",
+        "jobs_running_expired_leases",
+        "jobs_attempts_per_success_bucket",
+        "jobs_wasted_work_seconds_total",
+        "jobs_heartbeat_gap_seconds_bucket",
+        "jobs_reclaim_latency_seconds_bucket",
+        "jobs_enqueue_to_start_seconds_bucket",
+    ]:
+        assert name in names, name
+
+
+@pytest.mark.django_db
+def test_counters_follow_the_tables_across_scrapes(client, make_job, monkeypatch):
+    monkeypatch.setattr(metrics, "SETTLE_SECONDS", 0.0)  # every row settles at once
+    job = make_job(kind="test.echo")
+    (claimed,) = transitions.claim("w:1", lease_seconds=30)
+    before = scrape(client)
+    assert before["jobs_claims_total"] >= 1
+    transitions.commit(claimed.fence, {"ok": 1})
+    reclaimed = make_job(state=JobState.RUNNING, attempt=2)
+    with pytest.raises(LeaseLost):
+        transitions.commit(Fence(reclaimed.pk, 1, "zombie:2"), {"late": 1})
+    after = scrape(client)
+    assert after["jobs_succeeded_total"] == before["jobs_succeeded_total"] + 1
+    assert after["jobs_stale_writes_rejected_total{write=commit}"] == 1
+    assert after["jobs_attempts_per_success_bucket{le=1.0}"] == 1
+    assert after["jobs_enqueue_to_start_seconds_count"] == 1
+    assert job.pk
+    # A fresh process (no tally) reads the same totals from scratch.
+    monkeypatch.setattr(
+        metrics, "_event_tally", metrics._Incremental("jobs_jobevent", metrics._events)
+    )
+    assert scrape(client)["jobs_succeeded_total"] == after["jobs_succeeded_total"]
+
+
+@pytest.mark.django_db
+def test_queue_depth_and_running_leases_are_live(client, make_job):
+    make_job(queue="mail")
+    make_job(queue="mail")
+    make_job(state=JobState.RUNNING, attempt=1, lease_in=-5)
+    samples = scrape(client)
+    assert samples["jobs_queue_depth{queue=mail}"] == 2
+    assert samples["jobs_queue_oldest_age_seconds{queue=mail}"] >= 0
+    assert samples["jobs_running_expired_leases"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_event_committed_late_is_still_counted(client, make_job, second_connection):
+    job = make_job()
+    second_connection.autocommit = False
+    with second_connection.cursor() as cur:  # takes an id first, commits last
+        cur.execute(
+            "INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data) "
+            "VALUES (%s, 1, 'succeeded', 'slow', clock_timestamp(), '{}')",
+            [job.pk],
+        )
+    JobEvent.objects.create(job=job, attempt=1, type="succeeded", worker="fast")
+    assert scrape(client)["jobs_succeeded_total"] == 1
+    second_connection.commit()
+    assert scrape(client)["jobs_succeeded_total"] == 2
+
+
+@pytest.mark.django_db
+def test_metrics_need_a_token_or_staff(client):
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    client.force_login(User.objects.create_user("outsider", password="pw"))
+    assert client.get("/metrics").status_code == 401
+    client.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
+    assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.django_db
+def test_an_extra_source_is_added_to_every_scrape(client, monkeypatch):
+    monkeypatch.setattr(metrics, "_sources", [])
+    metrics.register(lambda: [metrics.gauge_family("jobs_outbox", "doc", {"pending": 3}, "status")])
+    assert scrape(client)["jobs_outbox{status=pending}"] == 3
+
+
+@pytest.mark.django_db
+def test_many_queues_are_capped_in_labels(client, make_job, monkeypatch):
+    monkeypatch.setattr(metrics, "MAX_QUEUE_LABELS", 2)
+    for q in ["a", "a", "a", "b", "b", "c", "d"]:
+        make_job(queue=q)
+    samples = scrape(client)
+    assert samples["jobs_queue_depth{queue=a}"] == 3
+    assert samples["jobs_queue_depth{queue=_other}"] == 2
+    assert not any("queue=c" in k for k in samples)
+    assert Job.objects.count() == 7
+
+
+@pytest.mark.django_db
+def test_an_empty_default_queue_is_reported_at_zero(client):
+    assert scrape(client)["jobs_queue_depth{queue=default}"] == 0
+
+
+@pytest.mark.django_db
+def test_the_outbox_figures_come_from_the_intent_rows(client, make_job):
+    from jobs.models import Intent
+
+    job = make_job(kind="test.echo")
+    common = {"job": job, "attempt": 1, "target": "webhook", "data": {}}
+    Intent.objects.create(step="a", key=f"{job.pk}:a", state="pending", **common)
+    Intent.objects.create(step="b", key=f"{job.pk}:b", state="performing", performs=3, **common)
+    Intent.objects.create(step="c", key=f"{job.pk}:c", state="done", reconciled=True, **common)
+    Intent.objects.create(step="d", key=f"{job.pk}:d", state="failed", performs=1, **common)
+    got = scrape(client)
+    assert got["jobs_outbox_pending_intents"] == 2
+    assert got["jobs_outbox_oldest_pending_age_seconds"] >= 0
+    assert got["jobs_outbox_relay_reperforms_total"] == 2
+    assert got["jobs_outbox_reconciliation_mismatches_total"] == 1
+    assert got["jobs_outbox_failed_intents"] == 1
