@@ -84,7 +84,8 @@ def _reclaim(row: ExpiredRow, worker: str) -> int:
         return 0
     stats.reclaimed += 1
     stats.uncharged += not row.confirmed
-    logger.info(
+    # The operator's line is transitions.reclaim_expired's (structured, with the evidence).
+    logger.debug(
         "job %s attempt %s: lease expired (worker %s, %s), %s",
         row.id,
         row.attempt,

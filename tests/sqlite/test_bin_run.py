@@ -20,7 +20,7 @@ import pytest
 from tests.acceptance.cluster import PROJECT_DIR
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(300)]
-SEEDED_KINDS = ("demo.sleep", "demo.flaky", "demo.noop")
+SEEDED_KINDS = ("demo.sleep", "demo.flaky", "demo.render", "demo.report", "demo.noop")
 DRILL_DONE = re.compile(r"was stopped past its lease|did not complete")
 
 
@@ -100,13 +100,13 @@ def test_bin_run_seeds_once_and_its_console_reports_every_failure_rejection_and_
         )
         failures = events.get("retry_scheduled", 0) + events.get("failed", 0)
         assert len(lines(rf"\bjob {job_id} \({re.escape(kind)}\) attempt \d+ failed")) == failures
-        assert len(lines(rf"\bjob {job_id} attempt \d+: lease expired")) == events.get("expired", 0)
+        assert len(lines(rf"lease reclaimed: job={job_id} ")) == events.get("expired", 0)
         assert len(lines(rf"rejected: job={job_id} ")) == events.get("rejected", 0)
         if set(events) == {"enqueued", "claimed", "succeeded"}:
             assert lines(rf"\bjob[ =]{job_id}\b") == [], f"a success was printed: job {job_id}"
     drill = rows(db, "SELECT id FROM jobs_job WHERE kind = 'demo.drill'")[0][0]
-    assert lines(rf"rejected: job={drill} attempt_presented=1 attempt_current=2")
-    assert lines(rf"\bjob {drill} attempt 1: lease expired")
+    assert lines(rf"rejected: job={drill} kind=\S+ attempt_presented=1 attempt_current=2")
+    assert lines(rf"lease reclaimed: job={drill} kind=\S+ attempt=1 ")
 
     second = start_and_stop(db, tmp_path / "second.log")
     assert "demo jobs already seeded" in second, second

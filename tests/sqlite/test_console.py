@@ -51,7 +51,7 @@ def test_the_console_prints_one_line_per_failure_retry_rejection_and_expiry(star
     cluster.shutdown()  # every line written: the process group is gone
 
     lines = lines_about(cluster, zombie.pk)
-    expired = [line for line in lines if "lease expired" in line]
+    expired = [line for line in lines if "lease reclaimed" in line]
     rejected = [line for line in lines if "rejected" in line]
     assert len(expired) == 1, lines
     assert "attempt_presented=1 attempt_current=2" in rejected[0]

@@ -5,10 +5,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db.models.functions import Now
 
+from demo.management.commands.seed_demo import SEEDED_KINDS
 from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
-SEEDED_KINDS = ["demo.sleep", "demo.flaky", "demo.noop"]
 
 
 def demo_jobs() -> int:
