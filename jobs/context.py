@@ -19,6 +19,7 @@ from django.db import connection
 
 from jobs import bounds, transitions
 from jobs.conf import jobs_settings
+from jobs.connectivity import bounded
 from jobs.exceptions import LeaseLost
 from jobs.heartbeat import Held
 from jobs.states import Write
@@ -38,13 +39,16 @@ def close_side_connection() -> None:
 
 
 def _outside_callers_transaction(write: Callable[[], None]) -> None:
+    # Bounded (jobs.connectivity): a partition fails the write instead of hanging the handler.
     if not connection.in_atomic_block:
-        write()
+        with bounded("a handler's fenced write"):
+            write()
         return
 
     def on_own_connection() -> None:
         connection.close_if_unusable_or_obsolete()
-        write()
+        with bounded("a handler's fenced write"):
+            write()
 
     _side_used.set()
     _side_writer.submit(on_own_connection).result()

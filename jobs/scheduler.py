@@ -8,7 +8,11 @@ Never: claims or runs jobs itself. Every write it causes is a compare-and-set, s
 its race changes zero rows.
 
 Hazards: the LISTEN connection is its own psycopg connection (never Django's pooled one) and is
-re-opened after any error; time comparisons happen in SQL with the database clock.
+re-opened after any error; time comparisons happen in SQL with the database clock. An idle LISTEN
+socket cannot tell a quiet database from a dead one (a half-open connection: the server gone, the
+socket still open), so after LIVENESS_SECONDS without traffic a bounded `SELECT 1` probes it.
+Every tick is bounded (jobs.connectivity) and an outage is logged once, then as a rate-limited
+reminder, then as the recovery -- never a traceback per tick.
 """
 
 import logging
@@ -21,12 +25,14 @@ from collections.abc import Callable, Sequence
 import psycopg
 from django.db import DatabaseError, connection
 
-from jobs import bridge, reaper, transitions
+from jobs import bridge, reaper, transitions, unresolved
 from jobs.conf import jobs_settings
+from jobs.connectivity import OutageLog, bounded
 
 logger = logging.getLogger("jobs.scheduler")
 
 NOTIFY_CHANNEL = "jobs_enqueued"
+LIVENESS_SECONDS = 5.0  # an idle LISTEN connection is probed after this long without traffic
 
 
 def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
@@ -42,20 +48,31 @@ class Waker:
 
     def __init__(self) -> None:
         self._conn: psycopg.Connection | None = None
+        self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
+        self.outage = OutageLog("scheduler LISTEN connection", logger)
 
     def _connect(self) -> psycopg.Connection | None:
         if connection.vendor != "postgresql":
             return None
         if self._conn is None or self._conn.closed:
-            self._conn = dedicated_connection()
-            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._conn = dedicated_connection()  # connect_timeout bounds it (settings OPTIONS)
+            with bounded("LISTEN", conn=self._conn):
+                self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._heard_at = time.monotonic()
+        elif time.monotonic() - self._heard_at > LIVENESS_SECONDS:
+            # Quiet for a while: make sure the server is still there to notify us.
+            with bounded("LISTEN liveness probe", conn=self._conn):
+                self._conn.execute("SELECT 1")
+            self._heard_at = time.monotonic()
         return self._conn
 
     def wait(self, timeout: float) -> bool:
         try:
             conn = self._connect()
-        except psycopg.Error:
-            logger.warning("LISTEN connection failed; polling", exc_info=True)
+            self.outage.recovered()
+        except (psycopg.Error, OSError) as exc:
+            self.outage.failed(exc)
+            self.close()
             conn = None
         if conn is None:
             time.sleep(timeout)  # no notification channel: this is the poll interval
@@ -64,18 +81,22 @@ class Waker:
             ready, _, _ = select.select([conn.fileno()], [], [], timeout)
             woke = False
             if ready:
+                self._heard_at = time.monotonic()
                 # Drain every queued notification at once: one wake-up per burst of enqueues.
                 for _ in conn.notifies(timeout=0):
                     woke = True
             return woke
-        except (psycopg.Error, OSError):
-            logger.warning("LISTEN connection lost; reconnecting", exc_info=True)
+        except (psycopg.Error, OSError) as exc:
+            self.outage.failed(exc)
             self.close()
             return False
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            try:
+                self._conn.close()
+            except (psycopg.Error, OSError):
+                pass
             self._conn = None
 
 
@@ -87,14 +108,17 @@ class EmbeddedScheduler:
         self.waker = Waker()
         self.broker = bridge.new_broker()
         self._next_reap = 0.0
+        self.outage = OutageLog("scheduler", logger)
 
     def tick(self) -> None:
         cfg = jobs_settings()
         now = time.monotonic()
-        if now >= self._next_reap:
-            reaper.reap(self.identity)
-            self._next_reap = now + cfg.REAPER_SECONDS
-        self.dispatch()
+        with bounded("scheduler tick"):
+            if now >= self._next_reap:
+                reaper.reap(self.identity)
+                self._next_reap = now + cfg.REAPER_SECONDS
+            self.dispatch()
+            unresolved.resolve_pending()
 
     def dispatch(self) -> None:
         """Make sure enough drains are on their way for the work that is due now."""
@@ -113,8 +137,9 @@ class EmbeddedScheduler:
             while not should_stop():
                 try:
                     self.tick()
-                except DatabaseError:
-                    logger.exception("scheduler tick failed; retrying")
+                    self.outage.recovered()
+                except DatabaseError as exc:
+                    self.outage.failed(exc)
                     connection.close()
                 timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
                 self.waker.wait(timeout)

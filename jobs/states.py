@@ -74,6 +74,9 @@ class EventType(models.TextChoices):
     REQUEUED = "requeued", "Requeued"
     RELEASED = "released", "Released unstarted"
     POISONED = "poisoned", "Refused by the database"
+    # A worker gave up resolving its final write (database unreachable past the limit); written
+    # when the database is back, with the outcome then read from the attempt row (jobs.unresolved).
+    UNRESOLVED = "unresolved", "Outcome unknown to its worker"
 
 
 class Write(models.TextChoices):

@@ -10,12 +10,23 @@ the whole process group (systemd's default KillMode=control-group, a terminal's 
 sentinel at the same moment. If it dies holding its stop event's lock, django-q2's handler blocks
 forever in Event.set(). So the signal only asks the scheduler loop to end, and the cluster is
 stopped afterwards -- skipped when the sentinel is already gone, and bounded by a deadline.
+
+Shutdown policy (jobs.shutdown): SIGTERM/SIGINT to this process starts the grace period
+(JOBS["SHUTDOWN_GRACE_SECONDS"]). Drains claim nothing more at once and hand back what they hold
+unstarted; handlers may finish within the grace; then each drain hands its jobs back (fenced
+release) and its worker process exits. Whatever is still alive SHUTDOWN_MARGIN_SECONDS after the
+grace (a handler stuck in C code, a process blocked on an unreachable database) is SIGKILLed, so
+the process group is gone within grace + margin whatever the handlers or the network do. The
+scheduler's own database wait is cut when the signal arrives, so an unreachable database cannot
+hold the main process either.
 """
 
 import logging
 import os
 import signal
 import threading
+import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -24,10 +35,15 @@ from django.core.management.base import CommandParser
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQClusterCommand
 
+from jobs import shutdown
+from jobs.conf import jobs_settings
+from jobs.connectivity import cut_waits_of_this_thread
 from jobs.scheduler import EmbeddedScheduler
 
 logger = logging.getLogger("jobs.scheduler")
-STOP_GRACE_SECONDS = 30.0
+# After the grace period: time for drains to hand their jobs back and for processes to exit,
+# before whatever is left is killed.
+SHUTDOWN_MARGIN_SECONDS = 5.0
 
 
 class Command(DjangoQClusterCommand):
@@ -52,9 +68,15 @@ class Command(DjangoQClusterCommand):
             return
 
         stop_requested = threading.Event()
+        grace = jobs_settings().SHUTDOWN_GRACE_SECONDS
+        family: set[int] = set()
 
         def request_stop(signum: int, frame: FrameType | None) -> None:
+            shutdown.begin(grace)
+            if not stop_requested.is_set():
+                family.update(descendants(os.getpid()))  # before any of them dies or is orphaned
             stop_requested.set()
+            cut_waits_of_this_thread("stop requested")  # e.g. the reaper's query in a partition
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
@@ -69,14 +91,70 @@ class Command(DjangoQClusterCommand):
             else:
                 EmbeddedScheduler().run(should_stop=stopped)
         finally:
-            stop_cluster(cluster)
+            ends = shutdown.begin(grace)  # also when the cluster died on its own
+            logger.warning(
+                "stopping: claiming nothing more; running handlers have %.1f s to finish, then "
+                "their jobs are handed back",
+                max(0.0, ends - time.monotonic()),
+            )
+            stop_cluster(cluster, ends + SHUTDOWN_MARGIN_SECONDS, family)
 
 
-def stop_cluster(cluster: Cluster) -> None:
-    if not cluster.sentinel.is_alive():
-        return  # gone with the same signal: nothing to stop, and its lock may be orphaned
-    stopper = threading.Thread(target=cluster.stop, name="qcluster-stop", daemon=True)
-    stopper.start()
-    stopper.join(STOP_GRACE_SECONDS)
-    if stopper.is_alive():
-        logger.error("django-q2 did not stop within %.0f s; exiting anyway", STOP_GRACE_SECONDS)
+def stop_cluster(cluster: Cluster, deadline: float, family: set[int]) -> None:
+    """Stop django-q2 in order; at `deadline` (monotonic) SIGKILL every process left."""
+    if cluster.sentinel.is_alive():
+        stopper = threading.Thread(target=cluster.stop, name="qcluster-stop", daemon=True)
+        stopper.start()
+        stopper.join(max(0.0, deadline - time.monotonic()))
+        if not stopper.is_alive():
+            return
+    # The sentinel is gone (or stuck): kill what is left of the cluster, orphans included.
+    left = (family | descendants(os.getpid())) - {os.getpid()}
+    left = {pid for pid in left if _alive(pid)}
+    if left:
+        logger.error(
+            "cluster processes still running %.1f s after the grace period; killing %s",
+            SHUTDOWN_MARGIN_SECONDS,
+            sorted(left),
+        )
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(root: int) -> set[int]:
+    """Every live descendant of `root`, from /proc (Linux); empty where /proc is missing."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
