@@ -143,6 +143,15 @@ def bounded(what: str, seconds: float | None = None, conn: Any = None) -> Iterat
     token = _watchdog.arm(fd, seconds, what)
     try:
         yield
+    except Exception as exc:
+        if not _watchdog.disarm(token):
+            raise
+        # Same type (callers catch their driver's or Django's connection errors), plainer words.
+        try:
+            plain = type(exc)(f"no answer within {seconds:g} s ({what}); connection cut")
+        except Exception:  # noqa: BLE001  an exception type that takes other arguments
+            raise exc from None
+        raise plain from exc
     finally:
         _watchdog.disarm(token)
 

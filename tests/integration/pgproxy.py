@@ -47,6 +47,7 @@ class PgProxy:
         self._flowing.set()
         self.cuts = 0
         self.resets = 0
+        self.held_messages = 0  # client messages that arrived while holding
         self._closing = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -59,6 +60,8 @@ class PgProxy:
 
     def hold(self) -> None:
         """Relay nothing more, in either direction, on any connection (sockets stay open)."""
+        with self._lock:
+            self.held_messages = 0
         self._flowing.clear()
 
     def heal(self) -> None:
@@ -122,6 +125,9 @@ class PgProxy:
         client, server = pair.client, pair.server
         try:
             while data := client.recv(65536):
+                if not self._flowing.is_set():
+                    with self._lock:
+                        self.held_messages += 1
                 self._flowing.wait()  # a partition holds the bytes here
                 if pair.dead:
                     return
