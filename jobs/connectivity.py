@@ -157,8 +157,15 @@ def bounded(what: str, seconds: float | None = None, conn: Any = None) -> Iterat
 
 
 def cut_waits_of_this_thread(why: str) -> None:
-    """Fail this thread's bounded round trips now (from a signal handler: stop means stop)."""
-    _watchdog.cut_thread(threading.get_ident(), why)
+    """Fail this thread's bounded round trips now (from a signal handler: stop means stop).
+
+    The cut runs on a thread of its own: the signal may have interrupted this very thread
+    while it held the watchdog's lock (arming or disarming), which it would wait for forever.
+    """
+    thread = threading.get_ident()
+    threading.Thread(
+        target=_watchdog.cut_thread, args=(thread, why), name="jobs-db-cut", daemon=True
+    ).start()
 
 
 class OutageLog:
