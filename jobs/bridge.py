@@ -57,6 +57,7 @@ class ResilientORMBroker(ORM):
     def __init__(self, list_key: str | None = None) -> None:
         super().__init__(list_key=list_key)  # type: ignore[arg-type]
         self.outage = OutageLog("django-q2 pusher (broker poll)")
+        self.ack_outage = OutageLog("django-q2 monitor (broker acknowledge)")
 
     def dequeue(self) -> Any:
         try:
@@ -69,3 +70,15 @@ class ResilientORMBroker(ORM):
             return None
         self.outage.recovered()
         return tasks
+
+    def acknowledge(self, task_id: Any) -> None:
+        """An acknowledgement lost to an outage is dropped, not fatal: the task row is redelivered
+        after Q_RETRY as a harmless drain that claims nothing (the job tables decide)."""
+        try:
+            with bounded("broker acknowledge", conn=connections[Conf.ORM]):
+                super().acknowledge(task_id)
+        except DatabaseError as exc:
+            self.ack_outage.failed(exc)
+            connections[Conf.ORM].close()
+            return
+        self.ack_outage.recovered()

@@ -73,7 +73,7 @@ class EventType(models.TextChoices):
     LOST = "lost", "Lease lost"
     CANCELLED = "cancelled", "Cancelled"
     REQUEUED = "requeued", "Requeued"
-    RELEASED = "released", "Handed back"  # unstarted, or abandoned at shutdown (uncharged)
+    RELEASED = "released", "Released (handed back)"  # unstarted, or abandoned at shutdown
     POISONED = "poisoned", "Refused by the database"
     # A worker gave up resolving its final write (database unreachable past the limit); written
     # when the database is back, with the outcome then read from the attempt row (jobs.unresolved).
