@@ -109,6 +109,7 @@ def test_sigterm_hands_a_job_longer_than_the_grace_period_to_another_worker_at_o
     assert wait_for_state(job.pk, "succeeded", timeout=10).attempt == 2
 
     gone_after = released_after + wait_gone(leaving, SHUTDOWN_MARGIN_SECONDS + 5)
+    print(f"released {released_after:.2f} s after SIGTERM, group gone after {gone_after:.2f} s")
     assert gone_after < GRACE_SECONDS + 3.0, f"group took {gone_after:.1f} s to go"
 
 
@@ -122,6 +123,7 @@ def test_a_handler_that_ignores_everything_is_abandoned_when_the_grace_period_en
     wait_for_attempt(job.pk, 1)
     os.kill(cluster.proc.pid, signal.SIGTERM)
     took = wait_gone(cluster, 1 + SHUTDOWN_MARGIN_SECONDS + 5)
+    print(f"abandoned: group gone {took:.2f} s after SIGTERM (grace 1 s)")
     assert took < 1 + 3.0, f"group took {took:.1f} s to go"
     assert Attempt.objects.get(job=job, number=1).outcome == "released"
     assert wait_for_state(job.pk, "queued").attempt == 1  # ready for any worker, now
@@ -148,4 +150,5 @@ def test_sigterm_while_the_database_is_unreachable_stops_within_a_bound(pg_proxy
     )
     os.kill(cluster.proc.pid, signal.SIGTERM)
     took = wait_gone(cluster, 1 + SHUTDOWN_MARGIN_SECONDS + 4)
+    print(f"database unreachable: group gone {took:.2f} s after SIGTERM (grace 1 s)")
     assert took < 1 + SHUTDOWN_MARGIN_SECONDS + 2, f"group took {took:.1f} s to go"
