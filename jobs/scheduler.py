@@ -21,9 +21,11 @@ import select
 import socket
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import psycopg
 from django.db import DatabaseError, connection
+from django.db.backends.signals import connection_created
 
 from jobs import bridge, reaper, transitions, unresolved
 from jobs.conf import jobs_settings
@@ -33,6 +35,32 @@ logger = logging.getLogger("jobs.scheduler")
 
 NOTIFY_CHANNEL = "jobs_enqueued"
 LIVENESS_SECONDS = 5.0  # an idle LISTEN connection is probed after this long without traffic
+
+
+def limit_statements_of_this_process() -> None:
+    """Server-side timeouts on every connection this process opens from now on.
+
+    Only for a process that runs nothing but the platform's own short statements -- qcluster's
+    main process, once django-q2's processes are forked (they run handlers, which may run long
+    queries). The server then cancels a statement stuck behind a lock or a slow plan itself:
+    a known outcome (rolled back), and no backend left running after the client-side deadline
+    (jobs.connectivity) has cut the socket. Nothing here ends an attempt, so no cancelled
+    statement can make a decided write look undecided.
+    """
+    pid = os.getpid()
+    timeout_ms = int(jobs_settings().DB_TIMEOUT_SECONDS * 1000)
+
+    def limit(sender: object, connection: Any, **kwargs: object) -> None:
+        if os.getpid() != pid or connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT set_config('statement_timeout', %s, false), "
+                "set_config('lock_timeout', %s, false)",
+                [f"{timeout_ms}ms", f"{max(1, timeout_ms // 2)}ms"],
+            )
+
+    connection_created.connect(limit, weak=False, dispatch_uid="jobs.scheduler.limit")
 
 
 def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:

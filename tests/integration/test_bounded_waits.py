@@ -72,3 +72,22 @@ def test_a_silent_listen_connection_is_noticed_and_listening_resumes(proxied, mo
             assert time.monotonic() < deadline, "no wake-up after the LISTEN came back"
     finally:
         waker.close()
+
+
+def test_the_scheduler_process_has_server_side_statement_and_lock_timeouts(settings):
+    from django.db.backends.signals import connection_created
+
+    settings.JOBS = {**settings.JOBS, "DB_TIMEOUT_SECONDS": 0.5}
+    connection.close()
+    scheduler.limit_statements_of_this_process()
+    try:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+            )
+            assert cur.fetchone() == ("500ms", "250ms")
+            with pytest.raises(OperationalError, match="statement timeout"):
+                cur.execute("SELECT pg_sleep(3)")
+    finally:
+        connection_created.disconnect(dispatch_uid="jobs.scheduler.limit")
+        connection.close()

@@ -32,13 +32,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import CommandParser
+from django.db import connection
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQClusterCommand
 
 from jobs import shutdown
 from jobs.conf import jobs_settings
 from jobs.connectivity import cut_waits_of_this_thread
-from jobs.scheduler import EmbeddedScheduler
+from jobs.scheduler import EmbeddedScheduler, limit_statements_of_this_process
 
 logger = logging.getLogger("jobs.scheduler")
 # After the grace period: time for drains to hand their jobs back and for processes to exit,
@@ -66,6 +67,8 @@ class Command(DjangoQClusterCommand):
         if options.get("run_once"):
             cluster.stop()
             return
+        limit_statements_of_this_process()  # after the fork: never in a process running handlers
+        connection.close()  # the next connection gets the limits
 
         stop_requested = threading.Event()
         grace = jobs_settings().SHUTDOWN_GRACE_SECONDS
