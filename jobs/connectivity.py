@@ -54,6 +54,7 @@ class _Watchdog:
         self._armed: dict[int, _Armed] = {}
         self._next_token = 0
         self._thread: threading.Thread | None = None
+        self._wakes_at = float("inf")  # when the watchdog thread will look next
 
     def arm(self, fd: int, seconds: float, what: str) -> int:
         inode = os.fstat(fd).st_ino
@@ -66,7 +67,10 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="jobs-db-watchdog")
                 self._thread.daemon = True
                 self._thread.start()
-            self._wake.notify()
+            if deadline < self._wakes_at:
+                # Only then: deadlines share one length, so a new one is almost always later
+                # than the one the thread waits for, and the hot path pays no thread switch.
+                self._wake.notify()
         return token
 
     def disarm(self, token: int) -> bool:
@@ -91,7 +95,8 @@ class _Watchdog:
                     if armed.deadline <= now:
                         self._cut(armed, "no answer within its deadline")
                 later = [a.deadline for a in pending if a.deadline > now]
-                self._wake.wait(min(later) - now if later else 60.0)
+                self._wakes_at = min(later) if later else now + 60.0
+                self._wake.wait(self._wakes_at - now)
 
     @staticmethod
     def _cut(armed: _Armed, why: str) -> None:
