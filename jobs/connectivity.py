@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+from django.db import InterfaceError, OperationalError
 from django.db import connection as default_connection
 
 logger = logging.getLogger("jobs.connectivity")
@@ -198,7 +200,17 @@ class OutageLog:
         summary = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
         if self.failures == 1:
             self._since = self._logged_at = now
-            self.log.error("%s: database unreachable (%s); retrying", self.what, summary)
+            # A connection error says all in one line; anything else may be a bug: traceback.
+            trace = (
+                None
+                if isinstance(
+                    exc, OperationalError | InterfaceError | psycopg.OperationalError | OSError
+                )
+                else exc
+            )
+            self.log.error(
+                "%s: database unreachable (%s); retrying", self.what, summary, exc_info=trace
+            )
         elif now - self._logged_at >= jobs_settings().OUTAGE_LOG_SECONDS:
             self._logged_at = now
             self.log.error(
