@@ -45,7 +45,7 @@ logger = logging.getLogger("jobs.runner")
 
 # After the grace period's hand-back, how long an abandoned handler may still run (its writes
 # are rejected and recorded meanwhile) before its worker process ends.
-ABANDON_SECONDS = 1.0
+ABANDON_SECONDS = 0.5
 
 
 def worker_identity() -> str:

@@ -129,7 +129,7 @@ def test_a_handler_that_ignores_everything_is_abandoned_when_the_grace_period_en
     os.kill(cluster.proc.pid, signal.SIGTERM)
     took = wait_gone(cluster, 1 + SHUTDOWN_MARGIN_SECONDS + 5)
     print(f"abandoned: group gone {took:.2f} s after SIGTERM (grace 1 s)")
-    assert took < 1 + 3.0, f"group took {took:.1f} s to go"
+    assert took < 1 + 4.0, f"group took {took:.1f} s to go"  # the hard kill: 1 + 5 s
     assert Attempt.objects.get(job=job, number=1).outcome == "released"
     assert wait_for_state(job.pk, "queued").attempt == 1  # ready for any worker, now
     assert "abandoning the running handler" in cluster.log()
