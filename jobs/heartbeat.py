@@ -51,6 +51,7 @@ class Held:
     # A beat (or the runner's explicit write) has marked this attempt's handler as running. A
     # confirmed attempt would be charged if it expired, so its success is committed at once.
     confirmed: bool = False
+    started: bool = False  # the runner took it to run (see Heartbeater.start)
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,12 @@ class Heartbeater:
         interval: float,
         commit: Commit,
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
+        on_stop: Callable[["Heartbeater"], None] | None = None,
     ) -> None:
         self.interval = interval
         self._commit = commit
         self._on_grace_over = on_grace_over
+        self._on_stop = on_stop
         self._held: dict[int, Held] = {}
         self._finished: list[Finished] = []
         self._running: Held | None = None
@@ -111,6 +114,26 @@ class Heartbeater:
     def release(self, fence: Fence) -> None:
         with self._lock:
             self._held.pop(fence.job_id, None)
+
+    def start(self, held: Held) -> bool:
+        """The runner is about to run this job; False if it was handed back meanwhile."""
+        with self._lock:
+            if self._held.get(held.fence.job_id) is not held:
+                return False
+            held.started = True
+            return True
+
+    def holds(self, held: Held) -> bool:
+        with self._lock:
+            return self._held.get(held.fence.job_id) is held
+
+    def take_unstarted(self) -> list[Held]:
+        """Take the held jobs the runner has not started (a stop: they are handed back now)."""
+        with self._lock:
+            taken = [h for h in self._held.values() if not h.started]
+            for h in taken:
+                del self._held[h.fence.job_id]
+        return taken
 
     def running(self, held: Held | None) -> None:
         """Name the job whose handler runs now (None between handlers).
@@ -209,13 +232,16 @@ class Heartbeater:
     def _run(self) -> None:
         last_beat = time.monotonic()
         failures = OutageLog("heartbeat", logger)
-        grace_handled = False
+        grace_handled = stop_handled = False
         try:
             while not self._stop.is_set():
                 self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
                 self._wake.clear()
                 if self._stop.is_set():
                     return
+                if not stop_handled and self._on_stop and shutdown.requested():
+                    stop_handled = True
+                    self._on_stop(self)
                 if not grace_handled and self._on_grace_over and shutdown.grace_over():
                     grace_handled = True
                     self._on_grace_over(self)  # may end the process

@@ -92,7 +92,9 @@ def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = No
     ran, size = 0, 1
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
     try:
-        with Heartbeater(interval, completer.commit, _hand_back_at_shutdown) as beats:
+        with Heartbeater(
+            interval, completer.commit, _hand_back_at_shutdown, _hand_back_unstarted
+        ) as beats:
             while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
                 with bounded("claim"):
                     batch = transitions.claim(
@@ -133,6 +135,9 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     try:
         while unstarted and not beats.at_risk and not shutdown.requested():
             current = unstarted.pop(0)
+            if not beats.start(current[1]):
+                current = None  # handed back by a stop meanwhile
+                continue
             run_one(*current, beats)
             current, ran = None, ran + 1
     except BaseException as exc:
@@ -214,10 +219,19 @@ def _abandon(
 
 
 def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
-    for claimed, _ in unstarted:
+    for claimed, held in unstarted:
+        if not beats.holds(held):
+            continue  # already handed back (a stop)
         beats.release(claimed.fence)
         completer.release(claimed)
     unstarted.clear()
+
+
+def _hand_back_unstarted(beats: Heartbeater) -> None:
+    """On the drain's background thread, as soon as a stop is requested: jobs claimed but not
+    started go back at once, not after the running handler or the grace period."""
+    for h in beats.take_unstarted():
+        completer.hand_back(h.fence)
 
 
 def _hand_back_at_shutdown(beats: Heartbeater) -> None:

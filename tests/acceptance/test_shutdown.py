@@ -5,6 +5,7 @@ import signal
 import time
 
 import pytest
+from django.db import transaction
 
 from jobs import enqueue
 from jobs.models import Attempt
@@ -116,6 +117,33 @@ def test_sigterm_hands_a_job_longer_than_the_grace_period_to_another_worker_at_o
     gone_after = released_after + wait_gone(leaving, SHUTDOWN_MARGIN_SECONDS + 5)
     print(f"released {released_after:.2f} s after SIGTERM, group gone after {gone_after:.2f} s")
     assert gone_after < GRACE_SECONDS + 3.0, f"group took {gone_after:.1f} s to go"
+
+
+def test_jobs_claimed_but_not_started_are_handed_back_as_soon_as_sigterm_arrives(
+    start_qcluster,
+):
+    """One worker, claim batches growing while jobs are quick: a long job and two quick ones
+    behind it share a batch. At SIGTERM the two go back at once, not after the long job or the
+    grace period."""
+    cluster = start_qcluster(
+        JOBS_WORKERS="1", JOBS_CLAIM_BATCH="8", JOBS_SHUTDOWN_GRACE_SECONDS="3"
+    )
+    with transaction.atomic():  # one wake-up, so one drain finds them all, in this order
+        quick = [enqueue("test.echo", {"n": n}) for n in range(3)]  # batches of 1, then 2
+        long = enqueue("test.sleep", {"seconds": 60}, lease_seconds=60)  # a batch of 4 ...
+        behind = [enqueue("test.echo", {"behind": n}) for n in range(2)]  # ... with these
+    for job in quick:
+        wait_for_state(job.pk, "succeeded")
+    wait_for_attempt(long.pk, 1)
+    for job in behind:
+        assert Attempt.objects.get(job=job, number=1).outcome == "running"  # held, not started
+    os.kill(cluster.proc.pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    for job in behind:
+        wait_for_outcome(job.pk, 1, {"released"}, timeout=3)
+    assert time.monotonic() - signalled < 1.5, "unstarted jobs waited for the running handler"
+    assert Attempt.objects.get(job=long, number=1).outcome == "running"  # its grace runs on
+    wait_for_outcome(long.pk, 1, {"released"}, timeout=3 + 3)
 
 
 def test_a_handler_that_ignores_everything_is_abandoned_when_the_grace_period_ends(
