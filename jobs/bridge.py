@@ -20,9 +20,10 @@ from django.db import DatabaseError, connections
 from django_q.brokers import Broker, get_broker
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
+from django_q.signals import post_spawn
 from django_q.tasks import async_task
 
-from jobs import runner
+from jobs import runner, shutdown
 from jobs.connectivity import OutageLog, bounded
 
 DRAIN_TASK = "jobs.bridge.drain"
@@ -30,7 +31,14 @@ DRAIN_TASK = "jobs.bridge.drain"
 
 def drain(queues: Sequence[str] | None = None) -> int:
     """Executed by a django-q2 worker process."""
-    return runner.drain(list(queues) if queues else None)
+    with shutdown.draining():
+        ran = runner.drain(list(queues) if queues else None)
+    if shutdown.terminated():
+        raise SystemExit(0)  # SIGTERM to the whole group: the sentinel is gone, so leave now
+    return ran
+
+
+post_spawn.connect(shutdown.install_worker_handler, dispatch_uid="jobs.shutdown.worker_sigterm")
 
 
 def worker_count() -> int:

@@ -163,6 +163,23 @@ def test_a_handler_that_ignores_everything_is_abandoned_when_the_grace_period_en
     assert "abandoning the running handler" in cluster.log()
 
 
+def test_sigterm_to_the_whole_group_keeps_the_grace_period_too(start_qcluster):
+    """systemd's default KillMode=control-group signals every process at once: the sentinel
+    dies, but the workers keep the same policy (finish within the grace, then hand back)."""
+    cluster = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS="1.5")
+    job = enqueue("test.sleep", {"seconds": 60}, lease_seconds=60)
+    wait_for_attempt(job.pk, 1)
+    os.killpg(cluster.pgid, signal.SIGTERM)
+    signalled = time.monotonic()
+    wait_for_outcome(job.pk, 1, {"released"}, timeout=1.5 + 3)
+    released_after = time.monotonic() - signalled
+    took = wait_gone(cluster, 1.5 + SHUTDOWN_MARGIN_SECONDS + 5)
+    print(f"group SIGTERM: released after {released_after:.2f} s, group gone after {took:.2f} s")
+    assert released_after >= 1.5 - 0.1
+    assert took < 1.5 + 4.0, f"group took {took:.1f} s to go"  # the hard kill: grace + 5 s
+    assert "abandoning the running handler" in cluster.log()
+
+
 def test_sigterm_while_the_database_is_unreachable_stops_within_a_bound(pg_proxy, start_qcluster):
     """The database goes silent (a partition) while a job runs, then SIGTERM: the main process
     is no longer held by its query, and the whole group is gone within grace + margin."""

@@ -111,9 +111,12 @@ def stop_cluster(cluster: Cluster, deadline: float, family: set[int]) -> None:
         stopper.join(max(0.0, deadline - time.monotonic()))
         if not stopper.is_alive():
             return
-    # The sentinel is gone (or stuck): kill what is left of the cluster, orphans included.
-    left = (family | descendants(os.getpid())) - {os.getpid()}
-    left = {pid for pid in left if _alive(pid)}
+    else:
+        # Gone with a signal to the whole group: the workers got it too and finish on their own
+        # (jobs.shutdown.worker_sigterm) -- wait for them until the deadline.
+        while _alive_ones(family) and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for processes to exit, bounded by the deadline
+    left = _alive_ones(family)
     if left:
         logger.error(
             "cluster processes still running %.1f s after the grace period; killing %s",
@@ -125,6 +128,14 @@ def stop_cluster(cluster: Cluster, deadline: float, family: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _alive_ones(family: set[int]) -> set[int]:
+    """The cluster's live processes: our process group if we lead it (orphans included), else
+    our descendants and those seen when the stop began."""
+    me = os.getpid()
+    group = processes_in_group(me) if os.getpgrp() == me else set()
+    return {pid for pid in (family | descendants(me) | group) - {me} if _alive(pid)}
 
 
 def _alive(pid: int) -> bool:
@@ -140,6 +151,20 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+def processes_in_group(pgid: int) -> set[int]:
+    """Every process of process group `pgid`, from /proc (Linux)."""
+    found = set()
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                found.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
 
 
 def descendants(root: int) -> set[int]:
