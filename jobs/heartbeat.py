@@ -9,9 +9,10 @@ Never: decides a job's outcome. A heartbeat that changes zero rows is recorded b
 transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
-Also owns the shutdown deadline of the drain it serves: once the grace period of a stop is over
-(jobs.shutdown) it calls the drain's `on_grace_over` once -- the runner hands the held jobs back
-and ends the worker process.
+Also watches for a stop (jobs.shutdown) on behalf of the drain it serves: when one is requested
+it calls the drain's `on_stop` once (the runner hands back the jobs not started), and when its
+grace period is over, `on_grace_over` once (the runner hands back the rest and ends the worker
+process).
 
 Hazards: the thread has its own database connection (Django connections are per thread) and
 closes it on exit. Every beat is bounded (jobs.connectivity), so a partition costs a beat, never

@@ -16,7 +16,10 @@ Shutdown policy (jobs.shutdown): SIGTERM/SIGINT to this process starts the grace
 unstarted; handlers may finish within the grace; then each drain hands its jobs back (fenced
 release) and its worker process exits. Whatever is still alive SHUTDOWN_MARGIN_SECONDS after the
 grace (a handler stuck in C code, a process blocked on an unreachable database) is SIGKILLed, so
-the process group is gone within grace + margin whatever the handlers or the network do. The
+the process group is gone within grace + margin whatever the handlers or the network do. A
+signal to the whole group kills the sentinel, but each worker applies the same policy itself
+(jobs.shutdown.worker_sigterm); this process then waits for them, and kills what is left of its
+group at the same deadline. The
 scheduler's own database wait is cut when the signal arrives, so an unreachable database cannot
 hold the main process either.
 """
