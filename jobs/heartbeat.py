@@ -230,6 +230,12 @@ class Heartbeater:
         """Wait up to `timeout` for the drain to end (its __exit__); True if it did."""
         return self._stop.wait(timeout)
 
+    def _call(self, step: Callable[["Heartbeater"], None]) -> None:
+        try:
+            step(self)
+        except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
+            logger.exception("shutdown step failed; the leases decide what it did not settle")
+
     def _run(self) -> None:
         last_beat = time.monotonic()
         failures = OutageLog("heartbeat", logger)
@@ -242,10 +248,10 @@ class Heartbeater:
                     return
                 if not stop_handled and self._on_stop and shutdown.requested():
                     stop_handled = True
-                    self._on_stop(self)
+                    self._call(self._on_stop)
                 if not grace_handled and self._on_grace_over and shutdown.grace_over():
                     grace_handled = True
-                    self._on_grace_over(self)  # may end the process
+                    self._call(self._on_grace_over)  # may end the process
                     continue
                 now = time.monotonic()
                 try:
