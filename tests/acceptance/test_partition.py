@@ -172,3 +172,36 @@ def test_a_final_write_unresolved_past_the_limit_is_reported_once_the_database_i
         job_id=job.pk,
     )
     assert "the write had landed" in cluster.log()
+
+
+def test_a_final_write_that_never_arrived_is_reported_as_not_landed(
+    pg_proxy, start_qcluster, tmp_path
+):
+    """The same, but the commit is cut before it reaches the server: once the database is back
+    the lease decides (attempt 1 expires, attempt 2 runs), and the report reads that outcome."""
+    spool = tmp_path / "unresolved"
+    start_behind(
+        start_qcluster,
+        pg_proxy,
+        JOBS_UNKNOWN_OUTCOME_SECONDS="1.5",
+        JOBS_UNRESOLVED_DIR=str(spool),
+    )
+    pg_proxy.cut_on(b"state = 'succeeded'", after_reply=False, then_hold=True)
+    job = enqueue("test.echo", {"commit": "never sent"})
+    wait_until(
+        lambda: list(spool.glob("*.json")),
+        timeout=20,
+        what="the worker to give up and spool the attempt",
+        job_id=job.pk,
+    )
+    assert Attempt.objects.get(job=job, number=1).outcome == "running"  # nothing landed
+    pg_proxy.reset()
+    event = wait_until(
+        lambda: JobEvent.objects.filter(job=job, type="unresolved").first(),
+        timeout=20,
+        what="the unresolved event",
+        job_id=job.pk,
+    )
+    assert event.data["outcome_read"] == "expired" and event.data["landed"] is False
+    done = wait_for_state(job.pk, "succeeded", timeout=20)
+    assert done.attempt == 2
