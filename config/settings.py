@@ -81,11 +81,33 @@ TEMPLATES = [
 SQLITE_PATH = Path(os.environ.get("PALISADE_SQLITE_PATH", BASE_DIR / "var" / "palisade.sqlite3"))
 
 
+PG_NETWORK_OPTIONS = {
+    "connect_timeout": int(os.environ.get("PG_CONNECT_TIMEOUT", "5")),  # seconds (libpq min 2)
+    "keepalives": 1,
+    "keepalives_idle": 10,  # an idle connection (LISTEN) is probed after 10 s of silence,
+    "keepalives_interval": 3,  # every 3 s,
+    "keepalives_count": 3,  # and declared dead after 3 unanswered probes (~19 s)
+    "tcp_user_timeout": 20_000,  # ms: data sent and not acknowledged for 20 s fails the socket
+}
+
+
 def database_from_env() -> dict[str, Any]:
     url = os.environ.get("DATABASE_URL")
     if url:
-        db = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
-        return dict(db)
+        db: dict[str, Any] = dict(
+            dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        )
+        if db["ENGINE"] == "django.db.backends.postgresql":
+            # libpq limits on the network, safe for every connection (web, workers, scheduler):
+            # they bound connecting and detect a peer that stopped acknowledging (a half-open
+            # connection), never a query that is merely slow. No statement_timeout here: handlers
+            # and the web share these connections and may run long queries legitimately; the
+            # platform's own round trips are bounded client-side instead (jobs.connectivity),
+            # which also covers a partition the server never sees. Options in the URL win.
+            options = db.setdefault("OPTIONS", {})
+            for key, value in PG_NETWORK_OPTIONS.items():
+                options.setdefault(key, value)
+        return db
     SQLITE_PATH.parent.mkdir(parents=True, exist_ok=True)
     return {
         "ENGINE": "django.db.backends.sqlite3",
@@ -158,6 +180,12 @@ JOBS: dict[str, Any] = {
     "QUEUES": None,  # None: this cluster serves every queue; or a comma-separated list
     "STAGING_STORAGE": "default",
     "ORPHAN_GRACE_SECONDS": 3600.0,
+    # Faults (README "Shutdown and database outages").
+    "SHUTDOWN_GRACE_SECONDS": 20.0,  # after SIGTERM, running handlers may finish within this
+    "DB_TIMEOUT_SECONDS": 10.0,  # client-side deadline of one platform round trip
+    "UNKNOWN_OUTCOME_SECONDS": 60.0,  # a worker stops resolving a final write after this long
+    "OUTAGE_LOG_SECONDS": 30.0,  # reminder interval while the database stays unreachable
+    "UNRESOLVED_DIR": "",  # spool of final writes given up on; "" = var/unresolved
 }
 
 Q_CLUSTER = {
@@ -165,6 +193,8 @@ Q_CLUSTER = {
     "workers": JOBS_WORKERS,
     # Transport only: the job tables decide. The ORM broker keeps Palisade on the database alone.
     "orm": "default",
+    # django-q2's ORM broker, made to ride out a database outage (see jobs/bridge.py).
+    "broker_class": "jobs.bridge.ResilientORMBroker",
     "poll": float(os.environ.get("Q_POLL", "0.05")),
     # One drain task runs many jobs; `timeout` caps a drain (and so the longest single job), and
     # `retry` must stay above it or django-q2 redelivers a task still running (checked: jobs.E002).

@@ -14,7 +14,10 @@ Hazards: a connection lost during the write leaves its outcome unknown. The atte
 Attempt row, re-read on a fresh connection, decides: only this attempt's own write sets its
 outcome to `succeeded`/`failed`/`released` (the job's state cannot tell: a reaper's requeue and a
 retrying fail both leave it queued at the same attempt). Until the outcome is known nothing is
-reported; after UNKNOWN_OUTCOME_DEADLINE the error propagates and the lease decides.
+reported. Every presentation and re-read is bounded (jobs.connectivity), and the whole resolution
+by JOBS["UNKNOWN_OUTCOME_SECONDS"] (60 s): past it the write is spooled (jobs.unresolved) so the
+operator sees it once the database is back, with the outcome then read from the database, and
+the error propagates; the lease decides the job meanwhile.
 """
 
 import logging
@@ -25,8 +28,9 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from jobs import pending, policy, staging, transitions
+from jobs import pending, policy, staging, transitions, unresolved
 from jobs.conf import jobs_settings
+from jobs.connectivity import bounded
 from jobs.context import record_unrecorded_rejection
 from jobs.exceptions import LeaseLost, UnknownKind
 from jobs.heartbeat import Finished
@@ -35,8 +39,6 @@ from jobs.states import AttemptOutcome
 from jobs.transitions import Claimed, Fence
 
 logger = logging.getLogger("jobs.completer")
-
-UNKNOWN_OUTCOME_DEADLINE = 60.0
 
 
 def _ids(fence: Fence) -> tuple[int, int]:
@@ -175,12 +177,30 @@ def release(claimed: Claimed) -> None:
         logger.debug("job %s attempt %s: %s", *_ids(fence), exc)
 
 
+def hand_back(fence: Fence) -> None:
+    """Shutdown: hand back a held job whose handler is abandoned (a fenced release, one bounded
+    try -- the process is about to end; if the database cannot be reached the lease decides)."""
+    try:
+        with bounded(f"release of job {fence.job_id} attempt {fence.attempt}"):
+            transitions.release(fence)
+        logger.warning("job %s attempt %s: handed back at shutdown", *_ids(fence))
+    except LeaseLost as exc:
+        logger.info("job %s attempt %s: %s", *_ids(fence), exc)
+    except DatabaseError as exc:
+        logger.error(
+            "job %s attempt %s: could not hand back at shutdown (%s); its lease will expire",
+            *_ids(fence),
+            type(exc).__name__,
+        )
+
+
 def discard(fence: Fence) -> None:
     # The lost lease is already recorded (and logged) by whichever fenced write saw it -- or,
     # seen inside the handler's own transaction on SQLite, is recorded now that it is over.
     record_unrecorded_rejection(fence)
     logger.debug("job %s attempt %s: lease lost, work discarded", *_ids(fence))
-    transitions.mark_lost(fence)
+    with bounded(f"end of job {fence.job_id} attempt {fence.attempt} as lost"):
+        transitions.mark_lost(fence)
     _settle_unpromoted(fence)
 
 
@@ -201,14 +221,16 @@ def present_until_decided(
     a recorded rejection -- unless the earlier presentation landed meanwhile, which
     jobs.transitions recognises as this attempt's own write).
     """
-    deadline = time.monotonic() + UNKNOWN_OUTCOME_DEADLINE
+    deadline = time.monotonic() + jobs_settings().UNKNOWN_OUTCOME_SECONDS
     remaining = list(fences)
     while remaining:
         try:
-            write(remaining)
+            with bounded(f"final write ({landed}) of {len(remaining)} attempts"):
+                write(remaining)
             return
         except (OperationalError, InterfaceError):
             if time.monotonic() > deadline:
+                unresolved.record(remaining, landed)
                 raise
             logger.warning(
                 "connection lost during the final write of %s; re-reading",
@@ -217,7 +239,12 @@ def present_until_decided(
             connection.close()
         still = []
         for fence in remaining:
-            if _read_on_fresh_connection(fence, deadline) == landed:
+            try:
+                outcome = _read_on_fresh_connection(fence, deadline)
+            except (OperationalError, InterfaceError):
+                unresolved.record(remaining, landed)
+                raise
+            if outcome == landed:
                 logger.info("job %s attempt %s: the write had landed", *_ids(fence))
             else:
                 still.append(fence)
@@ -228,7 +255,8 @@ def _read_on_fresh_connection(fence: Fence, deadline: float) -> str | None:
     pause = 0.05
     while True:
         try:
-            return transitions.attempt_outcome(fence)
+            with bounded(f"re-read of job {fence.job_id} attempt {fence.attempt}"):
+                return transitions.attempt_outcome(fence)
         except (OperationalError, InterfaceError):
             connection.close()
             if time.monotonic() > deadline:

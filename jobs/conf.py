@@ -28,6 +28,12 @@ class JobsSettings:
     QUEUES: tuple[str, ...] | None = None
     STAGING_STORAGE: str = "default"
     ORPHAN_GRACE_SECONDS: float = 3600.0
+    # Operating under faults (README "When the database is unreachable, and shutdown").
+    SHUTDOWN_GRACE_SECONDS: float = 20.0  # SIGTERM: running handlers may finish within this
+    DB_TIMEOUT_SECONDS: float = 10.0  # longest one platform round trip may wait before it is cut
+    UNKNOWN_OUTCOME_SECONDS: float = 60.0  # a worker stops resolving an unknown final write
+    OUTAGE_LOG_SECONDS: float = 30.0  # a persisting outage is logged again at most this often
+    UNRESOLVED_DIR: str = ""  # spool of writes given up on; "" = <project>/var/unresolved
 
 
 def _coerce(name: str, raw: object, default: object) -> object:
@@ -76,6 +82,10 @@ def _check_ranges(cfg: JobsSettings) -> None:
         ("RETRY_BASE_SECONDS", bounds.RETRY_SECONDS, False),
         ("RETRY_MAX_SECONDS", bounds.RETRY_SECONDS, False),
         ("ORPHAN_GRACE_SECONDS", (0.0, 365 * 24 * 3600.0), False),
+        ("SHUTDOWN_GRACE_SECONDS", (0.0, 24 * 3600.0), False),
+        ("DB_TIMEOUT_SECONDS", (0.1, 3600.0), False),
+        ("UNKNOWN_OUTCOME_SECONDS", (0.1, 24 * 3600.0), False),
+        ("OUTAGE_LOG_SECONDS", (0.1, 24 * 3600.0), False),
     ]
     for name, limits, integer in checks:
         try:

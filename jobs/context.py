@@ -24,6 +24,7 @@ from django.db import connection
 
 from jobs import bounds, transitions
 from jobs.conf import jobs_settings
+from jobs.connectivity import bounded
 from jobs.exceptions import LeaseLost
 from jobs.heartbeat import Held
 from jobs.states import Write
@@ -57,9 +58,18 @@ def record_unrecorded_rejection(fence: Fence) -> None:
         transitions.record_rejected(fence, write)
 
 
-def _outside_callers_transaction(write: Callable[[], None], fence: Fence) -> None:
+def _outside_callers_transaction(
+    write: Callable[[], None], fence: Fence, deadline: bool = True
+) -> None:
+    """`deadline`: bound the write's round trips (jobs.connectivity) -- not for a write that
+    also moves a file through storage (ctx.stage), which may rightly take longer than that."""
     if not connection.in_atomic_block:
-        write()
+        if not deadline:
+            write()
+            return
+        # Bounded (jobs.connectivity): a partition fails the write instead of hanging the handler.
+        with bounded("a handler's fenced write"):
+            write()
         return
     if connection.vendor == "sqlite":
         # One writer: another connection could not write before the handler's COMMIT.
@@ -74,7 +84,8 @@ def _outside_callers_transaction(write: Callable[[], None], fence: Fence) -> Non
 
     def on_own_connection() -> None:
         connection.close_if_unusable_or_obsolete()
-        write()
+        with bounded("a handler's fenced write"):
+            write()
 
     _side_used.set()
     _side_writer.submit(on_own_connection).result()
@@ -138,7 +149,9 @@ class JobContext:
         self._raise_if_lost("stage")
         ref: list[str] = []
         _outside_callers_transaction(
-            lambda: ref.append(staging.stage(self._held.fence, name, content)), self._held.fence
+            lambda: ref.append(staging.stage(self._held.fence, name, content)),
+            self._held.fence,
+            deadline=False,
         )
         pending.mark_staged(self._held.fence)
         return ref[0]

@@ -9,8 +9,14 @@ Never: decides a job's outcome. A heartbeat that changes zero rows is recorded b
 transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
+Also watches for a stop (jobs.shutdown) on behalf of the drain it serves: when one is requested
+it calls the drain's `on_stop` once (the runner hands back the jobs not started), and when its
+grace period is over, `on_grace_over` once (the runner hands back the rest and ends the worker
+process).
+
 Hazards: the thread has its own database connection (Django connections are per thread) and
-closes it on exit. Any error in a beat is logged (once, then rate-limited) and retried with
+closes it on exit. Every beat is bounded (jobs.connectivity), so a partition costs a beat, never
+a hung thread. Any error in a beat is logged (once, then rate-limited) and retried with
 backoff; the thread itself never dies of it. When no beat has succeeded for half of the shortest
 held lease, the leases are `at_risk`: the runner stops starting jobs and hands the unstarted ones
 back. The commit's compare-and-set remains the last word, so a missed beat can cost a lease,
@@ -26,7 +32,8 @@ from typing import Any
 
 from django.db import connection
 
-from jobs import transitions
+from jobs import shutdown, transitions
+from jobs.connectivity import OutageLog, bounded
 from jobs.transitions import Claimed, Fence
 
 logger = logging.getLogger("jobs.heartbeat")
@@ -35,7 +42,6 @@ logger = logging.getLogger("jobs.heartbeat")
 # not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
 FLUSH_SECONDS = 0.2
 RETRY_SECONDS = (0.1, 2.0)  # backoff between failed beats: first, cap
-ERROR_LOG_SECONDS = 30.0  # a persisting beat failure is logged again at most this often
 
 
 @dataclass(eq=False)
@@ -49,6 +55,7 @@ class Held:
     # time.monotonic() when the drain took it over: the claim had just set its lease, so the
     # lease is fresh from then whether or not a beat has run since.
     since: float = field(default_factory=lambda: time.monotonic())
+    started: bool = False  # the runner took it to run (see Heartbeater.start)
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,17 @@ Commit = Callable[[Sequence[Finished]], None]
 
 
 class Heartbeater:
-    def __init__(self, interval: float, commit: Commit) -> None:
+    def __init__(
+        self,
+        interval: float,
+        commit: Commit,
+        on_grace_over: Callable[["Heartbeater"], None] | None = None,
+        on_stop: Callable[["Heartbeater"], None] | None = None,
+    ) -> None:
         self.interval = interval
         self._commit = commit
+        self._on_grace_over = on_grace_over
+        self._on_stop = on_stop
         self._held: dict[int, Held] = {}
         self._finished: list[Finished] = []
         self._running: Held | None = None
@@ -101,6 +116,26 @@ class Heartbeater:
     def release(self, fence: Fence) -> None:
         with self._lock:
             self._held.pop(fence.job_id, None)
+
+    def start(self, held: Held) -> bool:
+        """The runner is about to run this job; False if it was handed back meanwhile."""
+        with self._lock:
+            if self._held.get(held.fence.job_id) is not held:
+                return False
+            held.started = True
+            return True
+
+    def holds(self, held: Held) -> bool:
+        with self._lock:
+            return self._held.get(held.fence.job_id) is held
+
+    def take_unstarted(self) -> list[Held]:
+        """Take the held jobs the runner has not started (a stop: they are handed back now)."""
+        with self._lock:
+            taken = [h for h in self._held.values() if not h.started]
+            for h in taken:
+                del self._held[h.fence.job_id]
+        return taken
 
     def running(self, held: Held | None) -> None:
         """Name the job whose handler runs now (None between handlers).
@@ -157,9 +192,11 @@ class Heartbeater:
             self._last_ok = time.monotonic()
             return
         try:
-            lost = transitions.heartbeat_many(
-                [(h.fence, h.lease_seconds) for h in batch], running.fence if running else None
-            )
+            with bounded(f"heartbeat of {len(batch)} jobs"):
+                lost = transitions.heartbeat_many(
+                    [(h.fence, h.lease_seconds) for h in batch],
+                    running.fence if running else None,
+                )
         except BaseException:
             if running is not None:
                 running.confirmed = False  # not confirmed after all: the next beat tries again
@@ -175,7 +212,8 @@ class Heartbeater:
                     del self._held[h.fence.job_id]
                     confirmed.append(h.fence)
         for fence in confirmed:
-            transitions.record_lost_heartbeat(fence)
+            with bounded(f"record of job {fence.job_id}'s lost heartbeat"):
+                transitions.record_lost_heartbeat(fence)
 
     def _next_deadline(self, last_beat: float) -> float:
         with self._lock:
@@ -188,15 +226,39 @@ class Heartbeater:
         with self._lock:
             return bool(self._finished) and self._finished[0].at + FLUSH_SECONDS <= now
 
+    def held(self) -> list[Held]:
+        """Take every held job out of this drain's hands (shutdown: they are handed back)."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        return held
+
+    def stopped(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the drain to end (its __exit__); True if it did."""
+        return self._stop.wait(timeout)
+
+    def _call(self, step: Callable[["Heartbeater"], None]) -> None:
+        try:
+            step(self)
+        except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
+            logger.exception("shutdown step failed; the leases decide what it did not settle")
+
     def _run(self) -> None:
         last_beat = time.monotonic()
-        failures = _FailureLog()
+        failures = OutageLog("heartbeat", logger)
+        grace_handled = stop_handled = False
         try:
             while not self._stop.is_set():
                 self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
                 self._wake.clear()
                 if self._stop.is_set():
                     return
+                if not stop_handled and self._on_stop and shutdown.requested():
+                    stop_handled = True
+                    self._call(self._on_stop)
+                if not grace_handled and self._on_grace_over and shutdown.grace_over():
+                    grace_handled = True
+                    self._call(self._on_grace_over)  # may end the process
+                    continue
                 now = time.monotonic()
                 try:
                     if self._flush_due(now):
@@ -209,30 +271,6 @@ class Heartbeater:
                     failures.failed(exc)
                     connection.close()
                     # Retry sooner than a full interval, backing off while the failures last.
-                    last_beat = now - self.interval + failures.backoff()
+                    last_beat = now - self.interval + failures.backoff(*RETRY_SECONDS)
         finally:
             connection.close()
-
-
-class _FailureLog:
-    """Log a failure once, then at most every ERROR_LOG_SECONDS, then the recovery."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._logged_at = 0.0
-
-    def failed(self, exc: Exception) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if self.count == 1 or now - self._logged_at >= ERROR_LOG_SECONDS:
-            self._logged_at = now
-            logger.error("heartbeat failed (%s in a row); retrying", self.count, exc_info=exc)
-
-    def recovered(self) -> None:
-        if self.count:
-            logger.warning("heartbeat recovered after %s failures", self.count)
-        self.count = 0
-
-    def backoff(self) -> float:
-        first, cap = RETRY_SECONDS
-        return float(min(cap, first * 2 ** min(self.count - 1, 10)))

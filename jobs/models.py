@@ -372,6 +372,8 @@ class FencedRow(models.Model):
 
     class Meta:
         abstract = True
+
+
 class Schedule(models.Model):
     """A recurring job: one row per declared schedule; `next_at` is the tick not yet enqueued.
 

@@ -14,19 +14,27 @@ when the batch ends). A BaseException escaping a handler (SystemExit, KeyboardIn
 timeout) fails that job with its own error, commits the batch's successes and releases the jobs
 never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
 attempt a heartbeat had confirmed running (see jobs/reaper.py).
+
+Shutdown (jobs.shutdown): once a stop is requested a drain claims nothing more and hands back
+the jobs it holds but has not started; when the grace period ends with a handler still running,
+the drain's background thread hands every held job back (fenced release, so another worker takes
+it at once) and ends this worker process after ABANDON_SECONDS -- the abandoned handler's writes
+in between change zero rows and are recorded like any zombie's.
 """
 
 import logging
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import bounds, completer, policy, transitions
+from jobs import bounds, completer, policy, shutdown, transitions
 from jobs.conf import jobs_settings
+from jobs.connectivity import bounded
 from jobs.context import JobContext, close_side_connection
 from jobs.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.heartbeat import Heartbeater, Held
@@ -34,6 +42,10 @@ from jobs.registry import Handler, get_handler
 from jobs.transitions import Claimed
 
 logger = logging.getLogger("jobs.runner")
+
+# After the grace period's hand-back, how long an abandoned handler may still run (its writes
+# are rejected and recorded meanwhile) before its worker process ends.
+ABANDON_SECONDS = 0.5
 
 
 def worker_identity() -> str:
@@ -80,11 +92,14 @@ def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = No
     ran, size = 0, 1
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
     try:
-        with Heartbeater(interval, completer.commit) as beats:
-            while time.monotonic() < deadline and not beats.at_risk:
-                batch = transitions.claim(
-                    worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
-                )
+        with Heartbeater(
+            interval, completer.commit, _hand_back_at_shutdown, _hand_back_unstarted
+        ) as beats:
+            while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
+                with bounded("claim"):
+                    batch = transitions.claim(
+                        worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
+                    )
                 if not batch:
                     break
                 started = time.monotonic()
@@ -118,15 +133,19 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     current: tuple[Claimed, Held] | None = None
     ran = 0
     try:
-        while unstarted and not beats.at_risk:
+        while unstarted and not beats.at_risk and not shutdown.requested():
             current = unstarted.pop(0)
+            if not beats.start(current[1]):
+                current = None  # handed back by a stop meanwhile
+                continue
             run_one(*current, beats)
             current, ran = None, ran + 1
     except BaseException as exc:
         _abandon(current, unstarted, beats, exc)
         raise
     if unstarted:
-        logger.warning("heartbeats failing: handing back %s unstarted jobs", len(unstarted))
+        why = "shutting down" if shutdown.requested() else "heartbeats failing"
+        logger.warning("%s: handing back %s unstarted jobs", why, len(unstarted))
         _release(unstarted, beats)
     beats.flush()
     return ran
@@ -200,7 +219,36 @@ def _abandon(
 
 
 def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
-    for claimed, _ in unstarted:
+    for claimed, held in unstarted:
+        if not beats.holds(held):
+            continue  # already handed back (a stop)
         beats.release(claimed.fence)
         completer.release(claimed)
     unstarted.clear()
+
+
+def _hand_back_unstarted(beats: Heartbeater) -> None:
+    """On the drain's background thread, as soon as a stop is requested: jobs claimed but not
+    started go back at once, not after the running handler or the grace period."""
+    for h in beats.take_unstarted():
+        completer.hand_back(h.fence)
+
+
+def _hand_back_at_shutdown(beats: Heartbeater) -> None:
+    """On the drain's background thread, once the grace period of a stop is over."""
+    try:
+        beats.flush()  # successes already finished are committed, not handed back
+    except Exception:  # noqa: BLE001  best effort: an unsettled success's lease decides
+        logger.exception("could not commit finished successes at shutdown")
+    held = beats.held()
+    for h in held:
+        completer.hand_back(h.fence)
+    if beats.stopped(ABANDON_SECONDS):
+        return  # the handler returned meanwhile and the drain ended on its own
+    logger.warning(
+        "shutdown grace period over: abandoning the running handler; worker process %s exits",
+        os.getpid(),
+    )
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)  # the handler cannot be interrupted safely; its jobs are handed back

@@ -9,7 +9,11 @@ Never: claims or runs jobs itself. Every write it causes is a compare-and-set, s
 its race changes zero rows.
 
 Hazards: the LISTEN connection is its own psycopg connection (never Django's pooled one) and is
-re-opened after any error; time comparisons happen in SQL with the database clock.
+re-opened after any error; time comparisons happen in SQL with the database clock. An idle LISTEN
+socket cannot tell a quiet database from a dead one (a half-open connection: the server gone, the
+socket still open), so after LIVENESS_SECONDS without traffic a bounded `SELECT 1` probes it.
+Every tick is bounded (jobs.connectivity) and an outage is logged once, then as a rate-limited
+reminder, then as the recovery -- never a traceback per tick.
 """
 
 import logging
@@ -18,18 +22,48 @@ import select
 import socket
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import psycopg
 from django.db import DatabaseError, connection
+from django.db.backends.signals import connection_created
 
-from jobs import bridge, reaper, schedules, transitions
+from jobs import bridge, reaper, schedules, transitions, unresolved
 from jobs.conf import jobs_settings
+from jobs.connectivity import OutageLog, bounded
 from jobs.maintenance import Maintenance
 
 logger = logging.getLogger("jobs.scheduler")
 
 NOTIFY_CHANNEL = "jobs_enqueued"
 SCHEDULE_CHECK_SECONDS = 0.5  # how often due cron ticks are looked for
+LIVENESS_SECONDS = 5.0  # an idle LISTEN connection is probed after this long without traffic
+
+
+def limit_statements_of_this_process() -> None:
+    """Server-side timeouts on every connection this process opens from now on.
+
+    Only for a process that runs nothing but the platform's own short statements -- qcluster's
+    main process, once django-q2's processes are forked (they run handlers, which may run long
+    queries). The server then cancels a statement stuck behind a lock or a slow plan itself:
+    a known outcome (rolled back), and no backend left running after the client-side deadline
+    (jobs.connectivity) has cut the socket. Nothing here ends an attempt, so no cancelled
+    statement can make a decided write look undecided.
+    """
+    pid = os.getpid()
+    timeout_ms = int(jobs_settings().DB_TIMEOUT_SECONDS * 1000)
+
+    def limit(sender: object, connection: Any, **kwargs: object) -> None:
+        if os.getpid() != pid or connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT set_config('statement_timeout', %s, false), "
+                "set_config('lock_timeout', %s, false)",
+                [f"{timeout_ms}ms", f"{max(1, timeout_ms // 2)}ms"],
+            )
+
+    connection_created.connect(limit, weak=False, dispatch_uid="jobs.scheduler.limit")
 
 
 def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
@@ -45,20 +79,31 @@ class Waker:
 
     def __init__(self) -> None:
         self._conn: psycopg.Connection | None = None
+        self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
+        self.outage = OutageLog("scheduler LISTEN connection", logger)
 
     def _connect(self) -> psycopg.Connection | None:
         if connection.vendor != "postgresql":
             return None
         if self._conn is None or self._conn.closed:
-            self._conn = dedicated_connection()
-            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._conn = dedicated_connection()  # connect_timeout bounds it (settings OPTIONS)
+            with bounded("LISTEN", conn=self._conn):
+                self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._heard_at = time.monotonic()
+        elif time.monotonic() - self._heard_at > LIVENESS_SECONDS:
+            # Quiet for a while: make sure the server is still there to notify us.
+            with bounded("LISTEN liveness probe", conn=self._conn):
+                self._conn.execute("SELECT 1")
+            self._heard_at = time.monotonic()
         return self._conn
 
     def wait(self, timeout: float) -> bool:
         try:
             conn = self._connect()
-        except psycopg.Error:
-            logger.warning("LISTEN connection failed; polling", exc_info=True)
+            self.outage.recovered()
+        except (psycopg.Error, OSError) as exc:
+            self.outage.failed(exc)
+            self.close()
             conn = None
         if conn is None:
             time.sleep(timeout)  # no notification channel: this is the poll interval
@@ -67,18 +112,22 @@ class Waker:
             ready, _, _ = select.select([conn.fileno()], [], [], timeout)
             woke = False
             if ready:
+                self._heard_at = time.monotonic()
                 # Drain every queued notification at once: one wake-up per burst of enqueues.
                 for _ in conn.notifies(timeout=0):
                     woke = True
             return woke
-        except (psycopg.Error, OSError):
-            logger.warning("LISTEN connection lost; reconnecting", exc_info=True)
+        except (psycopg.Error, OSError) as exc:
+            self.outage.failed(exc)
             self.close()
             return False
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            try:
+                self._conn.close()
+            except (psycopg.Error, OSError):
+                pass
             self._conn = None
 
 
@@ -91,17 +140,21 @@ class EmbeddedScheduler:
         self.broker = bridge.new_broker()
         self._next_reap = 0.0
         self._next_cron = 0.0
+        self.outage = OutageLog("scheduler", logger)
 
     def tick(self) -> None:
         cfg = jobs_settings()
         now = time.monotonic()
-        if now >= self._next_reap:
-            reaper.reap(self.identity)
-            self._next_reap = now + cfg.REAPER_SECONDS
+        with bounded("scheduler tick"):
+            if now >= self._next_reap:
+                reaper.reap(self.identity)
+                self._next_reap = now + cfg.REAPER_SECONDS
+            self.dispatch()
+            unresolved.resolve_pending()
         if now >= self._next_cron:  # cron ticks (jobs.schedules): exactly once per tick
-            schedules.run_due()
+            with bounded("cron tick"):
+                schedules.run_due()
             self._next_cron = now + SCHEDULE_CHECK_SECONDS
-        self.dispatch()
 
     def dispatch(self) -> None:
         """Make sure enough drains are on their way for the work that is due now."""
@@ -127,8 +180,9 @@ class EmbeddedScheduler:
             while not should_stop():
                 try:
                     self.tick()
-                except DatabaseError:
-                    logger.exception("scheduler tick failed; retrying")
+                    self.outage.recovered()
+                except DatabaseError as exc:
+                    self.outage.failed(exc)
                     connection.close()
                 timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
                 self.waker.wait(timeout)

@@ -57,7 +57,8 @@ class AttemptOutcome(models.TextChoices):
     REJECTED = "rejected", "Rejected"  # its commit (or failure) was stale: zero rows
     LOST = "lost", "Lost"  # a heartbeat found the lease gone; the work was discarded
     EXPIRED = "expired", "Expired"  # its lease ran out and the reaper reclaimed the job
-    RELEASED = "released", "Released"  # handed back unstarted (shutdown, a batch-mate's crash)
+    # handed back: unstarted, or abandoned when a stop's grace period ended (uncharged)
+    RELEASED = "released", "Released"
     CANCELLED = "cancelled", "Cancelled"  # an operator cancelled the job while it ran
     REQUEUED = "requeued", "Requeued"  # an operator took the job back while it ran (jobs.actions)
 
@@ -73,7 +74,7 @@ class EventType(models.TextChoices):
     LOST = "lost", "Lease lost"
     CANCELLED = "cancelled", "Cancelled"
     REQUEUED = "requeued", "Requeued"
-    RELEASED = "released", "Released unstarted"
+    RELEASED = "released", "Released (handed back)"  # unstarted, or abandoned at shutdown
     POISONED = "poisoned", "Refused by the database"
     # Effects, outputs and intents (jobs/effects.py, jobs/janitor.py, jobs/outbox.py).
     EFFECT_PERFORMED = "effect_performed", "Effect performed"
@@ -82,6 +83,9 @@ class EventType(models.TextChoices):
     INTENT_PERFORMED = "intent_performed", "Intent performed"
     INTENT_RECONCILED = "intent_reconciled", "Intent reconciled"
     INTENT_FAILED = "intent_failed", "Intent failed"
+    # A worker gave up resolving its final write (database unreachable past the limit); written
+    # when the database is back, with the outcome then read from the attempt row (jobs.unresolved).
+    UNRESOLVED = "unresolved", "Outcome unknown to its worker"
 
 
 class Write(models.TextChoices):

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0003_attempt_history_and_bounds'),
+        ('jobs', '0004_faults'),
     ]
 
     operations = [

@@ -52,14 +52,19 @@ FAST_JOBS_ENV = {
 }
 
 
-def subprocess_database_url() -> str:
-    """DATABASE_URL of the database this test runs against (pytest-django's test_...)."""
+def subprocess_database_url(via_port: int | None = None) -> str:
+    """DATABASE_URL of the database this test runs against (pytest-django's test_...).
+
+    `via_port`: reach it through a local proxy listening on that port instead.
+    """
     s = connection.settings_dict
     user = quote(s.get("USER") or "", safe="")
     password = quote(s.get("PASSWORD") or "", safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     host = s.get("HOST") or "127.0.0.1"
     port = f":{s['PORT']}" if s.get("PORT") else ""
+    if via_port is not None:
+        host, port = "127.0.0.1", f":{via_port}"
     return f"postgres://{auth}{host}{port}/{quote(s['NAME'], safe='')}"
 
 

@@ -4,8 +4,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from tests.acceptance.cluster import QCluster, running_clusters
+from tests.integration.pgproxy import PgProxy
 
 QCLUSTERS = pytest.StashKey[list[QCluster]]()  # the clusters a test started, for its report
 
@@ -22,6 +24,18 @@ def start_qcluster(
     with running_clusters(tmp_path) as (start, started):
         request.node.stash[QCLUSTERS] = started
         yield start
+
+
+@pytest.fixture
+def pg_proxy(transactional_db: None) -> Iterator[PgProxy]:
+    """A fault-injecting proxy in front of the test database (the test's own connection stays
+    direct); healed and closed after the test."""
+    settings = connection.settings_dict
+    proxy = PgProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    try:
+        yield proxy
+    finally:
+        proxy.close()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,15 +1,33 @@
-"""A fault-injecting TCP proxy in front of PostgreSQL, for commit-outcome-unknown tests.
+"""A fault-injecting TCP proxy in front of PostgreSQL.
 
-Armed with `cut_on(marker, after_reply=...)`, the next client message containing `marker` (a
-COMMIT, or a statement that commits on its own in autocommit) is handled so the client's
-connection dies with the outcome unknown to it:
+Commit-outcome-unknown: armed with `cut_on(marker, after_reply=...)`, the next client message
+containing `marker` (a COMMIT, or a statement that commits on its own in autocommit) is handled so
+the client's connection dies with the outcome unknown to it:
 - after_reply=True: the message reaches the server and the server answers (so it committed),
   but the answer is never relayed; both sockets are shut down.
 - after_reply=False: the connection is cut before the message reaches the server.
+
+Partitions: `hold()` stops relaying in both directions on every connection, new ones included
+(their startup packet is held too), while every socket stays open: to the client the database
+has gone silent. The proxy's kernel still acknowledges what the client sends, so only a
+client-side deadline can notice -- the case TCP keepalives cannot catch. `heal()` resumes
+relaying; `reset()` kills every connection (what a restarted server or a NAT that forgot its
+state looks like to the client) and lets new connections through.
 """
 
 import socket
+import struct
 import threading
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class _Pair:
+    client: socket.socket
+    server: socket.socket
+    dead: bool = False
+    relay_on: bool = True
+    answered: threading.Event = field(default_factory=threading.Event)
 
 
 class PgProxy:
@@ -18,22 +36,68 @@ class PgProxy:
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
+        self.listener.listen(64)
         self.port = self.listener.getsockname()[1]
         self._armed: bool | None = None  # None: pass through; else cut mode (after_reply)
         self._marker = b"COMMIT"
+        self._hold_after_cut = False
         self._lock = threading.Lock()
+        self._pairs: set[_Pair] = set()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.cuts = 0
+        self.resets = 0
+        self.held_messages = 0  # client messages that arrived while holding
         self._closing = False
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def cut_on(self, marker: bytes, *, after_reply: bool) -> None:
+    # -- faults ----------------------------------------------------------------------------
+
+    def cut_on(self, marker: bytes, *, after_reply: bool, then_hold: bool = False) -> None:
+        """Cut the next message holding `marker`; `then_hold`: and go silent at that moment."""
         with self._lock:
-            self._marker, self._armed = marker, after_reply
+            self._marker, self._armed, self._hold_after_cut = marker, after_reply, then_hold
+
+    def hold(self) -> None:
+        """Relay nothing more, in either direction, on any connection (sockets stay open)."""
+        with self._lock:
+            self.held_messages = 0
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        """Relay again; held bytes flow on."""
+        self._flowing.set()
+
+    def reset(self) -> int:
+        """Kill every connection with a reset, then let new connections through."""
+        with self._lock:
+            pairs, self._pairs = list(self._pairs), set()
+        for pair in pairs:
+            pair.dead = True
+            for s in (pair.client, pair.server):
+                try:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    s.shutdown(socket.SHUT_RD)  # wakes the relay thread blocked in recv()
+                except OSError:
+                    pass
+        self._flowing.set()
+        for pair in pairs:
+            for s in (pair.client, pair.server):
+                s.close()  # SO_LINGER 0: a reset, not an orderly close
+        self.resets += 1
+        return len(pairs)
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._pairs)
 
     def close(self) -> None:
         self._closing = True
+        self._flowing.set()
         self.listener.close()
+
+    # -- relaying --------------------------------------------------------------------------
 
     def _take_arm(self) -> bool | None:
         with self._lock:
@@ -46,29 +110,40 @@ class PgProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self.upstream)
-            threading.Thread(
-                target=self._client_to_server, args=(client, server), daemon=True
-            ).start()
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            pair = _Pair(client, server)
+            with self._lock:
+                self._pairs.add(pair)
+            threading.Thread(target=self._client_to_server, args=(pair,), daemon=True).start()
+            threading.Thread(target=self._server_to_client, args=(pair,), daemon=True).start()
 
-    def _client_to_server(self, client: socket.socket, server: socket.socket) -> None:
-        relay = {"on": True, "answered": threading.Event()}
-        threading.Thread(
-            target=self._server_to_client, args=(server, client, relay), daemon=True
-        ).start()
+    def _client_to_server(self, pair: _Pair) -> None:
+        client, server = pair.client, pair.server
         try:
             while data := client.recv(65536):
+                if not self._flowing.is_set():
+                    with self._lock:
+                        self.held_messages += 1
+                self._flowing.wait()  # a partition holds the bytes here
+                if pair.dead:
+                    return
                 if self._armed is not None and self._marker in data:
                     after_reply = self._take_arm()
                     self.cuts += 1
                     if after_reply:
-                        relay["on"] = False  # swallow the server's answer
+                        pair.relay_on = False  # swallow the server's answer
                         server.sendall(data)
                         # Once the server has answered, the commit has happened.
-                        relay["answered"].wait(timeout=10)
+                        pair.answered.wait(timeout=10)
                     # shutdown(), not just close(): the relay thread is blocked in recv() on
                     # these sockets, which would keep them open (and the server's transaction
                     # holding its row lock) after a bare close().
+                    if self._hold_after_cut:
+                        self.hold()  # the client cannot learn the outcome until heal()/reset()
                     for s in (client, server):
                         s.shutdown(socket.SHUT_RDWR)
                     return
@@ -76,20 +151,31 @@ class PgProxy:
         except OSError:
             pass
         finally:
-            for s in (client, server):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            self._end(pair)
 
-    @staticmethod
-    def _server_to_client(server: socket.socket, client: socket.socket, relay: dict) -> None:
+    def _server_to_client(self, pair: _Pair) -> None:
         try:
-            while data := server.recv(65536):
-                if not relay["on"]:
-                    relay["answered"].set()
+            while data := pair.server.recv(65536):
+                self._flowing.wait()
+                if pair.dead:
                     return
-                client.sendall(data)
+                if not pair.relay_on:
+                    pair.answered.set()
+                    return
+                pair.client.sendall(data)
         except OSError:
             return
+        finally:
+            self._end(pair)
+
+    def _end(self, pair: _Pair) -> None:
+        with self._lock:
+            self._pairs.discard(pair)
+        if pair.dead:
+            return  # reset() closes these sockets itself
+        for s in (pair.client, pair.server):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()

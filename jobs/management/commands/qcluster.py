@@ -10,24 +10,44 @@ the whole process group (systemd's default KillMode=control-group, a terminal's 
 sentinel at the same moment. If it dies holding its stop event's lock, django-q2's handler blocks
 forever in Event.set(). So the signal only asks the scheduler loop to end, and the cluster is
 stopped afterwards -- skipped when the sentinel is already gone, and bounded by a deadline.
+
+Shutdown policy (jobs.shutdown): SIGTERM/SIGINT to this process starts the grace period
+(JOBS["SHUTDOWN_GRACE_SECONDS"]). Drains claim nothing more at once and hand back what they hold
+unstarted; handlers may finish within the grace; then each drain hands its jobs back (fenced
+release) and its worker process exits. Whatever is still alive SHUTDOWN_MARGIN_SECONDS after the
+grace (a handler stuck in C code, a process blocked on an unreachable database) is SIGKILLed, so
+the process group is gone within grace + margin whatever the handlers or the network do. A
+signal to the whole group kills the sentinel, but each worker applies the same policy itself
+(jobs.shutdown.worker_sigterm); this process then waits for them, and kills what is left of its
+group at the same deadline. The
+scheduler's own database wait is cut when the signal arrives, so an unreachable database cannot
+hold the main process either.
 """
 
 import logging
 import os
 import signal
 import threading
+import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import CommandParser
+from django.db import connection
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQClusterCommand
 
-from jobs.scheduler import EmbeddedScheduler
+from jobs import shutdown
+from jobs.conf import jobs_settings
+from jobs.connectivity import cut_waits_of_this_thread
+from jobs.scheduler import EmbeddedScheduler, limit_statements_of_this_process
 
 logger = logging.getLogger("jobs.scheduler")
-STOP_GRACE_SECONDS = 30.0
+# After the grace period: time for drains to hand their jobs back and for processes to exit,
+# before whatever is left is killed.
+SHUTDOWN_MARGIN_SECONDS = 5.0
 
 
 class Command(DjangoQClusterCommand):
@@ -50,11 +70,19 @@ class Command(DjangoQClusterCommand):
         if options.get("run_once"):
             cluster.stop()
             return
+        limit_statements_of_this_process()  # after the fork: never in a process running handlers
+        connection.close()  # the next connection gets the limits
 
         stop_requested = threading.Event()
+        grace = jobs_settings().SHUTDOWN_GRACE_SECONDS
+        family: set[int] = set()
 
         def request_stop(signum: int, frame: FrameType | None) -> None:
+            shutdown.begin(grace)
+            if not stop_requested.is_set():
+                family.update(descendants(os.getpid()))  # before any of them dies or is orphaned
             stop_requested.set()
+            cut_waits_of_this_thread("stop requested")  # e.g. the reaper's query in a partition
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
@@ -69,14 +97,95 @@ class Command(DjangoQClusterCommand):
             else:
                 EmbeddedScheduler().run(should_stop=stopped)
         finally:
-            stop_cluster(cluster)
+            ends = shutdown.begin(grace)  # also when the cluster died on its own
+            logger.warning(
+                "stopping: claiming nothing more; running handlers have %.1f s to finish, then "
+                "their jobs are handed back",
+                max(0.0, ends - time.monotonic()),
+            )
+            stop_cluster(cluster, ends + SHUTDOWN_MARGIN_SECONDS, family)
 
 
-def stop_cluster(cluster: Cluster) -> None:
-    if not cluster.sentinel.is_alive():
-        return  # gone with the same signal: nothing to stop, and its lock may be orphaned
-    stopper = threading.Thread(target=cluster.stop, name="qcluster-stop", daemon=True)
-    stopper.start()
-    stopper.join(STOP_GRACE_SECONDS)
-    if stopper.is_alive():
-        logger.error("django-q2 did not stop within %.0f s; exiting anyway", STOP_GRACE_SECONDS)
+def stop_cluster(cluster: Cluster, deadline: float, family: set[int]) -> None:
+    """Stop django-q2 in order; at `deadline` (monotonic) SIGKILL every process left."""
+    if cluster.sentinel.is_alive():
+        stopper = threading.Thread(target=cluster.stop, name="qcluster-stop", daemon=True)
+        stopper.start()
+        stopper.join(max(0.0, deadline - time.monotonic()))
+        if not stopper.is_alive():
+            return
+    else:
+        # Gone with a signal to the whole group: the workers got it too and finish on their own
+        # (jobs.shutdown.worker_sigterm) -- wait for them until the deadline.
+        while _alive_ones(family) and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for processes to exit, bounded by the deadline
+    left = _alive_ones(family)
+    if left:
+        logger.error(
+            "cluster processes still running %.1f s after the grace period; killing %s",
+            SHUTDOWN_MARGIN_SECONDS,
+            sorted(left),
+        )
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _alive_ones(family: set[int]) -> set[int]:
+    """The cluster's live processes: our process group if we lead it (orphans included), else
+    our descendants and those seen when the stop began."""
+    me = os.getpid()
+    group = processes_in_group(me) if os.getpgrp() == me else set()
+    return {pid for pid in (family | descendants(me) | group) - {me} if _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def processes_in_group(pgid: int) -> set[int]:
+    """Every process of process group `pgid`, from /proc (Linux)."""
+    found = set()
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                found.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def descendants(root: int) -> set[int]:
+    """Every live descendant of `root`, from /proc (Linux); empty where /proc is missing."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
