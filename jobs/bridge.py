@@ -29,8 +29,8 @@ DRAIN_TASK = "jobs.bridge.drain"
 
 
 def drain(queues: Sequence[str] | None = None) -> int:
-    """Executed by a django-q2 worker process."""
-    return runner.drain(list(queues) if queues else None)
+    """Executed by a django-q2 worker process: a drain that, once idle, waits for new work."""
+    return runner.drain(list(queues) if queues else None, idle_wait=True)
 
 
 def worker_count() -> int:

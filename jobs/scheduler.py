@@ -43,11 +43,34 @@ def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
     return psycopg.connect(**params, autocommit=autocommit)
 
 
+# libpq options of Django's connection that bound waits; they apply to a LISTEN_URL connection too
+_NETWORK_OPTIONS = frozenset(
+    {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+     "keepalives_count", "tcp_user_timeout"}
+)  # fmt: skip
+
+
+def listen_connection() -> psycopg.Connection:
+    """The LISTEN connection: JOBS["LISTEN_URL"] when set (a direct session connection beside a
+    transaction pooler, where LISTEN does not work), else one like Django's own."""
+    url = jobs_settings().LISTEN_URL
+    if not url:
+        return dedicated_connection()
+    params = connection.get_connection_params()
+    keep = {k: v for k, v in params.items() if k in _NETWORK_OPTIONS}
+    return psycopg.connect(url, **keep, autocommit=True)
+
+
 class Waker:
-    """Blocks until a NOTIFY on NOTIFY_CHANNEL or `timeout`; falls back to sleeping."""
+    """Blocks until a NOTIFY on NOTIFY_CHANNEL or `timeout`; falls back to sleeping.
+
+    A (re)connected LISTEN returns at once as if notified: whatever was committed before the
+    LISTEN took effect sent its NOTIFY to nobody, so the caller looks for work now.
+    """
 
     def __init__(self) -> None:
         self._conn: psycopg.Connection | None = None
+        self._fresh = False
         self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
         self.outage = OutageLog("scheduler LISTEN connection", logger)
 
@@ -55,10 +78,11 @@ class Waker:
         if connection.vendor != "postgresql":
             return None
         if self._conn is None or self._conn.closed:
-            self._conn = dedicated_connection()  # connect_timeout bounds it (settings OPTIONS)
+            self._conn = listen_connection()  # connect_timeout bounds it (settings OPTIONS)
             with bounded("LISTEN", conn=self._conn):
                 self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self._heard_at = time.monotonic()
+            self._fresh = True
         elif time.monotonic() - self._heard_at > LIVENESS_SECONDS:
             # Quiet for a while: make sure the server is still there to notify us.
             with bounded("LISTEN liveness probe", conn=self._conn):
@@ -77,6 +101,9 @@ class Waker:
         if conn is None:
             time.sleep(timeout)  # no notification channel: this is the poll interval
             return False
+        if self._fresh:
+            self._fresh = False
+            return True
         try:
             ready, _, _ = select.select([conn.fileno()], [], [], timeout)
             woke = False
@@ -108,6 +135,7 @@ class EmbeddedScheduler:
         self.waker = Waker()
         self.broker = bridge.new_broker()
         self._next_reap = 0.0
+        self._next_standing = 0.0
         self.outage = OutageLog("scheduler", logger)
 
     def tick(self) -> None:
@@ -121,14 +149,32 @@ class EmbeddedScheduler:
             unresolved.resolve_pending()
 
     def dispatch(self) -> None:
-        """Make sure enough drains are on their way for the work that is due now."""
+        """Make sure enough drains are on their way for the work that is due now -- and, while
+        idle, that drains stand waiting for the next job (runner._IdleWait)."""
         workers = bridge.worker_count()
         due = transitions.count_due(workers, self.queues)
         if not due:
+            self._keep_drains_standing(workers)
             return
         missing = min(due, workers) - bridge.pending_drains(self.broker)
         if missing > 0:
             bridge.request_drains(missing, self.queues, self.broker)
+
+    def _keep_drains_standing(self, workers: int) -> None:
+        """A drain idle-waits at most IDLE_WAIT_SECONDS (and its budget); so that a job committed
+        into an idle cluster is still claimed in milliseconds later on, a fresh set of drains is
+        requested a little before the standing ones give up. They queue in django-q2 behind
+        the waiting ones (never more than `workers` in the broker) and take over as those end."""
+        cfg = jobs_settings()
+        if cfg.IDLE_WAIT_SECONDS <= 0 or connection.vendor != "postgresql":
+            return
+        now = time.monotonic()
+        if now < self._next_standing:
+            return
+        missing = workers - bridge.pending_drains(self.broker)
+        if missing > 0:
+            bridge.request_drains(missing, self.queues, self.broker)
+        self._next_standing = now + 0.9 * min(cfg.IDLE_WAIT_SECONDS, cfg.DRAIN_SECONDS)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         logger.info("embedded scheduler %s started", self.identity)
