@@ -41,3 +41,9 @@ def drill(ctx: JobContext) -> dict[str, Any]:
     the resumed process goes straight to its commit -- the stale write the fence rejects."""
     time.sleep(float(ctx.payload.get("seconds", 3.0)))
     return {"attempt": ctx.attempt, "worker": ctx.worker}
+
+
+@handler("demo.work")
+def work(ctx: JobContext) -> None:
+    """Stands in for real work: one plain sleep of payload['ms'] milliseconds (bench/mixed.py)."""
+    time.sleep(max(0.0, min(float(ctx.payload.get("ms", 1.0)), 60_000.0)) / 1000.0)
