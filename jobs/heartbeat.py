@@ -40,6 +40,11 @@ logger = logging.getLogger("jobs.heartbeat")
 # A finished success is committed by the thread once it has waited this long (if the runner has
 # not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
 FLUSH_SECONDS = 0.2
+# A claimed job waiting behind a batch-mate whose handler has run this long is handed back (a
+# fenced release: queued again at once, the attempt uncharged) so that a free worker takes it:
+# batching never holds a quick job behind a slow one for longer than about this plus LOOK.
+HANDOFF_SECONDS = 0.1
+LOOK_WHILE_WAITING_SECONDS = 0.02  # how often the thread looks while batch-mates wait
 RETRY_SECONDS = (0.1, 2.0)  # backoff between failed beats: first, cap
 
 
@@ -70,10 +75,14 @@ class Heartbeater:
         interval: float,
         commit: Commit,
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
+        on_hand_off: Callable[[list[tuple[Claimed, Held]]], None] | None = None,
     ) -> None:
         self.interval = interval
         self._commit = commit
         self._on_grace_over = on_grace_over
+        self._on_hand_off = on_hand_off
+        self._waiting: list[tuple[Claimed, Held]] = []  # claimed, not started, in claim order
+        self._running_since = 0.0
         self._held: dict[int, Held] = {}
         self._finished: list[Finished] = []
         self._running: Held | None = None
@@ -117,7 +126,35 @@ class Heartbeater:
 
         A plain assignment (atomic): beat_now reads it once, under its lock, per beat.
         """
+        self._running_since = time.monotonic()
         self._running = held
+
+    def wait_in_line(self, pairs: Sequence[tuple[Claimed, Held]]) -> None:
+        """The batch's jobs not started yet, in the order the runner will start them. While a
+        handler runs longer than HANDOFF_SECONDS, the thread hands these back (`on_hand_off`)."""
+        with self._lock:
+            self._waiting = list(pairs)
+
+    def take(self, held: Held) -> bool:
+        """The runner takes a waiting job to start it (or hand it back itself); False if the
+        thread has handed it back meanwhile -- then it is no longer this drain's."""
+        with self._lock:
+            for i, (_, h) in enumerate(self._waiting):
+                if h is held:
+                    del self._waiting[i]
+                    return True
+            return False
+
+    def _hand_off_due(self, now: float) -> list[tuple[Claimed, Held]]:
+        with self._lock:
+            if not self._waiting or self._running is None or self._on_hand_off is None:
+                return []
+            if now - self._running_since < HANDOFF_SECONDS:
+                return []
+            taken, self._waiting = self._waiting, []
+            for _, h in taken:
+                self._held.pop(h.fence.job_id, None)
+        return taken
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
         """A success to commit soon; its lease stays beaten until then.
@@ -189,7 +226,8 @@ class Heartbeater:
         with self._lock:
             flush_at = self._finished[0].at + FLUSH_SECONDS if self._finished else None
         beat_at = last_beat + self.interval
-        look_at = time.monotonic() + FLUSH_SECONDS  # for successes finished while we wait
+        look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
+        look_at = time.monotonic() + look  # for successes finished (or batch-mates waiting)
         return min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
 
     def _flush_due(self, now: float) -> bool:
@@ -200,6 +238,7 @@ class Heartbeater:
         """Take every held job out of this drain's hands (shutdown: they are handed back)."""
         with self._lock:
             held, self._held = list(self._held.values()), {}
+            self._waiting = []
         return held
 
     def stopped(self, timeout: float) -> bool:
@@ -222,6 +261,9 @@ class Heartbeater:
                     continue
                 now = time.monotonic()
                 try:
+                    handed = self._hand_off_due(now)
+                    if handed and self._on_hand_off is not None:
+                        self._on_hand_off(handed)
                     if self._flush_due(now):
                         self.flush()
                     if now >= last_beat + self.interval:

@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from jobs import bounds, completer, policy, shutdown, transitions
 from jobs.conf import jobs_settings
-from jobs.connectivity import bounded
+from jobs.connectivity import OutageLog, bounded
 from jobs.context import JobContext, close_side_connection
 from jobs.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.heartbeat import Heartbeater, Held
@@ -44,6 +44,10 @@ from jobs.registry import Handler, get_handler
 from jobs.transitions import Claimed
 
 logger = logging.getLogger("jobs.runner")
+
+# A worker process's outages, logged once (then reminders, then the recovery) across its drains.
+_WORKER_OUTAGE = OutageLog("worker drain (claim)", logger)
+_LISTEN_OUTAGE = OutageLog("worker LISTEN connection", logger)
 
 # After the grace period's hand-back, how long an abandoned handler may still run (its writes
 # are rejected and recorded meanwhile) before its worker process ends.
@@ -103,12 +107,25 @@ def drain(
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
     idle = _IdleWait(cfg) if idle_wait else None
     try:
-        with Heartbeater(interval, completer.commit, _hand_back_at_shutdown) as beats:
+        with Heartbeater(
+            interval, completer.commit, _hand_back_at_shutdown, _hand_off_waiting
+        ) as beats:
             while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
-                with bounded("claim"):
-                    batch = transitions.claim(
-                        worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
-                    )
+                try:
+                    with bounded("claim"):
+                        batch = transitions.claim(
+                            worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
+                        )
+                except DatabaseError as exc:
+                    if idle is None:
+                        raise
+                    # A worker's drain: the outage is logged once per process (not a traceback
+                    # per drain task); the drain ends and the scheduler sends new ones later.
+                    _WORKER_OUTAGE.failed(exc)
+                    connection.close()
+                    break
+                if idle is not None:
+                    _WORKER_OUTAGE.recovered()
                 if not batch:
                     if idle is not None and idle.wait(deadline):
                         continue
@@ -159,7 +176,7 @@ class _IdleWait:
         from jobs.scheduler import Waker
 
         if self.waker is None:
-            self.waker = Waker()
+            self.waker = Waker(_LISTEN_OUTAGE)
         now = time.monotonic()
         if self.until is None:
             self.until = now + self.seconds
@@ -199,11 +216,15 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     handed back instead of started.
     """
     unstarted = [(c, beats.hold(c.fence, _lease_for(c))) for c in batch]
+    beats.wait_in_line(unstarted)
     current: tuple[Claimed, Held] | None = None
     ran = 0
     try:
         while unstarted and not beats.at_risk and not shutdown.requested():
             current = unstarted.pop(0)
+            if not beats.take(current[1]):  # handed back by the background thread meanwhile
+                current = None
+                continue
             run_one(*current, beats)
             current, ran = None, ran + 1
     except BaseException as exc:
@@ -285,10 +306,20 @@ def _abandon(
 
 
 def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
-    for claimed, _ in unstarted:
+    for claimed, held in unstarted:
+        if not beats.take(held):  # the background thread handed it back already
+            continue
         beats.release(claimed.fence)
         completer.release(claimed)
     unstarted.clear()
+
+
+def _hand_off_waiting(pairs: list[tuple[Claimed, Held]]) -> None:
+    """On the drain's background thread: jobs of this batch that waited behind a handler running
+    longer than HANDOFF_SECONDS go back to the queue (fenced, uncharged), so that a free worker
+    -- woken by the requeue's NOTIFY -- takes them now rather than after the slow one."""
+    for claimed, _ in pairs:
+        completer.hand_back(claimed.fence, "(waited behind a slow batch-mate)", logging.INFO)
 
 
 def _hand_back_at_shutdown(beats: Heartbeater) -> None:

@@ -68,11 +68,11 @@ class Waker:
     LISTEN took effect sent its NOTIFY to nobody, so the caller looks for work now.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, outage: OutageLog | None = None) -> None:
         self._conn: psycopg.Connection | None = None
         self._fresh = False
         self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
-        self.outage = OutageLog("scheduler LISTEN connection", logger)
+        self.outage = outage or OutageLog("scheduler LISTEN connection", logger)
 
     def _connect(self) -> psycopg.Connection | None:
         if connection.vendor != "postgresql":
