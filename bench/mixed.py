@@ -41,6 +41,21 @@ CLASSES = (("fast", 0.90, 1.0, 5.0), ("medium", 0.09, 50.0, 200.0), ("slow", 0.0
 MEAN_MS = sum(share * (lo + hi) / 2 for _, share, lo, hi in CLASSES)
 
 
+def ideal_fifo(arrivals: list[tuple[float, str, float]], servers: int) -> dict[str, Any]:
+    """The same arrivals (seconds, class, ms) through a perfect FIFO queue with `servers`
+    servers and zero overhead: the latency no scheduler without priorities can beat."""
+    import heapq
+
+    free = [0.0] * servers
+    per: dict[str, list[float]] = {}
+    for at, cls, ms in sorted(arrivals):
+        start = max(at, heapq.heappop(free))
+        end = start + ms / 1000
+        heapq.heappush(free, end)
+        per.setdefault(cls, []).append((end - at) * 1000)
+    return {cls: summarize(v) for cls, v in per.items()}
+
+
 def pick(rng: random.Random) -> tuple[str, float]:
     x = rng.random()
     for name, share, lo, hi in CLASSES:
@@ -145,7 +160,8 @@ def measure(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict
         execute("TRUNCATE jobs_job RESTART IDENTITY CASCADE")
         t_end = time.monotonic() + args.duration
         sent = 0
-        next_at = time.monotonic()
+        arrivals: list[tuple[float, str, float]] = []
+        began = next_at = time.monotonic()
         while True:
             next_at += rng.expovariate(rate)
             if next_at > t_end:
@@ -155,6 +171,7 @@ def measure(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict
                 time.sleep(pause)
             cls, ms = pick(rng)
             enqueue("demo.work", {"ms": ms, "class": cls})
+            arrivals.append((time.monotonic() - began, cls, ms))
             sent += 1
         all_done(proc, args.timeout)
         from django.db import connection
@@ -180,6 +197,7 @@ def measure(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict
             "jobs": sent,
             "duration_s": args.duration,
             "per_class": per,
+            "ideal_fifo_per_class": ideal_fifo(arrivals, workers),
         }
     finally:
         stop(proc)
@@ -218,10 +236,13 @@ def main() -> int:
             print(f"  open loop {ol['jobs']} jobs at {ol['arrival_rate_per_s']}/s:")
             for name, stats in ol["per_class"].items():
                 f = stats["enqueue_to_finish_ms"]
+                ideal = ol["ideal_fifo_per_class"].get(name, {})
                 if f:
                     print(
                         f"    {name:<7} n={f['n']:<5} enqueue->finish p50 {f['p50']:>8.1f} ms "
                         f"p95 {f['p95']:>8.1f} p99 {f['p99']:>8.1f} max {f['max']:>8.1f}"
+                        f"   (perfect FIFO, {workers} servers: p50 {ideal.get('p50', 0):.1f} "
+                        f"p99 {ideal.get('p99', 0):.1f})"
                     )
     finally:
         stop_all()
