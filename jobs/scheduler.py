@@ -40,7 +40,9 @@ def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)  # Django's adapters stay with Django's connections
     params.pop("context", None)
-    return psycopg.connect(**params, autocommit=autocommit)
+    # No server-side prepared statements: behind a transaction pooler (PgBouncer) the next
+    # statement may run on another server connection, where the prepared one does not exist.
+    return psycopg.connect(**params, autocommit=autocommit, prepare_threshold=None)
 
 
 # libpq options of Django's connection that bound waits; they apply to a LISTEN_URL connection too
@@ -58,7 +60,7 @@ def listen_connection() -> psycopg.Connection:
         return dedicated_connection()
     params = connection.get_connection_params()
     keep = {k: v for k, v in params.items() if k in _NETWORK_OPTIONS}
-    return psycopg.connect(url, **keep, autocommit=True)
+    return psycopg.connect(url, **keep, autocommit=True, prepare_threshold=None)
 
 
 class Waker:
