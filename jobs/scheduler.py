@@ -42,7 +42,8 @@ def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
     params.pop("context", None)
     # No server-side prepared statements: behind a transaction pooler (PgBouncer) the next
     # statement may run on another server connection, where the prepared one does not exist.
-    return psycopg.connect(**params, autocommit=autocommit, prepare_threshold=None)
+    params["prepare_threshold"] = None
+    return psycopg.connect(**params, autocommit=autocommit)
 
 
 # libpq options of Django's connection that bound waits; they apply to a LISTEN_URL connection too
