@@ -91,3 +91,9 @@ def staged_effect(ctx: JobContext) -> dict[str, Any]:
     ref = ctx.stage("out.txt", b"ok")
     effect = ctx.effect("record", lambda key: {"key": key})
     return {"ref": ref, "effect": effect}
+
+
+@handler("demo.work")
+def work(ctx: JobContext) -> None:
+    """Stands in for real work: one plain sleep of payload['ms'] milliseconds (bench/mixed.py)."""
+    time.sleep(max(0.0, min(float(ctx.payload.get("ms", 1.0)), 60_000.0)) / 1000.0)

@@ -30,9 +30,9 @@ DRAIN_TASK = "jobs.bridge.drain"
 
 
 def drain(queues: Sequence[str] | None = None) -> int:
-    """Executed by a django-q2 worker process."""
+    """Executed by a django-q2 worker process: a drain that, once idle, waits for new work."""
     with shutdown.draining():
-        ran = runner.drain(list(queues) if queues else None)
+        ran = runner.drain(list(queues) if queues else None, idle_wait=True)
     if shutdown.terminated():
         raise SystemExit(0)  # SIGTERM to the whole group: the sentinel is gone, so leave now
     return ran

@@ -177,19 +177,21 @@ def release(claimed: Claimed) -> None:
         logger.debug("job %s attempt %s: %s", *_ids(fence), exc)
 
 
-def hand_back(fence: Fence) -> None:
-    """Shutdown: hand back a held job whose handler is abandoned (a fenced release, one bounded
-    try -- the process is about to end; if the database cannot be reached the lease decides)."""
+def hand_back(fence: Fence, why: str = "at shutdown", level: int = logging.WARNING) -> None:
+    """Hand back a held job from the drain's background thread: at shutdown (its handler is
+    abandoned), or a batch-mate that waited behind a slow handler. A fenced release, one bounded
+    try -- the thread must not hang on it; if the database cannot be reached the lease decides."""
     try:
         with bounded(f"release of job {fence.job_id} attempt {fence.attempt}"):
             transitions.release(fence)
-        logger.warning("job %s attempt %s: handed back at shutdown", *_ids(fence))
+        logger.log(level, "job %s attempt %s: handed back %s", *_ids(fence), why)
     except LeaseLost as exc:
         logger.info("job %s attempt %s: %s", *_ids(fence), exc)
     except DatabaseError as exc:
         logger.error(
-            "job %s attempt %s: could not hand back at shutdown (%s); its lease will expire",
+            "job %s attempt %s: could not hand back %s (%s); its lease will expire",
             *_ids(fence),
+            why,
             type(exc).__name__,
         )
 

@@ -20,6 +20,13 @@ class JobsSettings:
     REAPER_SECONDS: float = 1.0
     POLL_SECONDS: float = 0.5
     DRAIN_SECONDS: float = 10.0
+    # A drain run by a worker that finds no work waits this long for a NOTIFY (claiming again at
+    # once when one comes, and every POLL_SECONDS regardless) before it returns: the idle
+    # wake-up in milliseconds. 0 = return at once (wake-up through django-q2's broker poll).
+    IDLE_WAIT_SECONDS: float = 10.0
+    # A direct (session) connection for LISTEN when DATABASE_URL goes through a transaction
+    # pooler such as PgBouncer, where LISTEN does not work; "" = DATABASE_URL.
+    LISTEN_URL: str = ""
     CLAIM_BATCH: int = 8
     MAX_ATTEMPTS: int = 3
     MAX_PAYLOAD_BYTES: int = 256 * 1024
@@ -76,6 +83,7 @@ def _check_ranges(cfg: JobsSettings) -> None:
         ("REAPER_SECONDS", (0.05, 3600.0), False),
         ("POLL_SECONDS", (0.01, 3600.0), False),
         ("DRAIN_SECONDS", (0.1, 24 * 3600.0), False),
+        ("IDLE_WAIT_SECONDS", (0.0, 24 * 3600.0), False),
         ("CLAIM_BATCH", (1, 1000), True),
         ("MAX_ATTEMPTS", bounds.MAX_ATTEMPTS, True),
         ("MAX_PAYLOAD_BYTES", (1, 64 * 1024 * 1024), True),

@@ -41,6 +41,11 @@ logger = logging.getLogger("jobs.heartbeat")
 # A finished success is committed by the thread once it has waited this long (if the runner has
 # not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
 FLUSH_SECONDS = 0.2
+# A claimed job waiting behind a batch-mate whose handler has run this long is handed back (a
+# fenced release: queued again at once, the attempt uncharged) so that a free worker takes it:
+# batching never holds a quick job behind a slow one for longer than about this plus LOOK.
+HANDOFF_SECONDS = 0.1
+LOOK_WHILE_WAITING_SECONDS = 0.02  # how often the thread looks while batch-mates wait
 RETRY_SECONDS = (0.1, 2.0)  # backoff between failed beats: first, cap
 
 
@@ -76,11 +81,15 @@ class Heartbeater:
         commit: Commit,
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
         on_stop: Callable[["Heartbeater"], None] | None = None,
+        on_hand_off: Callable[[list[Held]], None] | None = None,
     ) -> None:
         self.interval = interval
         self._commit = commit
         self._on_grace_over = on_grace_over
         self._on_stop = on_stop
+        self._on_hand_off = on_hand_off
+        self._running_since = 0.0
+        self._waiting = False  # some held job is not started yet (read without the lock)
         self._held: dict[int, Held] = {}
         self._finished: list[Finished] = []
         self._running: Held | None = None
@@ -106,6 +115,7 @@ class Heartbeater:
         held = Held(fence, lease_seconds)
         with self._lock:
             self._held[fence.job_id] = held
+            self._waiting = True
             # A shorter lease than the one held here means beating more often -- starting now,
             # not after the longer wait the thread is already in.
             if lease_seconds / 3.0 < self.interval:
@@ -142,7 +152,25 @@ class Heartbeater:
 
         A plain assignment (atomic): beat_now reads it once, under its lock, per beat.
         """
+        self._running_since = time.monotonic()
         self._running = held
+
+    def _hand_off_due(self, now: float) -> list[Held]:
+        """Batch-mates not started while the running handler is past HANDOFF_SECONDS: taken
+        out of this drain's hands, for `on_hand_off` to give back (the runner skips them)."""
+        if not self._waiting or self._on_hand_off is None:
+            return []
+        with self._lock:
+            waiting = [h for h in self._held.values() if not h.started]
+            self._waiting = bool(waiting)
+            if not waiting or self._running is None:
+                return []
+            if now - self._running_since < HANDOFF_SECONDS:
+                return []
+            for h in waiting:
+                del self._held[h.fence.job_id]
+            self._waiting = False
+        return waiting
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
         """A success to commit soon; its lease stays beaten until then.
@@ -219,7 +247,8 @@ class Heartbeater:
         with self._lock:
             flush_at = self._finished[0].at + FLUSH_SECONDS if self._finished else None
         beat_at = last_beat + self.interval
-        look_at = time.monotonic() + FLUSH_SECONDS  # for successes finished while we wait
+        look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
+        look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
         return min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
 
     def _flush_due(self, now: float) -> bool:
@@ -261,6 +290,9 @@ class Heartbeater:
                     continue
                 now = time.monotonic()
                 try:
+                    handed = self._hand_off_due(now)
+                    if handed and self._on_hand_off is not None:
+                        self._on_hand_off(handed)
                     if self._flush_due(now):
                         self.flush()
                     if now >= last_beat + self.interval:

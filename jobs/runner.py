@@ -32,9 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import DatabaseError, connection
+
 from jobs import bounds, completer, policy, shutdown, transitions
 from jobs.conf import jobs_settings
-from jobs.connectivity import bounded
+from jobs.connectivity import OutageLog, bounded
 from jobs.context import JobContext, close_side_connection
 from jobs.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.heartbeat import Heartbeater, Held
@@ -42,6 +44,10 @@ from jobs.registry import Handler, get_handler
 from jobs.transitions import Claimed
 
 logger = logging.getLogger("jobs.runner")
+
+# A worker process's outages, logged once (then reminders, then the recovery) across its drains.
+_WORKER_OUTAGE = OutageLog("worker drain (claim)", logger)
+_LISTEN_OUTAGE = OutageLog("worker LISTEN connection", logger)
 
 # After the grace period's hand-back, how long an abandoned handler may still run (its writes
 # are rejected and recorded meanwhile) before its worker process ends.
@@ -82,8 +88,16 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     return Outcome(succeeded=True, result=result)
 
 
-def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = None) -> int:
-    """Claim and run due jobs until none is due or the budget is spent; return how many ran."""
+def drain(
+    queues: Sequence[str] | None = None,
+    budget_seconds: float | None = None,
+    idle_wait: bool = False,
+) -> int:
+    """Claim and run due jobs until none is due or the budget is spent; return how many ran.
+
+    With `idle_wait` (a worker's drain, jobs.bridge) a drain that finds no work waits for new
+    work (see `_IdleWait`) for up to IDLE_WAIT_SECONDS within its budget before it returns.
+    """
     cfg = jobs_settings()
     queues = queues or cfg.QUEUES
     budget = budget_seconds if budget_seconds is not None else cfg.DRAIN_SECONDS
@@ -91,24 +105,100 @@ def drain(queues: Sequence[str] | None = None, budget_seconds: float | None = No
     worker = worker_identity()
     ran, size = 0, 1
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
+    idle = _IdleWait(cfg) if idle_wait else None
     try:
         with Heartbeater(
-            interval, completer.commit, _hand_back_at_shutdown, _hand_back_unstarted
+            interval,
+            completer.commit,
+            _hand_back_at_shutdown,
+            _hand_back_unstarted,
+            _hand_off_waiting,
         ) as beats:
             while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
-                with bounded("claim"):
-                    batch = transitions.claim(
-                        worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
-                    )
-                if not batch:
+                try:
+                    with bounded("claim"):
+                        batch = transitions.claim(
+                            worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
+                        )
+                except DatabaseError as exc:
+                    if idle is None:
+                        raise
+                    # A worker's drain: the outage is logged once per process (not a traceback
+                    # per drain task); the drain ends and the scheduler sends new ones later.
+                    _WORKER_OUTAGE.failed(exc)
+                    connection.close()
                     break
+                if idle is not None:
+                    _WORKER_OUTAGE.recovered()
+                if not batch:
+                    if idle is not None and idle.wait(deadline):
+                        continue
+                    break
+                if idle is not None:
+                    idle.busy()
                 started = time.monotonic()
                 ran += run_batch(batch, beats)
                 per_job = (time.monotonic() - started) / len(batch)
                 size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
     finally:
+        if idle is not None:
+            idle.close()
         close_side_connection()
     return ran
+
+
+class _IdleWait:
+    """How a worker's drain with nothing to do hears of new work in milliseconds.
+
+    It LISTENs on the enqueue channel (the NOTIFY the enqueue trigger sends on commit, also for a
+    job requeued by a retry, a release or the reaper) and claims again the moment one arrives --
+    without a busy poll and without django-q2's broker poll in the way. It also claims again
+    every POLL_SECONDS whatever it heard (a retry whose run_at comes due sends no NOTIFY then;
+    behind a transaction pooler LISTEN hears nothing), and gives up after IDLE_WAIT_SECONDS, at
+    the drain's deadline, or as soon as a shutdown is requested (checked every 0.25 s). Every
+    claim is the ordinary fenced claim: waiting changes no fence.
+
+    The LISTEN connection is this drain's own and closed when the drain ends; a fresh LISTEN
+    counts as a wake-up (a job committed just before it took effect notified nobody).
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        self.enabled = cfg.IDLE_WAIT_SECONDS > 0 and connection.vendor == "postgresql"
+        self.seconds = float(cfg.IDLE_WAIT_SECONDS)
+        self.poll = float(cfg.POLL_SECONDS)
+        self.waker: Any = None
+        self.until: float | None = None  # when this stretch of idleness gives up
+
+    def busy(self) -> None:
+        """A claim found work: the next idleness gets a full IDLE_WAIT_SECONDS again."""
+        self.until = None
+
+    def wait(self, deadline: float) -> bool:
+        """True: claim again now. False: the drain should end."""
+        if not self.enabled:
+            return False
+        from jobs.scheduler import Waker
+
+        if self.waker is None:
+            self.waker = Waker(_LISTEN_OUTAGE)
+        now = time.monotonic()
+        if self.until is None:
+            self.until = now + self.seconds
+        until, poll_at = min(deadline, self.until), now + self.poll
+        while not shutdown.requested():
+            now = time.monotonic()
+            if now >= until:
+                return False
+            if now >= poll_at:
+                return True
+            if self.waker.wait(min(0.25, poll_at - now, until - now)):
+                return True
+        return False
+
+    def close(self) -> None:
+        if self.waker is not None:
+            self.waker.close()
+            self.waker = None
 
 
 def _lease_for(claimed: Claimed) -> float:
@@ -225,6 +315,15 @@ def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
         beats.release(claimed.fence)
         completer.release(claimed)
     unstarted.clear()
+
+
+def _hand_off_waiting(waiting: list[Held]) -> None:
+    """On the drain's background thread: jobs of this batch that waited behind a handler running
+    longer than HANDOFF_SECONDS go back to the queue (fenced, uncharged), so that a free worker
+    -- woken by the requeue's NOTIFY -- takes them now rather than after the slow one. The
+    runner's `beats.start` then refuses them."""
+    for h in waiting:
+        completer.hand_back(h.fence, "(waited behind a slow batch-mate)", logging.INFO)
 
 
 def _hand_back_unstarted(beats: Heartbeater) -> None:

@@ -71,25 +71,52 @@ def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)  # Django's adapters stay with Django's connections
     params.pop("context", None)
+    # No server-side prepared statements: behind a transaction pooler (PgBouncer) the next
+    # statement may run on another server connection, where the prepared one does not exist.
+    params["prepare_threshold"] = None
     return psycopg.connect(**params, autocommit=autocommit)
 
 
-class Waker:
-    """Blocks until a NOTIFY on NOTIFY_CHANNEL or `timeout`; falls back to sleeping."""
+# libpq options of Django's connection that bound waits; they apply to a LISTEN_URL connection too
+_NETWORK_OPTIONS = frozenset(
+    {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+     "keepalives_count", "tcp_user_timeout"}
+)  # fmt: skip
 
-    def __init__(self) -> None:
+
+def listen_connection() -> psycopg.Connection:
+    """The LISTEN connection: JOBS["LISTEN_URL"] when set (a direct session connection beside a
+    transaction pooler, where LISTEN does not work), else one like Django's own."""
+    url = jobs_settings().LISTEN_URL
+    if not url:
+        return dedicated_connection()
+    params = connection.get_connection_params()
+    keep = {k: v for k, v in params.items() if k in _NETWORK_OPTIONS}
+    return psycopg.connect(url, **keep, autocommit=True, prepare_threshold=None)
+
+
+class Waker:
+    """Blocks until a NOTIFY on NOTIFY_CHANNEL or `timeout`; falls back to sleeping.
+
+    A (re)connected LISTEN returns at once as if notified: whatever was committed before the
+    LISTEN took effect sent its NOTIFY to nobody, so the caller looks for work now.
+    """
+
+    def __init__(self, outage: OutageLog | None = None) -> None:
         self._conn: psycopg.Connection | None = None
+        self._fresh = False
         self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
-        self.outage = OutageLog("scheduler LISTEN connection", logger)
+        self.outage = outage or OutageLog("scheduler LISTEN connection", logger)
 
     def _connect(self) -> psycopg.Connection | None:
         if connection.vendor != "postgresql":
             return None
         if self._conn is None or self._conn.closed:
-            self._conn = dedicated_connection()  # connect_timeout bounds it (settings OPTIONS)
+            self._conn = listen_connection()  # connect_timeout bounds it (settings OPTIONS)
             with bounded("LISTEN", conn=self._conn):
                 self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self._heard_at = time.monotonic()
+            self._fresh = True
         elif time.monotonic() - self._heard_at > LIVENESS_SECONDS:
             # Quiet for a while: make sure the server is still there to notify us.
             with bounded("LISTEN liveness probe", conn=self._conn):
@@ -108,6 +135,9 @@ class Waker:
         if conn is None:
             time.sleep(timeout)  # no notification channel: this is the poll interval
             return False
+        if self._fresh:
+            self._fresh = False
+            return True
         try:
             ready, _, _ = select.select([conn.fileno()], [], [], timeout)
             woke = False
@@ -140,6 +170,7 @@ class EmbeddedScheduler:
         self.broker = bridge.new_broker()
         self._next_reap = 0.0
         self._next_cron = 0.0
+        self._next_standing = 0.0
         self.outage = OutageLog("scheduler", logger)
 
     def tick(self) -> None:
@@ -157,14 +188,32 @@ class EmbeddedScheduler:
             self._next_cron = now + SCHEDULE_CHECK_SECONDS
 
     def dispatch(self) -> None:
-        """Make sure enough drains are on their way for the work that is due now."""
+        """Make sure enough drains are on their way for the work that is due now -- and, while
+        idle, that drains stand waiting for the next job (runner._IdleWait)."""
         workers = bridge.worker_count()
         due = transitions.count_due(workers, self.queues)
         if not due:
+            self._keep_drains_standing(workers)
             return
         missing = min(due, workers) - bridge.pending_drains(self.broker)
         if missing > 0:
             bridge.request_drains(missing, self.queues, self.broker)
+
+    def _keep_drains_standing(self, workers: int) -> None:
+        """A drain idle-waits at most IDLE_WAIT_SECONDS (and its budget); so that a job committed
+        into an idle cluster is still claimed in milliseconds later on, a fresh set of drains is
+        requested a little before the standing ones give up. They queue in django-q2 behind
+        the waiting ones (never more than `workers` in the broker) and take over as those end."""
+        cfg = jobs_settings()
+        if cfg.IDLE_WAIT_SECONDS <= 0 or connection.vendor != "postgresql":
+            return
+        now = time.monotonic()
+        if now < self._next_standing:
+            return
+        missing = workers - bridge.pending_drains(self.broker)
+        if missing > 0:
+            bridge.request_drains(missing, self.queues, self.broker)
+        self._next_standing = now + 0.9 * min(cfg.IDLE_WAIT_SECONDS, cfg.DRAIN_SECONDS)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         logger.info("embedded scheduler %s started", self.identity)

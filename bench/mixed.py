@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""Real work, not only no-ops: Palisade on a mixed workload, per-class latency.
+
+    .venv/bin/python bench/mixed.py [--workers 2,4] [--jobs 1000] [--duration 60] [--util 0.5]
+
+The mix (seeded): 90% fast jobs sleeping 1-5 ms, 9% medium 50-200 ms, 1% slow 2-5 s
+(`demo.work`, a plain sleep). For each worker count it measures, on one `manage.py qcluster`
+(claim batch 8, the default):
+
+  drain      N mixed jobs inserted while no cluster runs: N / (last finish - first claim).
+  open loop  jobs enqueued one at a time (autocommit) at Poisson arrivals whose rate keeps the
+             workers `--util` busy (rate = util x workers / mean service time) for `--duration`
+             seconds; then enqueue -> finish per class (jobs_job.created_at -> finished_at, both
+             the database clock): p50 / p95 / p99. This is the case where batching must not hold
+             fast jobs behind slow ones.
+
+Database: palisade_bench_mixed (dropped and recreated). Writes bench/results/mixed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.protocol import RESULTS_DIR, spawn, stop, stop_all, summarize, uptime, wait_for  # noqa: E402
+from bench.systems import recreate_database  # noqa: E402
+
+DB = "palisade_bench_mixed"
+CLASSES = (("fast", 0.90, 1.0, 5.0), ("medium", 0.09, 50.0, 200.0), ("slow", 0.01, 2000.0, 5000.0))
+MEAN_MS = sum(share * (lo + hi) / 2 for _, share, lo, hi in CLASSES)
+
+
+def ideal_fifo(arrivals: list[tuple[float, str, float]], servers: int) -> dict[str, Any]:
+    """The same arrivals (seconds, class, ms) through a perfect FIFO queue with `servers`
+    servers and zero overhead: the latency no scheduler without priorities can beat."""
+    import heapq
+
+    free = [0.0] * servers
+    per: dict[str, list[float]] = {}
+    for at, cls, ms in sorted(arrivals):
+        start = max(at, heapq.heappop(free))
+        end = start + ms / 1000
+        heapq.heappush(free, end)
+        per.setdefault(cls, []).append((end - at) * 1000)
+    return {cls: summarize(v) for cls, v in per.items()}
+
+
+def pick(rng: random.Random) -> tuple[str, float]:
+    x = rng.random()
+    for name, share, lo, hi in CLASSES:
+        if x < share:
+            return name, rng.uniform(lo, hi)
+        x -= share
+    name, _, lo, hi = CLASSES[-1]
+    return name, rng.uniform(lo, hi)
+
+
+def setup(server: str) -> dict[str, str]:
+    import subprocess
+
+    recreate_database(server, DB)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"{server}/{DB}",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("REDIS_URL", None)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT, env=env, check=True, timeout=300,
+    )  # fmt: skip
+    os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")})
+    os.environ.pop("REDIS_URL", None)
+    import django
+
+    django.setup()
+    return env
+
+
+def execute(query: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(query)
+
+
+def one(query: str, params: Any = None) -> tuple[Any, ...]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        row = cur.fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def all_done(proc: Any, timeout: float) -> None:
+    def check() -> bool:
+        left, bad = one(
+            "SELECT count(*) FILTER (WHERE state IN ('queued', 'running')), "
+            "count(*) FILTER (WHERE state IN ('failed', 'cancelled')) FROM jobs_job"
+        )
+        if bad:
+            raise RuntimeError(f"{bad} jobs ended badly")
+        return bool(left == 0)
+
+    wait_for(check, timeout, "mixed", [proc], interval=0.05)
+
+
+def measure(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict[str, Any]:
+    from jobs import enqueue
+    from jobs.models import Job
+
+    rng = random.Random(args.seed + workers)
+    execute("TRUNCATE jobs_job, django_q_ormq, django_q_task RESTART IDENTITY CASCADE")
+    jobs = []
+    for _ in range(args.jobs):
+        cls, ms = pick(rng)
+        jobs.append(Job(kind="demo.work", payload={"ms": ms, "class": cls}))
+    Job.objects.bulk_create(jobs)
+    execute("VACUUM ANALYZE jobs_job")
+    log = RESULTS_DIR / "logs" / f"mixed-w{workers}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    proc = spawn(
+        [sys.executable, "manage.py", "qcluster"], {**env, "JOBS_WORKERS": str(workers)}, log
+    )
+    result: dict[str, Any] = {"workers": workers}
+    try:
+        all_done(proc, args.timeout)
+        first, last = one(
+            "SELECT min(a.claimed_at), max(j.finished_at) FROM jobs_job j "
+            "JOIN jobs_attempt a ON a.job_id = j.id"
+        )
+        span = (last - first).total_seconds()
+        work_s = sum(j.payload["ms"] for j in jobs) / 1000
+        result["drain"] = {
+            "jobs": args.jobs,
+            "span_s": round(span, 2),
+            "jobs_per_s": args.jobs / span,
+            "work_s": round(work_s, 2),
+            "ideal_span_s": round(work_s / workers, 2),
+            "efficiency": round(work_s / workers / span, 3),
+        }
+        # open loop
+        rate = args.util * workers / (MEAN_MS / 1000)
+        execute("TRUNCATE jobs_job RESTART IDENTITY CASCADE")
+        t_end = time.monotonic() + args.duration
+        sent = 0
+        arrivals: list[tuple[float, str, float]] = []
+        began = next_at = time.monotonic()
+        while True:
+            next_at += rng.expovariate(rate)
+            if next_at > t_end:
+                break
+            pause = next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            cls, ms = pick(rng)
+            enqueue("demo.work", {"ms": ms, "class": cls})
+            arrivals.append((time.monotonic() - began, cls, ms))
+            sent += 1
+        all_done(proc, args.timeout)
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT payload->>'class', extract(epoch FROM finished_at - created_at) * 1000, "
+                "extract(epoch FROM a.claimed_at - j.created_at) * 1000 FROM jobs_job j "
+                "JOIN jobs_attempt a ON a.job_id = j.id AND a.number = 1"
+            )
+            rows = cur.fetchall()
+        per: dict[str, Any] = {}
+        for name, *_ in CLASSES:
+            finish = [float(r[1]) for r in rows if r[0] == name]
+            start = [float(r[2]) for r in rows if r[0] == name]
+            per[name] = {
+                "enqueue_to_finish_ms": summarize(finish),
+                "enqueue_to_start_ms": summarize(start),
+            }
+        result["open_loop"] = {
+            "utilisation_target": args.util,
+            "arrival_rate_per_s": round(rate, 2),
+            "jobs": sent,
+            "duration_s": args.duration,
+            "per_class": per,
+            "ideal_fifo_per_class": ideal_fifo(arrivals, workers),
+        }
+    finally:
+        stop(proc)
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workers", default="2,4")
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--util", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument(
+        "--server", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+    )
+    p.add_argument("--output", type=Path, default=RESULTS_DIR / "mixed.json")
+    args = p.parse_args()
+    started = datetime.now(UTC)
+    load_start = uptime()
+    print(f"machine: {load_start}; mean service time {MEAN_MS:.2f} ms")
+    env = setup(args.server.rstrip("/"))
+    results = []
+    try:
+        for workers in [int(w) for w in args.workers.split(",")]:
+            print(f"{workers} workers ...", flush=True)
+            res = measure(args, env, workers)
+            results.append(res)
+            d = res["drain"]
+            print(
+                f"  drain {d['jobs_per_s']:.0f} jobs/s ({d['span_s']} s; ideal "
+                f"{d['ideal_span_s']} s; efficiency {d['efficiency']:.0%})"
+            )
+            ol = res["open_loop"]
+            print(f"  open loop {ol['jobs']} jobs at {ol['arrival_rate_per_s']}/s:")
+            for name, stats in ol["per_class"].items():
+                f = stats["enqueue_to_finish_ms"]
+                ideal = ol["ideal_fifo_per_class"].get(name, {})
+                if f:
+                    print(
+                        f"    {name:<7} n={f['n']:<5} enqueue->finish p50 {f['p50']:>8.1f} ms "
+                        f"p95 {f['p95']:>8.1f} p99 {f['p99']:>8.1f} max {f['max']:>8.1f}"
+                        f"   (perfect FIFO, {workers} servers: p50 {ideal.get('p50', 0):.1f} "
+                        f"p99 {ideal.get('p99', 0):.1f})"
+                    )
+    finally:
+        stop_all()
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(
+        json.dumps(
+            {
+                "started_at": started.isoformat(),
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "uptime_start": load_start,
+                    "uptime_end": uptime(),
+                },
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "mean_service_ms": MEAN_MS,
+                "results": results,
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    print(f"results: {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

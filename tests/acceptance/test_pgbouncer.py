@@ -1,0 +1,138 @@
+"""Palisade behind PgBouncer in transaction pooling (Debian's pgbouncer, a real process).
+
+LISTEN does not work through a transaction pooler (the server connection that ran LISTEN goes
+back to the pool), so a worker's idle drain cannot hear the enqueue NOTIFY: it still claims every
+POLL_SECONDS, and the scheduler dispatches on its poll. JOBS LISTEN_URL gives the listeners a
+direct session connection instead. Either way every job runs exactly once.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+
+from jobs import enqueue
+from jobs.models import Attempt, Job, RejectedWrite
+from tests.acceptance.cluster import subprocess_database_url, wait_until
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+pytestmark = pytest.mark.skipif(
+    not Path(PGBOUNCER).exists(), reason="pgbouncer is not installed (bin/test installs it)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def pgbouncer(transactional_db: None) -> Iterator[str]:
+    """A pgbouncer in transaction pooling in front of the test database; yields its URL."""
+    s = connection.settings_dict
+    port = free_port()
+    # a directory of its own that the postgres user can reach (pytest's tmp_path is root-only)
+    work = Path(tempfile.mkdtemp(prefix="palisade-pgbouncer-"))
+    (work / "users.txt").write_text(f'"{s.get("USER") or "postgres"}" ""\n')
+    (work / "pgbouncer.ini").write_text(
+        f"""[databases]
+{s["NAME"]} = host={s.get("HOST") or "127.0.0.1"} port={s.get("PORT") or 5432} dbname={s["NAME"]}
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {work / "users.txt"}
+pool_mode = transaction
+default_pool_size = 4
+max_client_conn = 200
+ignore_startup_parameters = extra_float_digits,options
+logfile = {work / "pgbouncer.log"}
+"""
+    )
+    cmd = [PGBOUNCER, str(work / "pgbouncer.ini")]
+    if os.geteuid() == 0:  # pgbouncer refuses to run as root
+        shutil.chown(work, "postgres")
+        for f in work.iterdir():
+            shutil.chown(f, "postgres")
+        cmd[1:1] = ["-u", "postgres"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = subprocess_database_url(via_port=port)
+
+    def ready() -> bool:
+        try:
+            with psycopg.connect(url, connect_timeout=1) as c:
+                c.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    try:
+        wait_until(ready, timeout=15, what="pgbouncer to accept connections", job_id=0)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_cluster_behind_pgbouncer_in_transaction_pooling_runs_every_job_once(
+    pgbouncer, start_qcluster
+):
+    cluster = start_qcluster(DATABASE_URL=pgbouncer)
+    burst = [enqueue("test.echo", {"n": i}) for i in range(30)]
+    for job in burst:
+        wait_until(
+            lambda j=job: Job.objects.filter(pk=j.pk, state="succeeded").exists(),
+            timeout=30,
+            what="the burst to drain through pgbouncer",
+            job_id=job.pk,
+        )
+    # now idle: no NOTIFY reaches it through the pooler; the periodic claim takes the job
+    late = enqueue("test.echo", {"late": True})
+    wait_until(
+        lambda: Job.objects.filter(pk=late.pk, state="succeeded").exists(),
+        timeout=15,
+        what="a job enqueued into the idle cluster",
+        job_id=late.pk,
+    )
+    ids = [j.pk for j in [*burst, late]]
+    assert list(Attempt.objects.filter(job_id__in=ids).values_list("number", flat=True)) == [
+        1
+    ] * len(ids)
+    assert not RejectedWrite.objects.exists()
+    assert "prepared statement" not in cluster.log()
+    assert "Traceback" not in cluster.log()
+
+
+def test_listen_url_gives_the_listeners_a_direct_session(pgbouncer, start_qcluster):
+    direct = subprocess_database_url() + "?application_name=palisade-listen"
+    start_qcluster(DATABASE_URL=pgbouncer, JOBS_LISTEN_URL=direct)
+
+    def listening_directly() -> bool:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                "'palisade-listen' AND query = 'LISTEN jobs_enqueued'"
+            )
+            return bool(cur.fetchone()[0])
+
+    wait_until(listening_directly, timeout=20, what="a LISTEN on the direct URL", job_id=0)
+    job = enqueue("test.echo", {})
+    wait_until(
+        lambda: Job.objects.filter(pk=job.pk, state="succeeded").exists(),
+        timeout=15,
+        what="the job",
+        job_id=job.pk,
+    )

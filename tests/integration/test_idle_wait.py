@@ -1,0 +1,133 @@
+"""A worker's drain with nothing to do hears of new work through LISTEN, not a poll.
+
+The drain runs in a thread of this process (its own database connection, like a worker), and
+jobs are enqueued and committed from the test's connection.
+"""
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection, connections
+from django.test import override_settings
+
+import jobs
+from jobs import runner, shutdown
+from jobs.models import Job
+from jobs.states import JobState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class DrainThread(threading.Thread):
+    def __init__(self, budget: float) -> None:
+        super().__init__(daemon=True)
+        self.budget = budget
+        self.ran: int | None = None
+        self.ended_at: float | None = None
+
+    def run(self) -> None:
+        try:
+            self.ran = runner.drain(budget_seconds=self.budget, idle_wait=True)
+        finally:
+            self.ended_at = time.monotonic()
+            connections.close_all()
+
+
+@pytest.fixture
+def drain() -> Iterator[type[DrainThread]]:
+    started: list[DrainThread] = []
+
+    class Tracked(DrainThread):
+        def start(self) -> None:
+            started.append(self)
+            super().start()
+
+    yield Tracked
+    shutdown.begin(0.0)  # whatever is still waiting gives up at once
+    for t in started:
+        t.join(timeout=10)
+    shutdown.reset()
+
+
+def wait_until(check, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        time.sleep(0.005)
+    return time.monotonic()
+
+
+def state(job: Job) -> str:
+    return Job.objects.values_list("state", flat=True).get(pk=job.pk)
+
+
+def idle_now(t: DrainThread) -> None:
+    """Wait until the drain found the queue empty and LISTENs (its backend shows the LISTEN)."""
+
+    def listening() -> bool:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN jobs_enqueued' "
+                "AND pid <> pg_backend_pid() AND datname = current_database()"
+            )
+            return bool(cur.fetchone()[0])
+
+    wait_until(listening, 10)
+
+
+@override_settings(JOBS={"POLL_SECONDS": 60.0, "IDLE_WAIT_SECONDS": 60.0})
+def test_an_idle_drain_claims_a_new_job_on_its_notify_not_on_a_poll(drain):
+    t = drain(budget=60.0)
+    t.start()
+    idle_now(t)
+    began = time.monotonic()
+    job = jobs.enqueue("test.echo", {"n": 1})  # autocommit: committed, NOTIFY sent
+    # the poll is a minute away, so only the NOTIFY can have woken the drain this soon
+    done = wait_until(lambda: state(job) == JobState.SUCCEEDED, 10)
+    assert done - began < 10
+    assert t.is_alive(), "the drain went back to waiting instead of ending"
+
+
+@override_settings(JOBS={"POLL_SECONDS": 0.2, "IDLE_WAIT_SECONDS": 60.0})
+def test_a_retry_coming_due_without_a_notify_is_claimed_by_the_periodic_claim(drain):
+    job = Job.objects.create(kind="test.echo", payload={})
+    with connection.cursor() as cur:  # due in 1 s; its NOTIFY (at insert) is long gone then
+        cur.execute(
+            "UPDATE jobs_job SET run_at = clock_timestamp() + interval '1 second' WHERE id = %s",
+            [job.pk],
+        )
+    t = drain(budget=60.0)
+    t.start()
+    wait_until(lambda: state(job) == JobState.SUCCEEDED, 10)
+    assert t.is_alive()
+
+
+@override_settings(JOBS={"POLL_SECONDS": 0.2, "IDLE_WAIT_SECONDS": 0.5})
+def test_an_idle_drain_gives_up_after_idle_wait_seconds(drain):
+    t = drain(budget=60.0)
+    began = time.monotonic()
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive() and t.ran == 0
+    assert 0.5 <= t.ended_at - began < 5
+
+
+@override_settings(JOBS={"POLL_SECONDS": 60.0, "IDLE_WAIT_SECONDS": 60.0})
+def test_a_shutdown_ends_an_idle_drain_at_once(drain):
+    t = drain(budget=60.0)
+    t.start()
+    idle_now(t)
+    asked = time.monotonic()
+    shutdown.begin(30.0)
+    t.join(timeout=5)
+    assert not t.is_alive()
+    assert t.ended_at - asked < 1.0
+
+
+@override_settings(JOBS={"POLL_SECONDS": 60.0, "IDLE_WAIT_SECONDS": 60.0})
+def test_the_in_process_drain_still_returns_at_once_when_idle():
+    began = time.monotonic()
+    assert runner.drain(budget_seconds=60.0) == 0
+    assert time.monotonic() - began < 5

@@ -1,0 +1,90 @@
+"""Retention: only old terminal jobs go, with their whole history, in batches, never blocking."""
+
+import pytest
+from django.db import connection
+
+from jobs import retention, transitions
+from jobs.models import Attempt, IdempotencyKey, Job, JobEvent, RejectedWrite
+from jobs.states import Write
+from jobs.transitions import Fence
+
+
+def age(job: Job, days: float) -> None:
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE jobs_job SET finished_at = clock_timestamp() - make_interval(days => %s) "
+            "WHERE id = %s",
+            [days, job.pk],
+        )
+
+
+def with_history(job: Job) -> Job:
+    Attempt.objects.create(
+        job=job, number=1, worker="w:1", claimed_at=job.created_at, outcome="succeeded"
+    )
+    JobEvent.objects.create(job=job, attempt=1, type="claimed", worker="w:1")
+    RejectedWrite.objects.create(
+        job=job, attempt_presented=1, attempt_current=2, state_current="running", worker="w:1",
+        write=Write.COMMIT,
+    )  # fmt: skip
+    IdempotencyKey.objects.create(key=f"{job.pk}:mail", job=job, step="mail", attempt=1)
+    return job
+
+
+@pytest.mark.django_db
+def test_prune_deletes_only_old_terminal_jobs_and_all_their_history(make_job):
+    old = [with_history(make_job(state=s)) for s in ("succeeded", "failed", "cancelled")]
+    for job in old:
+        age(job, 10)
+    recent = with_history(make_job(state="succeeded"))
+    age(recent, 2)
+    queued = make_job(state="queued")
+    running = make_job(state="running", attempt=1)
+
+    assert retention.count(7) == 3
+    report = retention.prune(7, batch_size=2)
+
+    assert report.jobs == 3 and report.batches == 2
+    left = set(Job.objects.values_list("pk", flat=True))
+    assert left == {recent.pk, queued.pk, running.pk}
+    for model in (Attempt, JobEvent, RejectedWrite, IdempotencyKey):
+        assert not model.objects.filter(job_id__in=[j.pk for j in old]).exists(), model
+    assert JobEvent.objects.filter(job=recent).exists()
+    assert report.rows["jobs.Attempt"] == 3 and report.rows["jobs.JobEvent"] == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_row_is_skipped_not_waited_on(make_job, second_connection):
+    held, free = make_job(state="succeeded"), make_job(state="succeeded")
+    age(held, 30)
+    age(free, 30)
+    second_connection.execute("BEGIN")
+    second_connection.execute("SELECT 1 FROM jobs_job WHERE id = %s FOR UPDATE", [held.pk])
+    with connection.cursor() as cur:
+        cur.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
+    try:
+        report = retention.prune(7)
+    finally:
+        second_connection.execute("ROLLBACK")
+        with connection.cursor() as cur:
+            cur.execute("RESET lock_timeout")
+    assert report.jobs == 1
+    assert list(Job.objects.values_list("pk", flat=True)) == [held.pk]
+    assert retention.prune(7).jobs == 1  # taken by the next run
+
+
+@pytest.mark.django_db
+def test_a_zombie_writing_to_a_pruned_job_is_rejected_quietly(make_job):
+    job = make_job(state="succeeded", attempt=1)
+    age(job, 30)
+    retention.prune(7)
+    with pytest.raises(transitions.LeaseLost):
+        transitions.commit(Fence(job.pk, 1, "zombie:1"), {"late": True})
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert not RejectedWrite.objects.exists()
+
+
+@pytest.mark.parametrize(("days", "batch"), [(-1, 10), (1e9, 10), (7, 0), (7, 10**6)])
+def test_out_of_range_arguments_are_refused(days, batch):
+    with pytest.raises(ValueError, match="must be between"):
+        retention.prune(days, batch_size=batch)
