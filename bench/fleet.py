@@ -19,7 +19,6 @@ palisade_bench_fleet. Writes bench/results/fleet.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -37,7 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.protocol import RESULTS_DIR, spawn, stop, stop_all, uptime, wait_for  # noqa: E402
-from bench.systems import recreate_database  # noqa: E402
+from bench.systems import palisade_database, write_report  # noqa: E402
 
 DB = "palisade_bench_fleet"
 BOUNCER_PORT = 6432
@@ -208,22 +207,7 @@ def main() -> int:
     started = datetime.now(UTC)
     load_start = uptime()
     print(f"machine: {load_start}")
-    recreate_database(server, DB)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": f"{server}/{DB}",
-    }
-    env.pop("REDIS_URL", None)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT, env=env, check=True, timeout=300,
-    )  # fmt: skip
-    os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")})
-    os.environ.pop("REDIS_URL", None)
-    import django
-
-    django.setup()
+    palisade_database(server, DB)
     results = []
     try:
         for mode in args.modes.split(","):
@@ -245,24 +229,7 @@ def main() -> int:
             results.append(res)
     finally:
         stop_all()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "started_at": started.isoformat(),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "uptime_start": load_start,
-                    "uptime_end": uptime(),
-                },
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "results": results,
-            },
-            indent=2,
-            default=str,
-        )
-    )
-    print(f"results: {args.output}")
+    write_report(args.output, started, load_start, args, results=results)
     return 0
 
 

@@ -20,7 +20,6 @@ Database: palisade_bench_mixed (dropped and recreated). Writes bench/results/mix
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -34,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.protocol import RESULTS_DIR, spawn, stop, stop_all, summarize, uptime, wait_for  # noqa: E402
-from bench.systems import recreate_database  # noqa: E402
+from bench.systems import palisade_database, write_report  # noqa: E402
 
 DB = "palisade_bench_mixed"
 CLASSES = (("fast", 0.90, 1.0, 5.0), ("medium", 0.09, 50.0, 200.0), ("slow", 0.01, 2000.0, 5000.0))
@@ -67,27 +66,7 @@ def pick(rng: random.Random) -> tuple[str, float]:
 
 
 def setup(server: str) -> dict[str, str]:
-    import subprocess
-
-    recreate_database(server, DB)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": f"{server}/{DB}",
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("REDIS_URL", None)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT, env=env, check=True, timeout=300,
-    )  # fmt: skip
-    os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")})
-    os.environ.pop("REDIS_URL", None)
-    import django
-
-    django.setup()
-    return env
+    return palisade_database(server, DB)
 
 
 def execute(query: str) -> None:
@@ -246,25 +225,7 @@ def main() -> int:
                     )
     finally:
         stop_all()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "started_at": started.isoformat(),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "uptime_start": load_start,
-                    "uptime_end": uptime(),
-                },
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "mean_service_ms": MEAN_MS,
-                "results": results,
-            },
-            indent=2,
-            default=str,
-        )
-    )
-    print(f"results: {args.output}")
+    write_report(args.output, started, load_start, args, mean_service_ms=MEAN_MS, results=results)
     return 0
 
 

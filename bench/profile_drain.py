@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.protocol import RESULTS_DIR, uptime  # noqa: E402
-from bench.systems import recreate_database  # noqa: E402
+from bench.systems import palisade_database  # noqa: E402
 
 DB = "palisade_bench_profile"
 PYSPY_VENV = Path.home() / ".cache" / "palisade-bench" / "venvs" / "py-spy"
@@ -90,19 +90,7 @@ def main() -> int:
     args = p.parse_args()
     server = args.server.rstrip("/")
     print(f"machine: {uptime()}")
-    recreate_database(server, DB)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": f"{server}/{DB}",
-        "PYTHONPATH": str(ROOT),
-        "JOBS_LOG_LEVEL": "WARNING",
-    }
-    env.pop("REDIS_URL", None)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT, env=env, check=True, timeout=300,
-    )  # fmt: skip
+    env = palisade_database(server, DB, JOBS_LOG_LEVEL="WARNING")
     raw = RESULTS_DIR / "profile-stacks.txt"
     raw.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -45,7 +44,7 @@ from bench.protocol import (  # noqa: E402
     uptime,
     wait_for,
 )
-from bench.systems import recreate_database  # noqa: E402
+from bench.systems import palisade_database, write_report  # noqa: E402
 from bench.systems.palisade import race  # noqa: E402
 
 DB = "palisade_bench_scale"
@@ -110,25 +109,7 @@ class Scale:
         self.args = args
         self.server = args.server.rstrip("/")
         self.dsn = f"{self.server}/{DB}"
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "DATABASE_URL": self.dsn,
-            "JOBS_WORKERS": str(args.workers),
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.env.pop("REDIS_URL", None)
-        recreate_database(self.server, DB)
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-            cwd=ROOT, env=self.env, check=True, timeout=300,
-        )  # fmt: skip
-        os.environ.update({k: self.env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")})
-        os.environ.pop("REDIS_URL", None)
-        import django
-
-        django.setup()
+        self.env = palisade_database(self.server, DB, JOBS_WORKERS=str(args.workers))
         self.conn = psycopg.connect(self.dsn, autocommit=True)
         self.history = 0
         self.last_before = 0
@@ -261,25 +242,7 @@ def main() -> int:
     finally:
         stop_all()
     print(f"footprint: {json.dumps(footprint)}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {
-                "started_at": started.isoformat(),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "uptime_start": load_start,
-                    "uptime_end": uptime(),
-                },
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "results": results,
-                "footprint": footprint,
-            },
-            indent=2,
-            default=str,
-        )
-    )
-    print(f"results: {args.output}")
+    write_report(args.output, started, load_start, args, results=results, footprint=footprint)
     return 0
 
 

@@ -80,3 +80,23 @@ def test_list_and_status(make_job):
     assert "queued" in listing and "mail" in listing and "running" not in listing.split("\n", 1)[1]
     status = run("status")
     assert "mail" in status and "leases run out, not yet reclaimed: 1" in status
+
+
+def test_prune_deletes_old_finished_jobs_and_says_what_it_did(make_job):
+    from django.db import connection
+
+    old, recent = make_job(state="succeeded"), make_job(state="failed")
+    queued = make_job(state="queued")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE jobs_job SET finished_at = clock_timestamp() - interval '40 days' "
+            "WHERE id = %s",
+            [old.pk],
+        )
+    assert run("prune", "--older-than-days", "30", "--dry-run").startswith("1 finished jobs")
+    assert Job.objects.filter(pk=old.pk).exists()
+    out = run("prune", "--older-than-days", "30", "--batch", "10")
+    assert out.startswith("pruned 1 finished jobs older than 30 days in 1 batches")
+    assert set(Job.objects.values_list("pk", flat=True)) == {recent.pk, queued.pk}
+    with pytest.raises(CommandError, match="older_than_days must be between"):
+        run("prune", "--older-than-days", "-1")

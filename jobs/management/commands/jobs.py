@@ -1,9 +1,10 @@
-"""`manage.py jobs status|list|show|requeue|cancel|retry|copy` -- the operator's terminal.
+"""`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune` -- the operator's terminal.
 
 Reads go through the same selectors the screens use; every change goes through jobs.actions ->
 jobs.transitions with the same fencing, permission and LogEntry audit as the admin. The acting
 Django user is --user (default: $JOBS_OPERATOR, else the login name), and must be staff with the
-job "change" permission.
+job "change" permission. `prune` (retention, jobs.retention) deletes finished jobs older than N
+days with their history, in batches; it is a maintenance task for cron or a deploy hook.
 """
 
 import getpass
@@ -13,7 +14,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import actions
+from jobs import actions, retention
 from jobs.admin import effective_lease, effective_max_attempts, seconds
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.states import JobState
@@ -27,7 +28,9 @@ def _first_line(text: str, width: int = 100) -> str:
 
 
 class Command(BaseCommand):
-    help = "Operate jobs without a browser: status, list, show, requeue, cancel, retry, copy."
+    help = (
+        "Operate jobs without a browser: status, list, show, requeue, cancel, retry, copy, prune."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +49,13 @@ class Command(BaseCommand):
             )
             act.add_argument("--user", default=None, help="the Django user acting")
             act.add_argument("--limit", type=int, default=actions.MAX_ROWS)
+        prune = sub.add_parser(
+            "prune", help="delete finished jobs older than N days with their history (batched)"
+        )
+        prune.add_argument("--older-than-days", type=float, required=True)
+        prune.add_argument("--batch", type=int, default=1000, help="jobs per transaction")
+        prune.add_argument("--pause", type=float, default=0.0, help="seconds between batches")
+        prune.add_argument("--dry-run", action="store_true", help="only count what would go")
 
     @staticmethod
     def _filters(parser: CommandParser) -> None:
@@ -61,8 +71,27 @@ class Command(BaseCommand):
             self.list(options)
         elif command == "show":
             self.show(options["job_id"])
+        elif command == "prune":
+            self.prune(options)
         else:
             self.act(command, options)
+
+    def prune(self, options: dict[str, Any]) -> None:
+        days = options["older_than_days"]
+        try:
+            if options["dry_run"]:
+                self.stdout.write(f"{retention.count(days)} finished jobs would be pruned")
+                return
+            report = retention.prune(
+                days, batch_size=options["batch"], pause_seconds=max(0.0, options["pause"])
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        rows = ", ".join(f"{label} {n}" for label, n in sorted(report.rows.items()))
+        self.stdout.write(
+            f"pruned {report.jobs} finished jobs older than {days:g} days in {report.batches} "
+            f"batches ({report.seconds:.1f} s): {rows or 'nothing'}"
+        )
 
     # -- reads ------------------------------------------------------------------------------
 
