@@ -78,12 +78,14 @@ class Command(BaseCommand):
 
     def prune(self, options: dict[str, Any]) -> None:
         days = options["older_than_days"]
+        if not 0 <= options["pause"] <= 3600:
+            raise CommandError("--pause must be between 0 and 3600 seconds")
         try:
             if options["dry_run"]:
                 self.stdout.write(f"{retention.count(days)} finished jobs would be pruned")
                 return
             report = retention.prune(
-                days, batch_size=options["batch"], pause_seconds=max(0.0, options["pause"])
+                days, batch_size=options["batch"], pause_seconds=options["pause"]
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
