@@ -47,7 +47,9 @@ class Maintenance:
             while not self._stop.is_set():
                 busy = False
                 try:
-                    busy = outbox.relay_once(self.identity) > 0
+                    busy = (
+                        outbox.relay_once(self.identity, concurrency=outbox.RELAY_CONCURRENCY) > 0
+                    )
                     if time.monotonic() >= next_sweep:
                         janitor.sweep(self.identity)
                         next_sweep = time.monotonic() + janitor.interval_seconds()

@@ -30,6 +30,7 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -48,6 +49,7 @@ from jobs.states import EventType
 logger = logging.getLogger("jobs.outbox")
 
 RELAY_BATCH = 20
+RELAY_CONCURRENCY = 4  # intents of one batch handled at once by the embedded relay
 RELAY_LEASE_SECONDS = 60.0
 MAX_FAILURES = 8  # then the intent is `failed` (shown; an operator decides)
 BACKOFF_SECONDS = (1.0, 300.0)  # first retry, cap: doubling
@@ -224,13 +226,35 @@ def handle(c: Claim, relay: str, lease_seconds: float = RELAY_LEASE_SECONDS) -> 
 
 
 def relay_once(
-    relay: str, limit: int = RELAY_BATCH, lease_seconds: float = RELAY_LEASE_SECONDS
+    relay: str,
+    limit: int = RELAY_BATCH,
+    lease_seconds: float = RELAY_LEASE_SECONDS,
+    concurrency: int = 1,
 ) -> int:
-    """Claim and handle one batch of due intents; return how many were claimed."""
+    """Claim and handle one batch of due intents; return how many were claimed.
+
+    With `concurrency` > 1 (the embedded relay: RELAY_CONCURRENCY) the batch's intents are
+    handled on that many threads, each with its own database connection, so a slow or dead
+    target holds up its own intents, not the others of its batch.
+    """
     claims = claim(relay, limit, lease_seconds)
-    for c in claims:
-        handle(c, relay, lease_seconds)
+    if concurrency <= 1 or len(claims) <= 1:
+        for c in claims:
+            handle(c, relay, lease_seconds)
+        return len(claims)
+    with ThreadPoolExecutor(min(concurrency, len(claims)), thread_name_prefix="jobs-relay") as pool:
+        for done in [
+            pool.submit(_handle_on_own_connection, c, relay, lease_seconds) for c in claims
+        ]:
+            done.result()  # a database error surfaces to the relay loop's outage log
     return len(claims)
+
+
+def _handle_on_own_connection(c: Claim, relay: str, lease_seconds: float) -> str:
+    try:
+        return handle(c, relay, lease_seconds)
+    finally:
+        connection.close()  # this pool thread's own connection: never left open
 
 
 # -- counts for /metrics -------------------------------------------------------------------------

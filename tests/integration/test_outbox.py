@@ -23,6 +23,7 @@ from tests.receiver import Received, receiver
 pytestmark = pytest.mark.django_db(transaction=True)
 
 A, B = "host-a:1", "host-b:2"
+CONCURRENCY = 4
 
 
 def _hook(r: Received, **extra: object) -> dict[str, object]:
@@ -177,3 +178,42 @@ def test_a_failing_target_is_retried_with_backoff_until_it_answers():
         assert r.verdicts(key) == ["performed"]
         counts = outbox.counts()
         assert counts["pending_intents"] == 0 and counts["relay_reperforms"] == 1
+
+
+def test_a_slow_target_holds_up_its_own_intents_not_the_rest_of_the_batch():
+    class Slow:
+        def __init__(self) -> None:
+            self.release = threading.Event()
+
+        def perform(self, key: str, data: object) -> None:
+            self.release.wait(10)  # a target that hangs until the test lets it go
+
+    slow = Slow()
+    outbox.register_target("test-slow", slow)
+    with receiver() as r:
+        jobs.enqueue("test.echo")  # first in the batch, so a serial relay would wait on it
+        running = claim(A)
+        running.ctx.intent("publish", "test-slow", {})
+        running.commit(None)
+        fast_keys = _committed_intents(r, 3)
+
+        def relay_batch() -> None:
+            try:
+                outbox.relay_once("relay-a", concurrency=CONCURRENCY)
+            finally:
+                connection.close()  # this thread's own connection
+
+        relay = threading.Thread(target=relay_batch, daemon=True)
+        relay.start()
+        try:
+            deadline = time.monotonic() + 10
+            # every healthy intent of the batch is performed while the slow one still hangs
+            while Intent.objects.filter(key__in=fast_keys, state="done").count() < 3:
+                assert time.monotonic() < deadline, "the healthy intents waited for the slow one"
+                time.sleep(0.01)
+            assert Intent.objects.get(target="test-slow").state != "done"
+        finally:
+            slow.release.set()
+            relay.join(10)
+        assert Intent.objects.get(target="test-slow").state == "done"
+        assert all(r.verdicts(k) == ["performed"] for k in fast_keys)
