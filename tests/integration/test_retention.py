@@ -12,9 +12,10 @@ from jobs.transitions import Fence
 def age(job: Job, days: float) -> None:
     with connection.cursor() as cur:
         cur.execute(
-            "UPDATE jobs_job SET finished_at = clock_timestamp() - make_interval(days => %s) "
+            "UPDATE jobs_job SET finished_at = clock_timestamp() - make_interval(days => %s), "
+            "updated_at = clock_timestamp() - make_interval(days => %s) "
             "WHERE id = %s",
-            [days, job.pk],
+            [days, days, job.pk],
         )
 
 

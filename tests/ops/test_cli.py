@@ -89,8 +89,8 @@ def test_prune_deletes_old_finished_jobs_and_says_what_it_did(make_job):
     queued = make_job(state="queued")
     with connection.cursor() as cur:
         cur.execute(
-            "UPDATE jobs_job SET finished_at = clock_timestamp() - interval '40 days' "
-            "WHERE id = %s",
+            "UPDATE jobs_job SET finished_at = clock_timestamp() - interval '40 days', "
+            "updated_at = clock_timestamp() - interval '40 days' WHERE id = %s",
             [old.pk],
         )
     assert run("prune", "--older-than-days", "30", "--dry-run").startswith("1 finished jobs")
