@@ -41,7 +41,7 @@ def prepare() -> str:
 def drain_rate(jobs: int, released: bool) -> float:
     from django.db import connection
 
-    from jobs import runner
+    from jobs.worker import runner
 
     attempt, released_n = (1, 1) if released else (0, 0)
     with connection.cursor() as cur:

@@ -129,7 +129,7 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    from jobs import metrics
+    from jobs.ops import metrics
 
     cold = timed(metrics.render)
     log(f"cold scrape {cold:.0f} ms")
@@ -178,7 +178,7 @@ def main() -> int:
 def _queue_sql() -> str:
     from django.db import connection
 
-    from jobs.sql import driver_for
+    from jobs.core.sql import driver_for
 
     driver = driver_for(connection.vendor)
     oldest = f"MIN(CASE WHEN run_at <= {driver.now} THEN run_at END)"

@@ -37,7 +37,7 @@ PYSPY_VENV = Path.home() / ".cache" / "palisade-bench" / "venvs" / "py-spy"
 DRAIN = """
 import django, time
 django.setup()
-from jobs import runner
+from jobs.worker import runner
 from jobs.models import Job
 Job.objects.bulk_create([Job(kind="demo.noop", payload={{}}) for _ in range({n})])
 t0 = time.perf_counter()

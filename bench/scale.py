@@ -86,7 +86,7 @@ def claim_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> Non
     import django
 
     django.setup()
-    from jobs.sql import CommitRow, PostgresDriver
+    from jobs.core.sql import CommitRow, PostgresDriver
 
     driver = PostgresDriver()
     worker = f"bench-scale:{os.getpid()}"

@@ -102,7 +102,7 @@ def database_from_env() -> dict[str, Any]:
             # they bound connecting and detect a peer that stopped acknowledging (a half-open
             # connection), never a query that is merely slow. No statement_timeout here: handlers
             # and the web share these connections and may run long queries legitimately; the
-            # platform's own round trips are bounded client-side instead (jobs.connectivity),
+            # platform's own round trips are bounded client-side instead (jobs.core.connectivity),
             # which also covers a partition the server never sees. Options in the URL win.
             options = db.setdefault("OPTIONS", {})
             for key, value in PG_NETWORK_OPTIONS.items():
@@ -194,7 +194,7 @@ Q_CLUSTER = {
     # Transport only: the job tables decide. The ORM broker keeps Palisade on the database alone.
     "orm": "default",
     # django-q2's ORM broker, made to ride out a database outage (see jobs/bridge.py).
-    "broker_class": "jobs.bridge.ResilientORMBroker",
+    "broker_class": "jobs.worker.bridge.ResilientORMBroker",
     "poll": float(os.environ.get("Q_POLL", "0.05")),
     # One drain task runs many jobs; `timeout` caps a drain (and so the longest single job), and
     # `retry` must stay above it or django-q2 redelivers a task still running (checked: jobs.E002).
@@ -214,7 +214,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "jobs.logs.JsonFormatter"},  # JOBS_LOG_FORMAT=json: one object a line
+        "json": {"()": "jobs.ops.logs.JsonFormatter"},  # JOBS_LOG_FORMAT=json: one object a line
     },
     "handlers": {
         "console": {

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 
-from jobs.metrics import metrics_view
+from jobs.ops.metrics import metrics_view
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),

@@ -2,7 +2,7 @@
 
 from django import forms
 
-from jobs.states import JobState
+from jobs.core.states import JobState
 
 
 class JobFilterForm(forms.Form):

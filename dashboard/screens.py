@@ -14,11 +14,11 @@ from django.utils import timezone
 
 from dashboard import selectors, timeline
 from dashboard.forms import JobFilterForm
-from jobs import policy
-from jobs.conf import jobs_settings
-from jobs.exceptions import UnknownKind
+from jobs.core import policy
+from jobs.core.conf import jobs_settings
+from jobs.core.exceptions import UnknownKind
+from jobs.core.registry import Handler, get_handler
 from jobs.models import Job
-from jobs.registry import Handler, get_handler
 
 
 def filters_from(params: QueryDict) -> tuple[JobFilterForm, dict[str, Any]]:

@@ -19,8 +19,8 @@ from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinu
 from django.utils import timezone
 
 from dashboard.timeline import MINOR_TYPES
+from jobs.core.states import JobState
 from jobs.models import Attempt, IdempotencyKey, Intent, Job, JobEvent, RejectedWrite, StagedOutput
-from jobs.states import JobState
 
 PAGE_SIZE = 50
 # Text search inside payloads scans at most this many of the newest jobs (no GIN index: see

@@ -1,12 +1,16 @@
 """Palisade's job platform: fenced workers on django-q2.
 
-Public API: `enqueue`, `handler`, and the exceptions below. `jobs.Job` and friends live in
-jobs.models (importable after Django is set up).
+Public API: `enqueue`, `handler`, `JobContext` (the handler's `ctx`, for type hints) and the
+exceptions below. The records (`Job` and friends) live in jobs.models, importable once Django is
+set up. The code is arranged by role: jobs/core (the records' rules and the one writer),
+jobs/worker (what runs inside qcluster), jobs/effects (every write path beyond the job row),
+jobs/ops (the operator's tools); imports only run downward (import-linter, in bin/test).
 """
 
 from typing import Any
 
-from jobs.exceptions import (
+from jobs import deprecated
+from jobs.core.exceptions import (
     DuplicateJob,
     EnqueueError,
     InvalidOption,
@@ -17,7 +21,7 @@ from jobs.exceptions import (
     PayloadTooLarge,
     UnknownKind,
 )
-from jobs.registry import handler
+from jobs.core.registry import handler
 
 __all__ = [
     "DuplicateJob",
@@ -25,6 +29,7 @@ __all__ = [
     "InvalidOption",
     "InvalidPayload",
     "InvalidQueue",
+    "JobContext",
     "JobsError",
     "LeaseLost",
     "PayloadTooLarge",
@@ -35,7 +40,18 @@ __all__ = [
 
 
 def enqueue(kind: str, payload: Any = None, **options: Any) -> Any:
-    """Insert a queued job inside the caller's transaction; see jobs.enqueuer.enqueue."""
-    from jobs.enqueuer import enqueue as _enqueue
+    """Insert a queued job inside the caller's transaction: `Job.objects.enqueue()`."""
+    from jobs.models import Job  # the records need Django's app registry: imported on first use
 
-    return _enqueue(kind, payload, **options)
+    return Job.objects.enqueue(kind, payload, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "JobContext":  # on first use: the worker's modules need Django set up
+        from jobs.context import JobContext
+
+        return JobContext
+    raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+
+
+deprecated.install()  # old module paths (jobs.transitions, jobs.bridge, ...) for one release

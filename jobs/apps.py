@@ -7,6 +7,7 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from jobs import checks, registry  # noqa: F401  (registers system checks)
+        from jobs.core import registry
+        from jobs.ops import checks  # noqa: F401  (registers system checks)
 
         registry.autodiscover()

@@ -1,9 +1,11 @@
-"""The handler's view of its attempt: identity, payload and fenced writes.
+"""The handler's `ctx`: the user's API of a running attempt -- identity, payload, fenced writes.
 
-Owns: what a handler may do while it runs. Never: commits -- the runner does, once, after the
-handler returns. Staged outputs (jobs/staging.py), effects (jobs/effects.py), intents
-(jobs/outbox.py) and token-checked writes (jobs/fenced.py) live in their own modules; the
-methods here bind them to this attempt's fence.
+Owns: `JobContext`, what a handler may do while it runs, and `Held`, what a drain holds for one
+claimed attempt. Never: commits -- the runner does, once, after the handler returns. Staged
+outputs, effects, intents and token-checked writes live in jobs/effects; the methods here bind
+them to this attempt's fence. Its own room above jobs/effects and beside jobs/ops: the worker
+builds a context, nothing below imports it back, and a handlers module (imported by the web
+process too) can import it for type hints without importing the worker.
 
 Hazards: a handler may call ctx.heartbeat()/ctx.checkpoint() inside its own
 `transaction.atomic()`. A fenced write must never join that transaction (the job row's lock would
@@ -16,19 +18,22 @@ after the handler's transaction is over.
 """
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
 
-from jobs import bounds, transitions
-from jobs.conf import jobs_settings
-from jobs.connectivity import bounded
-from jobs.exceptions import LeaseLost
-from jobs.heartbeat import Held
-from jobs.states import Write
-from jobs.transitions import Fence
+from jobs.core import bounds, transitions
+from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import bounded
+from jobs.core.exceptions import LeaseLost
+from jobs.core.states import Write
+from jobs.core.transitions import Fence
+from jobs.effects import fenced, outbox, pending, staging
+from jobs.effects import keys as effects
 
 # One thread per worker process, started on first use: its database connection is the fenced
 # writes' own and stays open for the rest of the drain (a connection per call would cost a
@@ -91,6 +96,26 @@ def _outside_callers_transaction(
     _side_writer.submit(on_own_connection).result()
 
 
+@dataclass(eq=False)
+class Held:
+    """What a drain holds for one claimed attempt: its fence and lease, and whether it is lost.
+
+    Shared by the runner (which creates it), the heartbeat thread (which extends the lease and
+    sets `lost` when a beat changes zero rows) and the handler's context (which checks `lost`).
+    """
+
+    fence: Fence
+    lease_seconds: float
+    lost: threading.Event = field(default_factory=threading.Event)
+    # A beat (or the runner's explicit write) has marked this attempt's handler as running. A
+    # confirmed attempt would be charged if it expired, so its success is committed at once.
+    confirmed: bool = False
+    # time.monotonic() when the drain took it over: the claim had just set its lease, so the
+    # lease is fresh from then whether or not a beat has run since.
+    since: float = field(default_factory=lambda: time.monotonic())
+    started: bool = False  # the runner took it to run (see Heartbeater.start)
+
+
 class JobContext:
     def __init__(self, held: Held, kind: str, payload: Any) -> None:
         self._held = held
@@ -144,8 +169,6 @@ class JobContext:
         Stored at `jobs/<job_id>/attempt-<n>/<name>` in `JOBS["STAGING_STORAGE"]`; the commit
         points `Job.result_ref` at this attempt's outputs. Returns the storage name.
         """
-        from jobs import pending, staging
-
         self._raise_if_lost("stage")
         ref: list[str] = []
         _outside_callers_transaction(
@@ -163,8 +186,6 @@ class JobContext:
         deduplicated). If an earlier attempt started `fn` but never recorded completion, `fn` is
         called again with the same key: the receiver must deduplicate by it (else use intent()).
         """
-        from jobs import effects
-
         effects.checked_step(step)
         self._raise_if_lost("effect")
         begun: list[effects.Begun] = []
@@ -184,8 +205,6 @@ class JobContext:
 
     def intent(self, step: str, target: str, data: Any) -> None:
         """Record an outbox intent; it exists only if this attempt's commit is accepted."""
-        from jobs import outbox, pending
-
         self._raise_if_lost("intent")
         pending.add_intent(self._held.fence, outbox.intent(step, target, data, self.job_id))
 
@@ -195,8 +214,6 @@ class JobContext:
         Returns the rows updated; raises LeaseLost, recorded, if any row had accepted a higher
         attempt of this job.
         """
-        from jobs import fenced
-
         self._raise_if_lost("token_write")
         fence = self._held.fence
         decision = fenced.write(fence, queryset, **values)

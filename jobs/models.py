@@ -1,18 +1,22 @@
 """The job tables: the only truth about a job (django-q2's tables are transport).
 
 Owns: schema, constraints and read-only query methods. Never: changes a job's state, attempt,
-lease or result -- jobs/transitions.py is the only writer of those. Creating a queued row is an
-enqueue (jobs/enqueuer.py, or a plain create/bulk_create/raw INSERT by the application).
+lease or result -- jobs/core/transitions is the only writer of those. Creating a queued row is an
+enqueue (`Job.objects.enqueue()`, below, under the rules of jobs/core/enqueue.py; or a plain
+create/bulk_create/raw INSERT by the application).
 """
 
 from datetime import datetime
+from typing import Any
 
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from jobs import bounds
-from jobs.states import TERMINAL_STATES, AttemptOutcome, EventType, JobState, Write
+from jobs.core import bounds
+from jobs.core import enqueue as enqueue_rules
+from jobs.core.exceptions import DuplicateJob
+from jobs.core.states import TERMINAL_STATES, AttemptOutcome, EventType, JobState, Write
 
 TERMINAL = [state for state in JobState if state in TERMINAL_STATES]  # in enum order
 
@@ -36,11 +40,67 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
-    def enqueue(self, kind: str, payload: object = None, **options: object) -> "Job":
-        """jobs.enqueue(), as a manager method: same signature, same transaction rules."""
-        from jobs.enqueuer import enqueue
+    def enqueue(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        lease_seconds: float | None = None,
+        unique_key: str | None = None,
+    ) -> "Job":
+        """Create a queued job in the caller's transaction and return it (`jobs.enqueue()`).
 
-        return enqueue(kind, payload, **options)  # type: ignore[arg-type]
+        With `unique_key`, a live job holding the same key is returned instead of a second job
+        (`job.duplicate` is then True). Invalid input raises a ValueError subclass and writes
+        nothing (jobs/core/enqueue.py decides). Never commits on its own: the row (and its
+        wake-up NOTIFY, sent by a database trigger) becomes visible when the caller commits.
+        """
+        row = enqueue_rules.fields(
+            kind,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            lease_seconds=lease_seconds,
+            unique_key=unique_key,
+        )
+        for _ in range(enqueue_rules.UNIQUE_KEY_TRIES):
+            try:
+                # A savepoint, so a unique-key conflict leaves the caller's transaction usable.
+                with transaction.atomic(using=self.db):
+                    job = self.create(**row)
+                    JobEvent.objects.using(self.db).create(
+                        job=job, attempt=0, type=EventType.ENQUEUED, data={}
+                    )
+                job.duplicate = False  # type: ignore[attr-defined]
+                return job  # type: ignore[no-any-return]
+            except IntegrityError as exc:
+                message = str(exc)
+                # PostgreSQL names the constraint; SQLite names the column.
+                is_key_conflict = (
+                    enqueue_rules.UNIQUE_KEY_CONSTRAINT in message
+                    or "jobs_job.unique_key" in message
+                )
+                if unique_key is None or not is_key_conflict:
+                    raise
+            existing = self.filter(
+                unique_key=unique_key, state__in=[JobState.QUEUED, JobState.RUNNING]
+            ).first()
+            if existing is not None:
+                existing.duplicate = True
+                return existing  # type: ignore[no-any-return]
+            # The holder became terminal between our insert and our read: try the insert again.
+        # Under REPEATABLE READ or SERIALIZABLE the holder can be committed yet invisible to this
+        # transaction's snapshot, so neither the insert nor the read can ever succeed here.
+        raise DuplicateJob(
+            f"a live job holds unique_key {unique_key!r} but this transaction cannot see it "
+            "(REPEATABLE READ or SERIALIZABLE snapshot); retry in a new transaction"
+        )
 
 
 class Job(models.Model):

@@ -14,10 +14,10 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from jobs.core.sql import driver_for
+from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job
-from jobs.scheduler import dedicated_connection
-from jobs.sql import driver_for
-from jobs.states import AttemptOutcome, JobState
+from jobs.worker.listener import dedicated_connection
 
 SQLITE_TIER = Path(__file__).resolve().parent / "sqlite"
 
@@ -111,7 +111,7 @@ def second_connection(transactional_db: None) -> Iterator[psycopg.Connection]:
 @pytest.fixture
 def swap_handler(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[..., Any]], None]:
     """Replace the function behind a registered kind for one test."""
-    from jobs.registry import Handler, _handlers
+    from jobs.core.registry import Handler, _handlers
 
     def swap(kind: str, fn: Callable[..., Any]) -> None:
         old = _handlers[kind]

@@ -60,7 +60,7 @@ def _child_django(batch: int) -> None:
 def sql_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
     """Palisade's claim and batch-commit statements (jobs.sql) on a raw autocommit connection."""
     _child_django(batch)
-    from jobs.sql import CommitRow, PostgresDriver
+    from jobs.core.sql import CommitRow, PostgresDriver
 
     driver = PostgresDriver()
     worker = f"bench-sql:{os.getpid()}"
@@ -84,7 +84,7 @@ def runner_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> No
     _child_django(batch)
     from django.db import connection
 
-    from jobs import runner
+    from jobs.worker import runner
 
     connection.ensure_connection()
     ready.put(os.getpid())

@@ -7,8 +7,8 @@ import pytest
 from django.contrib.auth.models import User
 
 import jobs
-from jobs import actions
 from jobs.models import Attempt, Job, RejectedWrite
+from jobs.ops import actions
 from tests.acceptance.cluster import (
     QCluster,
     wait_for_attempt,

@@ -144,7 +144,7 @@ class _CrashAfterPerform:
     PALISADE_TEST_CRASH_AFTER_PERFORM=1 dies (SIGKILL) right after performing, before marking."""
 
     def __init__(self) -> None:
-        from jobs.outbox import WebhookTarget
+        from jobs.effects.outbox import WebhookTarget
 
         self._inner = WebhookTarget(timeout=5)
 
@@ -158,7 +158,7 @@ class _CrashAfterPerform:
 
 
 def _register_targets() -> None:
-    from jobs.outbox import register_target
+    from jobs.effects.outbox import register_target
 
     register_target("test.crash-after-perform", _CrashAfterPerform())
 

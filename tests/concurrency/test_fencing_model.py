@@ -16,9 +16,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from jobs import LeaseLost, reaper, transitions
+from jobs import LeaseLost
+from jobs.core import transitions
+from jobs.core.states import TERMINAL_STATES, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.states import TERMINAL_STATES, JobState
+from jobs.worker import reaper
 
 WORKERS = ("w1:1", "w2:2")
 MAX_ATTEMPTS = 20

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from django.db import connections
 
-from jobs import transitions
+from jobs.core import transitions
+from jobs.core.sql import CommitRow, ExpiredRow, PostgresDriver
+from jobs.core.states import JobState
 from jobs.models import Attempt, Job
-from jobs.sql import CommitRow, ExpiredRow, PostgresDriver
-from jobs.states import JobState
 from tests.conftest import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -158,7 +158,7 @@ def test_every_attempt_number_is_claimed_once_across_reclaims():
             connections.close_all()
 
     def reaper() -> None:
-        from jobs import reaper as reaper_module
+        from jobs.worker import reaper as reaper_module
 
         try:
             while not stop.is_set():

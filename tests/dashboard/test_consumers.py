@@ -19,7 +19,7 @@ from config.asgi import application
 from dashboard import selectors
 from dashboard.consumers import LiveConsumer
 from dashboard.live import tail
-from jobs import transitions
+from jobs.core import transitions
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 import jobs
 from dashboard import selectors
-from jobs import outbox
+from jobs.effects import outbox
 from jobs.models import IdempotencyKey, Intent, StagedOutput
 from tests.dashboard.test_consumers import live, receive_until, stop_event_tail, swapped
 from tests.integration.attempts import claim, expire_and_reap

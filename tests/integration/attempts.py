@@ -9,10 +9,11 @@ from typing import Any
 
 from django.db import connection
 
-from jobs import completer, reaper, transitions
-from jobs.context import JobContext
-from jobs.heartbeat import Finished, Held
-from jobs.transitions import Claimed
+from jobs.context import Held, JobContext
+from jobs.core import transitions
+from jobs.core.transitions import Claimed
+from jobs.worker import completer, reaper
+from jobs.worker.heartbeat import Finished
 
 
 @dataclass

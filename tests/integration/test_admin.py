@@ -5,8 +5,8 @@ import re
 import pytest
 from django.contrib.auth.models import Permission, User
 
+from jobs.core.states import JobState
 from jobs.models import Job, JobEvent, RejectedWrite
-from jobs.states import JobState
 
 pytestmark = pytest.mark.django_db
 

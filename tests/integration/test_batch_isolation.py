@@ -15,9 +15,10 @@ from django.test import override_settings
 from django_q.exceptions import TimeoutException
 
 import jobs
-from jobs import reaper, runner, transitions
+from jobs.core import transitions
+from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt
-from jobs.states import AttemptOutcome, JobState
+from jobs.worker import reaper, runner
 from tests.acceptance.cluster import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

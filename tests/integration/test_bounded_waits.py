@@ -12,8 +12,8 @@ import pytest
 from django.db import OperationalError, connection
 
 import jobs
-from jobs import scheduler
-from jobs.connectivity import bounded
+from jobs.core.connectivity import bounded
+from jobs.worker import listener, scheduler
 from tests.integration.pgproxy import PgProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,8 +50,8 @@ def test_a_round_trip_to_a_silent_database_fails_within_its_deadline(proxied):
 
 
 def test_a_silent_listen_connection_is_noticed_and_listening_resumes(proxied, monkeypatch):
-    monkeypatch.setattr(scheduler, "LIVENESS_SECONDS", 0.2)
-    waker = scheduler.Waker()
+    monkeypatch.setattr(listener, "LIVENESS_SECONDS", 0.2)
+    waker = listener.Waker()
     try:
         waker.wait(0.05)
         assert waker._conn is not None  # listening, through the proxy

@@ -10,10 +10,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 import jobs
-from jobs import runner, transitions
+from jobs.core import transitions
+from jobs.core.registry import handler
+from jobs.core.states import JobState
 from jobs.models import Job, JobEvent
-from jobs.registry import handler
-from jobs.states import JobState
+from jobs.worker import runner
 
 pytestmark = pytest.mark.django_db
 
@@ -81,7 +82,7 @@ def test_handler_registration_refuses_out_of_range_options(options):
     ],
 )
 def test_out_of_range_settings_are_refused(jobs_setting):
-    from jobs.conf import jobs_settings
+    from jobs.core.conf import jobs_settings
 
     with override_settings(JOBS=jobs_setting), pytest.raises(ValueError, match="outside"):
         jobs_settings()

@@ -6,9 +6,10 @@ import pytest
 from django.db import connection
 
 import jobs
-from jobs import completer, reaper, transitions
+from jobs.core import transitions
+from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.states import AttemptOutcome, JobState
+from jobs.worker import completer, reaper
 from tests.integration.pgproxy import PgProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,8 +11,9 @@ from django.test import RequestFactory
 import jobs
 from demo import views
 from demo.models import Delivery, Report
-from jobs import outbox, runner
+from jobs.effects import outbox
 from jobs.models import IdempotencyKey, Intent, Job
+from jobs.worker import runner
 from tests.receiver import receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)

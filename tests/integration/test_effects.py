@@ -6,7 +6,7 @@ import pytest
 from django.core import mail
 
 import jobs
-from jobs import effects
+from jobs.effects import keys as effects
 from jobs.models import IdempotencyKey, Job, JobEvent, RejectedWrite
 from tests.integration.attempts import claim, expire_and_reap
 

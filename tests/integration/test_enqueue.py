@@ -5,8 +5,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import jobs
+from jobs.core.states import JobState
 from jobs.models import Job, JobEvent
-from jobs.states import JobState
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ from django.db import connection, transaction
 
 import jobs
 from demo.models import Report
-from jobs import fenced
+from jobs.core.transitions import Fence
+from jobs.effects import fenced
 from jobs.models import RejectedWrite
-from jobs.transitions import Fence
 from tests.integration.attempts import claim, expire_and_reap
 
 pytestmark = pytest.mark.django_db(transaction=True)

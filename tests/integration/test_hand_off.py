@@ -8,10 +8,10 @@ import pytest
 from django.db import connections
 from django.test import override_settings
 
-from jobs import runner, shutdown
-from jobs.heartbeat import HANDOFF_SECONDS
+from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, JobEvent
-from jobs.states import AttemptOutcome, JobState
+from jobs.worker import runner, shutdown
+from jobs.worker.heartbeat import HANDOFF_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SLOW = 2.0

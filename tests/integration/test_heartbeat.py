@@ -4,12 +4,13 @@ import time
 
 import pytest
 
-from jobs import completer, transitions
-from jobs import heartbeat as heartbeat_module
-from jobs.heartbeat import Heartbeater
+from jobs.core import transitions
+from jobs.core.states import JobState, Write
+from jobs.core.transitions import Fence
 from jobs.models import Job, RejectedWrite
-from jobs.states import JobState, Write
-from jobs.transitions import Fence
+from jobs.worker import completer
+from jobs.worker import heartbeat as heartbeat_module
+from jobs.worker.heartbeat import Heartbeater
 
 pytestmark = pytest.mark.django_db
 WORKER = "host-a:101"

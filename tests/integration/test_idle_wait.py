@@ -13,9 +13,9 @@ from django.db import connection, connections
 from django.test import override_settings
 
 import jobs
-from jobs import runner, shutdown
+from jobs.core.states import JobState
 from jobs.models import Job
-from jobs.states import JobState
+from jobs.worker import runner, shutdown
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,10 +12,11 @@ import pytest
 from django.db import connection
 
 import jobs
-from jobs import outbox, transitions
-from jobs.context import JobContext
-from jobs.heartbeat import Finished, Held
+from jobs.context import Held, JobContext
+from jobs.core import transitions
+from jobs.effects import outbox
 from jobs.models import Intent
+from jobs.worker.heartbeat import Finished
 from tests.acceptance.cluster import PROJECT_DIR, subprocess_database_url
 from tests.integration.attempts import claim, expire_and_reap
 from tests.receiver import Received, receiver
@@ -64,7 +65,7 @@ def test_a_batch_commit_inserts_each_rows_own_intents():
                 "publish", "webhook", _hook(r, job=c.fence.job_id)
             )
             finished.append(Finished(held, c, None, time.monotonic()))
-        from jobs import completer
+        from jobs.worker import completer
 
         completer.commit(finished)
         by_job = dict(Intent.objects.values_list("job_id", "data"))

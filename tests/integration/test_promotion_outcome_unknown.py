@@ -6,9 +6,9 @@ import time
 import pytest
 
 import jobs
-from jobs import completer
-from jobs.heartbeat import Finished
 from jobs.models import Intent, Job, StagedOutput
+from jobs.worker import completer
+from jobs.worker.heartbeat import Finished
 from tests.integration.attempts import claim
 from tests.integration.test_commit_outcome_unknown import COMMIT_MARKER, proxied
 

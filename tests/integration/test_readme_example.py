@@ -8,8 +8,9 @@ import pytest
 
 import jobs
 from demo.models import Report
-from jobs import outbox, runner
+from jobs.effects import outbox
 from jobs.models import IdempotencyKey, Intent, Job
+from jobs.worker import runner
 from tests.receiver import receiver
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -23,7 +24,7 @@ def test_the_readme_example_runs(settings, tmp_path):
     settings.MEDIA_ROOT = str(tmp_path)
     with receiver() as r:
         code = code.replace('"http://127.0.0.1:8000/demo/hook/"', repr(f"{r.url}/hook/"))
-        from jobs.registry import _handlers
+        from jobs.core.registry import _handlers
 
         try:
             exec(compile(code, "README.md", "exec"), {})

@@ -3,10 +3,11 @@
 import pytest
 from django.db import connection
 
-from jobs import retention, transitions
+from jobs.core import transitions
+from jobs.core.states import Write
+from jobs.core.transitions import Fence
 from jobs.models import Attempt, IdempotencyKey, Job, JobEvent, RejectedWrite
-from jobs.states import Write
-from jobs.transitions import Fence
+from jobs.ops import retention
 
 
 def age(job: Job, days: float) -> None:

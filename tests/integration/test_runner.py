@@ -4,9 +4,9 @@ import pytest
 from django.test import override_settings
 
 import jobs
-from jobs import runner
+from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.states import AttemptOutcome, JobState
+from jobs.worker import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

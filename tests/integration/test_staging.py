@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 import jobs
-from jobs import janitor
+from jobs.effects import janitor
 from jobs.models import Attempt, Job, JobEvent, StagedOutput
 from tests.integration.attempts import claim, expire_and_reap
 
@@ -195,7 +195,7 @@ def test_the_janitor_reads_only_the_unsettled_rows_through_its_partial_index(med
 
 
 def test_a_worker_whose_heartbeat_found_the_lease_gone_deletes_its_own_outputs(media):
-    from jobs import transitions
+    from jobs.core import transitions
 
     job = jobs.enqueue("test.echo")
     zombie = claim(A)

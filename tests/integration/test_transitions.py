@@ -10,10 +10,11 @@ from django.db import connection
 from django.utils import timezone
 
 import jobs
-from jobs import reaper, transitions
+from jobs.core import transitions
+from jobs.core.states import AttemptOutcome, JobState, Write
+from jobs.core.transitions import Fence
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
-from jobs.states import AttemptOutcome, JobState, Write
-from jobs.transitions import Fence
+from jobs.worker import reaper
 from tests.conftest import database_now
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from jobs.conf import JobsSettings
+from jobs.core.conf import JobsSettings
 
 
 def _ids(**overrides):

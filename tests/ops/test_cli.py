@@ -7,11 +7,11 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
-from jobs import transitions
-from jobs.exceptions import LeaseLost
+from jobs.core import transitions
+from jobs.core.exceptions import LeaseLost
+from jobs.core.states import JobState
+from jobs.core.transitions import Fence
 from jobs.models import Attempt, Job
-from jobs.states import JobState
-from jobs.transitions import Fence
 
 pytestmark = pytest.mark.django_db
 

@@ -5,14 +5,14 @@ import logging
 
 import pytest
 
-from jobs import transitions
-from jobs.exceptions import LeaseLost
-from jobs.logs import JsonFormatter
+from jobs.core import transitions
+from jobs.core.exceptions import LeaseLost
+from jobs.core.states import JobState
+from jobs.core.transitions import Fence
 from jobs.models import Attempt, JobEvent
-from jobs.reaper import reap
-from jobs.states import JobState
-from jobs.transitions import Fence
-from jobs.tuning import lease_hints
+from jobs.ops.lease_hint import lease_hints
+from jobs.ops.logs import JsonFormatter
+from jobs.worker.reaper import reap
 
 pytestmark = pytest.mark.django_db
 

@@ -4,11 +4,12 @@ import pytest
 from django.contrib.auth.models import User
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import metrics, transitions
-from jobs.exceptions import LeaseLost
+from jobs.core import transitions
+from jobs.core.exceptions import LeaseLost
+from jobs.core.states import JobState
+from jobs.core.transitions import Fence
 from jobs.models import Job, JobEvent
-from jobs.states import JobState
-from jobs.transitions import Fence
+from jobs.ops import metrics
 
 TOKEN = "s3cret-token"
 

@@ -6,10 +6,10 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from jobs import transitions
+from jobs.core import transitions
+from jobs.core.sql import CommitRow, PostgresDriver
+from jobs.core.states import JobState
 from jobs.models import Attempt
-from jobs.sql import CommitRow, PostgresDriver
-from jobs.states import JobState
 from tests.concurrency.test_races import sessions, wait_until_blocked  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,11 +4,12 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
-from jobs import actions, transitions
-from jobs.exceptions import LeaseLost
+from jobs.core import transitions
+from jobs.core.exceptions import LeaseLost
+from jobs.core.states import JobState
+from jobs.core.transitions import Fence
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
-from jobs.states import JobState
-from jobs.transitions import Fence
+from jobs.ops import actions
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,9 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
-from jobs import schedules
+from jobs.core.states import JobState
 from jobs.models import Job, Schedule
-from jobs.states import JobState
+from jobs.ops import cron as schedules
 
 pytestmark = pytest.mark.django_db
 

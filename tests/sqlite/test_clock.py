@@ -4,10 +4,10 @@ import datetime as dt
 
 import pytest
 
-from jobs import transitions
+from jobs.core import transitions
+from jobs.core.states import JobState
+from jobs.core.transitions import Fence
 from jobs.models import Job
-from jobs.states import JobState
-from jobs.transitions import Fence
 from tests.conftest import database_now
 
 pytestmark = pytest.mark.django_db

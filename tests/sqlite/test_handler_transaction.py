@@ -10,9 +10,9 @@ import pytest
 from django.db import transaction
 
 import jobs
-from jobs import runner
+from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.states import AttemptOutcome, JobState
+from jobs.worker import runner
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

@@ -18,11 +18,12 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.backends.utils import CursorWrapper
 
-from jobs import reaper, transitions
+from jobs.core import transitions
+from jobs.core.sql import CommitRow, ExpiredRow, SqliteDriver
+from jobs.core.states import JobState
+from jobs.core.transitions import Fence
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.sql import CommitRow, ExpiredRow, SqliteDriver
-from jobs.states import JobState
-from jobs.transitions import Fence
+from jobs.worker import reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DRIVER = SqliteDriver()

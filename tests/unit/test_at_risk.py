@@ -5,9 +5,9 @@ The clock is the heartbeat module's monotonic clock, set by the test (no sleeps,
 
 import pytest
 
-from jobs import heartbeat
-from jobs.heartbeat import Heartbeater
-from jobs.transitions import Fence
+from jobs.core.transitions import Fence
+from jobs.worker import heartbeat
+from jobs.worker.heartbeat import Heartbeater
 
 
 class Clock:

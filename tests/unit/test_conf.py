@@ -2,7 +2,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from jobs.conf import jobs_settings
+from jobs.core.conf import jobs_settings
 
 
 def test_environment_overrides_a_jobs_setting(monkeypatch):

@@ -1,8 +1,8 @@
 import pytest
 
-from jobs import policy
-from jobs.conf import JobsSettings
-from jobs.registry import Handler
+from jobs.core import policy
+from jobs.core.conf import JobsSettings
+from jobs.core.registry import Handler
 
 CFG = JobsSettings(RETRY_BASE_SECONDS=2.0, RETRY_MAX_SECONDS=60.0, MAX_ATTEMPTS=3)
 

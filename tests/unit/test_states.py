@@ -1,5 +1,4 @@
-from jobs.models import Attempt, Job
-from jobs.states import (
+from jobs.core.states import (
     ALLOWED_TRANSITIONS,
     LIVE_STATES,
     TERMINAL_STATES,
@@ -7,6 +6,7 @@ from jobs.states import (
     JobState,
     can_transition,
 )
+from jobs.models import Attempt, Job
 
 
 def _constraint(model, name):

@@ -14,10 +14,12 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import actions, retention
-from jobs.admin import effective_lease, effective_max_attempts, seconds
+from jobs.core.states import JobState
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
-from jobs.states import JobState
+from jobs.ops import actions, retention
+from jobs.ops.describe import effective_lease, effective_max_attempts, seconds
+from jobs.ops.lease_hint import lease_hints
+from jobs.ops.metrics import collect_families
 
 LIST_LIMIT = 1000
 
@@ -98,8 +100,6 @@ class Command(BaseCommand):
     # -- reads ------------------------------------------------------------------------------
 
     def status(self) -> None:
-        from jobs.metrics import collect_families
-
         families = {f.name: f for f in collect_families()}
         out = self.stdout.write
         out("queues (queued, oldest due waiting):")
@@ -124,7 +124,6 @@ class Command(BaseCommand):
         parts = [f"{label} {int(families[name].samples[0].value)}" for label, name in totals]
         rejected = sum(s.value for s in families["jobs_stale_writes_rejected"].samples)
         out("totals: " + ", ".join(parts) + f", stale writes rejected {int(rejected)}")
-        from jobs.tuning import lease_hints
 
         hints = [h for h in lease_hints() if h.advice]
         out("lease hint: " + ("no sign that a lease is too short" if not hints else ""))

@@ -39,10 +39,10 @@ from django.db import connection
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQClusterCommand
 
-from jobs import shutdown
-from jobs.conf import jobs_settings
-from jobs.connectivity import cut_waits_of_this_thread
-from jobs.scheduler import EmbeddedScheduler, limit_statements_of_this_process
+from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import cut_waits_of_this_thread
+from jobs.worker import shutdown
+from jobs.worker.scheduler import EmbeddedScheduler, limit_statements_of_this_process
 
 logger = logging.getLogger("jobs.scheduler")
 # After the grace period: time for drains to hand their jobs back and for processes to exit,

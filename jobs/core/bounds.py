@@ -1,0 +1,132 @@
+"""The limits on every value that comes from a user, a handler or the environment.
+
+Owns: ranges (lease, attempts, priority, run_at, retry settings), JSON that the database can
+store (no NUL, no lone surrogate, bounded depth and size) and error text made storable. Never:
+touches the database. The ranges that must also hold for rows inserted without enqueue (raw SQL,
+bulk_create) are mirrored by CHECK constraints in jobs/models.py; tests keep both in step.
+
+Why: a value PostgreSQL refuses (a string holding NUL, an interval that overflows) does not fail
+alone -- it fails the statement, and a statement may carry a batch of jobs or pick the next job for
+every drain. So a bad value is refused where it enters, with a clear ValueError subclass.
+"""
+
+import json
+import math
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from jobs.core.exceptions import InvalidOption, InvalidPayload, PayloadTooLarge
+
+LEASE_SECONDS = (0.5, 7 * 24 * 3600.0)
+MAX_ATTEMPTS = (1, 1000)
+PRIORITY = (-32768, 32767)  # smallint
+RUN_AT_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+RUN_AT_HORIZON = timedelta(days=3660)  # about ten years ahead
+RETRY_SECONDS = (0.0, 30 * 24 * 3600.0)
+JSON_DEPTH = 64
+ERROR_CHARS = 10_000
+TEXT_CHARS = 200  # unique_key
+
+# json.dumps escapes NUL as \u0000 (PostgreSQL's jsonb refuses it); an escaped backslash
+# before it ("\\u0000" in the text) is a literal backslash, not NUL, hence the even-run prefix.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def number_in(name: str, value: object, bounds: tuple[float, float], *, integer: bool) -> None:
+    """Raise InvalidOption unless `value` is a finite number (an int if `integer`) in bounds."""
+    low, high = bounds
+    kind = "an int" if integer else "a number"
+    if not _is_number(value) or (integer and not isinstance(value, int)):
+        raise InvalidOption(f"{name} must be {kind}, not {type(value).__name__}")
+    finite = isinstance(value, int) or math.isfinite(value)  # type: ignore[arg-type]
+    if not finite or not low <= value <= high:  # type: ignore[operator]
+        raise InvalidOption(f"{name} = {value!r} is outside [{low:g}, {high:g}]")
+
+
+def lease_seconds(value: object, name: str = "lease_seconds") -> None:
+    number_in(name, value, LEASE_SECONDS, integer=False)
+
+
+def max_attempts(value: object, name: str = "max_attempts") -> None:
+    number_in(name, value, MAX_ATTEMPTS, integer=True)
+
+
+def priority(value: object) -> None:
+    number_in("priority", value, PRIORITY, integer=True)
+
+
+def run_at(value: object) -> None:
+    if not isinstance(value, datetime) or timezone.is_naive(value):
+        raise InvalidOption("run_at must be a timezone-aware datetime")
+    latest = timezone.now() + RUN_AT_HORIZON
+    if not RUN_AT_EARLIEST <= value <= latest:
+        raise InvalidOption(f"run_at {value.isoformat()} is outside [2000-01-01, now + 10 years]")
+
+
+def storable_text(name: str, value: str, limit: int) -> None:
+    """A short string the database can store as text: no NUL, no lone surrogate, bounded."""
+    if not 0 < len(value) <= limit:
+        raise InvalidOption(f"{name} must be a non-empty string of at most {limit} characters")
+    if "\x00" in value:
+        raise InvalidOption(f"{name} must not contain NUL")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidOption(f"{name} must not contain lone surrogates") from None
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    # Iterative, so a hostile depth (or a cycle) cannot exhaust the interpreter's stack.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
+    return False
+
+
+def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
+    """Refuse what is not plain JSON the database can store; return its encoded size in bytes.
+
+    Refused: non-JSON types, NaN/Infinity, nesting deeper than JSON_DEPTH, strings holding NUL or
+    lone surrogates (PostgreSQL's jsonb stores neither), and more than `limit_bytes` of UTF-8.
+    """
+    if value is None or isinstance(value, bool):
+        return 5  # the common result of a no-op ("null", "true", "false"): nothing to inspect
+    if isinstance(value, dict | list | tuple) and _too_deep(value, JSON_DEPTH):
+        raise InvalidPayload(f"{what} is nested deeper than {JSON_DEPTH} levels")
+    try:
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(encoded.encode())
+    except UnicodeEncodeError:
+        raise InvalidPayload(
+            f"{what} holds a lone surrogate, which JSON text cannot store"
+        ) from None
+    if size > limit_bytes:
+        raise PayloadTooLarge(f"{what} is {size} bytes encoded; the limit is {limit_bytes}")
+    if "\\u0000" in encoded and _ESCAPED_NUL.search(encoded):
+        raise InvalidPayload(f"{what} holds a NUL character, which the database cannot store")
+    return size
+
+
+def storable_error(text: str) -> str:
+    """Error text as the database can store it: NUL and lone surrogates escaped, tail kept."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text[-ERROR_CHARS:]

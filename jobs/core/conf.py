@@ -1,0 +1,108 @@
+"""Typed view of settings.JOBS with JOBS_<KEY> environment overrides.
+
+Owns: reading configuration. Never: caches across `override_settings` (the cache is cleared on
+setting_changed), so tests can change a knob per test.
+"""
+
+import os
+from dataclasses import dataclass, fields
+from functools import cache
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from jobs.core import bounds
+from jobs.core.exceptions import InvalidOption
+
+
+@dataclass(frozen=True)
+class JobsSettings:
+    LEASE_SECONDS: float = 30.0
+    HEARTBEAT_SECONDS: float = 10.0
+    REAPER_SECONDS: float = 1.0
+    POLL_SECONDS: float = 0.5
+    DRAIN_SECONDS: float = 10.0
+    # A drain run by a worker that finds no work waits this long for a NOTIFY (claiming again at
+    # once when one comes, and every POLL_SECONDS regardless) before it returns: the idle
+    # wake-up in milliseconds. 0 = return at once (wake-up through django-q2's broker poll).
+    IDLE_WAIT_SECONDS: float = 10.0
+    # A direct (session) connection for LISTEN when DATABASE_URL goes through a transaction
+    # pooler such as PgBouncer, where LISTEN does not work; "" = DATABASE_URL.
+    LISTEN_URL: str = ""
+    CLAIM_BATCH: int = 8
+    MAX_ATTEMPTS: int = 3
+    MAX_PAYLOAD_BYTES: int = 256 * 1024
+    RETRY_BASE_SECONDS: float = 2.0
+    RETRY_MAX_SECONDS: float = 3600.0
+    QUEUES: tuple[str, ...] | None = None
+    STAGING_STORAGE: str = "default"
+    ORPHAN_GRACE_SECONDS: float = 3600.0
+    # Operating under faults (README "When the database is unreachable, and shutdown").
+    SHUTDOWN_GRACE_SECONDS: float = 20.0  # SIGTERM: running handlers may finish within this
+    DB_TIMEOUT_SECONDS: float = 10.0  # longest one platform round trip may wait before it is cut
+    UNKNOWN_OUTCOME_SECONDS: float = 60.0  # a worker stops resolving an unknown final write
+    OUTAGE_LOG_SECONDS: float = 30.0  # a persisting outage is logged again at most this often
+    UNRESOLVED_DIR: str = ""  # spool of writes given up on; "" = <project>/var/unresolved
+
+
+def _coerce(name: str, raw: object, default: object) -> object:
+    if name == "QUEUES":
+        if raw is None or raw == "":
+            return None
+        items = raw.split(",") if isinstance(raw, str) else list(raw)  # type: ignore[call-overload]
+        return tuple(q.strip() for q in items if q.strip()) or None
+    if isinstance(default, bool) or default is None:
+        return raw
+    try:
+        return type(default)(raw)  # type: ignore[call-arg]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"JOBS[{name!r}] = {raw!r} is not a {type(default).__name__}") from exc
+
+
+@cache
+def jobs_settings() -> JobsSettings:
+    configured = dict(getattr(settings, "JOBS", {}) or {})
+    unknown = set(configured) - {f.name for f in fields(JobsSettings)}
+    if unknown:
+        raise ValueError(f"unknown JOBS settings: {sorted(unknown)}")
+    values = {}
+    for f in fields(JobsSettings):
+        raw = os.environ.get(f"JOBS_{f.name}", configured.get(f.name, f.default))
+        values[f.name] = _coerce(f.name, raw, f.default)
+    cfg = JobsSettings(**values)  # type: ignore[arg-type]
+    _check_ranges(cfg)
+    return cfg
+
+
+def _check_ranges(cfg: JobsSettings) -> None:
+    """Refuse settings that would overflow a statement or starve the platform (jobs.bounds)."""
+    checks = [
+        ("LEASE_SECONDS", bounds.LEASE_SECONDS, False),
+        ("HEARTBEAT_SECONDS", (0.05, bounds.LEASE_SECONDS[1]), False),
+        ("REAPER_SECONDS", (0.05, 3600.0), False),
+        ("POLL_SECONDS", (0.01, 3600.0), False),
+        ("DRAIN_SECONDS", (0.1, 24 * 3600.0), False),
+        ("IDLE_WAIT_SECONDS", (0.0, 24 * 3600.0), False),
+        ("CLAIM_BATCH", (1, 1000), True),
+        ("MAX_ATTEMPTS", bounds.MAX_ATTEMPTS, True),
+        ("MAX_PAYLOAD_BYTES", (1, 64 * 1024 * 1024), True),
+        ("RETRY_BASE_SECONDS", bounds.RETRY_SECONDS, False),
+        ("RETRY_MAX_SECONDS", bounds.RETRY_SECONDS, False),
+        ("ORPHAN_GRACE_SECONDS", (0.0, 365 * 24 * 3600.0), False),
+        ("SHUTDOWN_GRACE_SECONDS", (0.0, 24 * 3600.0), False),
+        ("DB_TIMEOUT_SECONDS", (0.1, 3600.0), False),
+        ("UNKNOWN_OUTCOME_SECONDS", (0.1, 24 * 3600.0), False),
+        ("OUTAGE_LOG_SECONDS", (0.1, 24 * 3600.0), False),
+    ]
+    for name, limits, integer in checks:
+        try:
+            bounds.number_in(f"JOBS[{name!r}]", getattr(cfg, name), limits, integer=integer)
+        except InvalidOption as exc:
+            raise ValueError(str(exc)) from None
+
+
+@receiver(setting_changed)
+def _reset(setting: str, **kwargs: object) -> None:
+    if setting == "JOBS":
+        jobs_settings.cache_clear()

@@ -1,0 +1,77 @@
+"""Enqueue's rules: what a valid job is, decided before anything is written.
+
+Owns: `validate()` (kind known, payload storable and within JOBS['MAX_PAYLOAD_BYTES'], queue name,
+priority, run_at, max_attempts, lease and unique_key within their bounds) and `fields()`, the row
+an enqueue inserts. Never: writes -- the insert is `Job.objects.enqueue()` (jobs/models.py), which
+`jobs.enqueue()` calls, inside the caller's transaction. Kept apart from the records so the
+records may use these rules without the rules importing the records back.
+"""
+
+import re
+from datetime import datetime
+from typing import Any
+
+from jobs.core import bounds
+from jobs.core.conf import jobs_settings
+from jobs.core.exceptions import InvalidOption, InvalidQueue
+from jobs.core.registry import get_handler
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+UNIQUE_KEY_TRIES = 5
+UNIQUE_KEY_CONSTRAINT = "jobs_job_unique_key_live"
+
+
+def validate(
+    kind: str,
+    payload: Any,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    max_attempts: int | None,
+    lease_seconds: float | None,
+    unique_key: str | None,
+) -> None:
+    get_handler(kind)  # raises UnknownKind
+    bounds.json_value(payload, jobs_settings().MAX_PAYLOAD_BYTES)
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        raise InvalidQueue(f"queue {queue!r} must match {QUEUE_NAME.pattern}")
+    bounds.priority(priority)
+    if run_at is not None:
+        bounds.run_at(run_at)
+    if max_attempts is not None:
+        bounds.max_attempts(max_attempts)
+    if lease_seconds is not None:
+        bounds.lease_seconds(lease_seconds)
+    if unique_key is not None:
+        if not isinstance(unique_key, str):
+            raise InvalidOption("unique_key must be a string")
+        bounds.storable_text("unique_key", unique_key, bounds.TEXT_CHARS)
+
+
+def fields(
+    kind: str,
+    payload: Any = None,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+    lease_seconds: float | None = None,
+    unique_key: str | None = None,
+) -> dict[str, Any]:
+    """Validate an enqueue's arguments and return the row to insert (ValueError subclasses)."""
+    if payload is None:
+        payload = {}
+    validate(kind, payload, queue, priority, run_at, max_attempts, lease_seconds, unique_key)
+    row: dict[str, Any] = {
+        "kind": kind,
+        "payload": payload,
+        "queue": queue,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "lease_seconds": float(lease_seconds) if lease_seconds is not None else None,
+        "unique_key": unique_key,
+    }
+    if run_at is not None:
+        row["run_at"] = run_at
+    return row

@@ -1,0 +1,383 @@
+"""Statements shared by both vendors, the row types they return, and the driver interface.
+
+Owns: SQL text (with jobs/sql/postgres.py and jobs/sql/sqlite.py). Never: decides anything or
+opens transactions -- jobs/transitions.py calls these inside its own transaction and interprets
+the row counts.
+
+Hazards, and why the statements look the way they do:
+- Every write after a claim is one conditional statement `WHERE id = ? AND attempt = ? AND
+  state = ?`; under READ COMMITTED PostgreSQL re-evaluates that WHERE against the newest row
+  version after waiting on a concurrent writer, so exactly one of two racing writers wins.
+- Time is the database's: `clock_timestamp()` (not `now()`, which is frozen at BEGIN). Workers
+  never compare leases with their own clock.
+- An attempt's outcome is written once: only a row still `running` is closed, so what happened
+  first (expired, say) is never overwritten by what a zombie tried later.
+"""
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.backends.utils import CursorWrapper
+
+from jobs.core.states import AttemptOutcome, EventType, JobState
+
+RUNNING = JobState.RUNNING.value
+QUEUED = JobState.QUEUED.value
+OPEN = AttemptOutcome.RUNNING.value
+
+JOB_COLUMNS = "id, attempt, kind, payload, max_attempts, lease_seconds, attempts_released"
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    id: int
+    attempt: int
+    kind: str
+    payload: Any  # as the database returned it: decoded by the caller, one row at a time
+    max_attempts: int | None
+    lease_seconds: float | None
+    attempts_released: int
+
+
+@dataclass(frozen=True)
+class IntentRow:
+    """An outbox intent riding on its attempt's commit (jobs/outbox.py)."""
+
+    step: str
+    key: str
+    target: str
+    data: Any
+
+
+@dataclass(frozen=True)
+class CommitRow:
+    """One attempt's commit: the job is succeeded only if (id, attempt) is still current.
+
+    Its intents are inserted by the same statement, only for a row that committed.
+    """
+
+    id: int
+    attempt: int
+    result: Any
+    ref: str
+    intents: tuple[IntentRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class FenceRow:
+    """(job id, attempt) plus the lease to extend it by, for batch heartbeats."""
+
+    id: int
+    attempt: int
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class ExpiredRow:
+    """A running job whose lease ran out, with the evidence the reaper decides on."""
+
+    id: int
+    attempt: int
+    kind: str
+    max_attempts: int | None
+    attempts_released: int
+    confirmed: bool  # a heartbeat (or explicit write) confirmed its handler running
+    worker: str
+    # The evidence, for the reclaim's log line and event (database clock).
+    lease_expires_at: Any = None
+    heartbeat_at: Any = None
+
+
+def _iso(value: Any) -> str | None:
+    # PostgreSQL returns datetimes, SQLite the stored text.
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def loads(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def queue_filter(queues: Sequence[str] | None, params: dict[str, Any]) -> str:
+    if not queues:
+        return ""
+    names = []
+    for i, q in enumerate(queues):
+        params[f"q{i}"] = q
+        names.append(f"%(q{i})s")
+    return f" AND queue IN ({', '.join(names)})"
+
+
+def lease_expression(
+    kind_leases: Mapping[str, float], params: dict[str, Any], table: str = ""
+) -> str:
+    """The lease a claim sets: the job's own, else its handler's, else the default `%(lease)s`.
+
+    Handler leases are registry data, not columns, so they enter the statement as a CASE over
+    the kinds that have one (a handful) -- the first lease is then the right one.
+    """
+    if not kind_leases:
+        return f"COALESCE({table}lease_seconds, %(lease)s)"
+    arms = []
+    for i, (kind, lease) in enumerate(sorted(kind_leases.items())):
+        params[f"k{i}"], params[f"kl{i}"] = kind, float(lease)
+        arms.append(f"WHEN %(k{i})s THEN %(kl{i})s")
+    return f"COALESCE({table}lease_seconds, CASE {table}kind {' '.join(arms)} END, %(lease)s)"
+
+
+class Driver:
+    """Statements shared by both vendors; vendor drivers fill in the clock and the hot path."""
+
+    now = ""  # SQL expression of the database clock
+    # True when claim, heartbeat, checkpoint, commit and fail are each one statement.
+    single_statement_writes = False
+
+    def later(self, seconds_param: str) -> str:
+        raise NotImplementedError
+
+    def seconds_between(self, later: str, earlier: str) -> str:
+        """SQL for the seconds from timestamp expression `earlier` to `later`."""
+        raise NotImplementedError
+
+    def seconds_since(self, column: str) -> str:
+        return self.seconds_between(self.now, column)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def count_due(self, cur: CursorWrapper, limit: int, queues: Sequence[str] | None) -> int:
+        params: dict[str, Any] = {"limit": limit}
+        cur.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM jobs_job WHERE state = '{QUEUED}' "
+            f"AND run_at <= {self.now}{queue_filter(queues, params)} LIMIT %(limit)s) due",
+            params,
+        )
+        return int(cur.fetchone()[0])
+
+    def due_ids(self, cur: CursorWrapper, limit: int, queues: Sequence[str] | None) -> list[int]:
+        params: dict[str, Any] = {"limit": limit}
+        cur.execute(
+            f"SELECT id FROM jobs_job WHERE state = '{QUEUED}' AND run_at <= {self.now}"
+            f"{queue_filter(queues, params)} ORDER BY priority DESC, run_at, id LIMIT %(limit)s",
+            params,
+        )
+        return [int(r[0]) for r in cur.fetchall()]
+
+    def find_expired(self, cur: CursorWrapper, limit: int) -> list[ExpiredRow]:
+        cur.execute(
+            "SELECT j.id, j.attempt, j.kind, j.max_attempts, j.attempts_released, "
+            "a.running_confirmed_at IS NOT NULL, COALESCE(a.worker, ''), "
+            "j.lease_expires_at, j.heartbeat_at "
+            "FROM jobs_job j LEFT JOIN jobs_attempt a ON a.job_id = j.id AND a.number = j.attempt "
+            f"WHERE j.state = '{RUNNING}' AND j.lease_expires_at < {self.now} "
+            "ORDER BY j.lease_expires_at LIMIT %(limit)s",
+            {"limit": limit},
+        )
+        return [ExpiredRow(*r) for r in cur.fetchall()]
+
+    def read_attempt_outcome(self, cur: CursorWrapper, job_id: int, attempt: int) -> str | None:
+        cur.execute(
+            "SELECT outcome FROM jobs_attempt WHERE job_id = %(id)s AND number = %(attempt)s",
+            {"id": job_id, "attempt": attempt},
+        )
+        row = cur.fetchone()
+        return row[0] if row else None
+
+    # -- writes that are not on the hot path: same SQL on both vendors ----------------------------
+
+    def record_rejection(
+        self, cur: CursorWrapper, job_id: int, attempt: int, worker: str, write: str
+    ) -> tuple[int, str] | None:
+        params: dict[str, Any] = {
+            "id": job_id,
+            "attempt": attempt,
+            "worker": worker,
+            "write": write,
+        }
+        cur.execute(
+            "INSERT INTO jobs_rejectedwrite "
+            "(job_id, attempt_presented, attempt_current, state_current, worker, write, at) "
+            f"SELECT id, %(attempt)s, attempt, state, %(worker)s, %(write)s, {self.now} "
+            "FROM jobs_job WHERE id = %(id)s RETURNING attempt_current, state_current",
+            params,
+        )
+        row = cur.fetchone()
+        if row is None:
+            return None
+        data = dumps({"write": write, "attempt_current": row[0], "state_current": row[1]})
+        self.insert_event(cur, job_id, attempt, EventType.REJECTED, worker, data)
+        return int(row[0]), row[1]
+
+    def end_attempt(self, cur: CursorWrapper, job_id: int, attempt: int, outcome: str) -> None:
+        """Close an attempt row that is still open; a settled outcome is never overwritten."""
+        cur.execute(
+            f"UPDATE jobs_attempt SET outcome = %(outcome)s, ended_at = {self.now} "
+            f"WHERE job_id = %(id)s AND number = %(attempt)s AND outcome = '{OPEN}'",
+            {"id": job_id, "attempt": attempt, "outcome": outcome},
+        )
+
+    def insert_event(
+        self, cur: CursorWrapper, job_id: int, attempt: int, type_: str, worker: str, data: str
+    ) -> None:
+        cur.execute(
+            "INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data) "
+            f"VALUES (%(id)s, %(attempt)s, %(type)s, %(worker)s, {self.now}, %(data)s)",
+            {"id": job_id, "attempt": attempt, "type": type_, "worker": worker, "data": data},
+        )
+
+    def reclaim_expired(
+        self,
+        cur: CursorWrapper,
+        row: ExpiredRow,
+        *,
+        terminal: bool,
+        charged: bool,
+        worker: str,
+        error: str,
+    ) -> bool:
+        """The reaper's compare-and-set: only a still-running, still-expired, same-attempt row.
+
+        An uncharged reclaim (the handler was never confirmed running) re-checks that no
+        confirmation landed since the reaper read the row, and counts the attempt as released.
+        """
+        state = JobState.FAILED if terminal else JobState.QUEUED
+        cur.execute(
+            f"UPDATE jobs_job SET state = %(state)s, lease_expires_at = NULL, run_at = {self.now}, "
+            f"finished_at = CASE WHEN %(terminal)s THEN {self.now} ELSE NULL END, "
+            "error = CASE WHEN %(terminal)s THEN %(error)s ELSE error END, "
+            "attempts_released = attempts_released + CASE WHEN %(charged)s THEN 0 ELSE 1 END, "
+            f"updated_at = {self.now} "
+            f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}' "
+            f"AND lease_expires_at < {self.now} AND (%(charged)s OR NOT EXISTS ("
+            "SELECT 1 FROM jobs_attempt a WHERE a.job_id = %(id)s AND a.number = %(attempt)s "
+            "AND a.running_confirmed_at IS NOT NULL))",
+            {
+                "id": row.id,
+                "attempt": row.attempt,
+                "state": state.value,
+                "terminal": terminal,
+                "charged": charged,
+                "error": error,
+            },
+        )
+        if cur.rowcount != 1:
+            return False
+        self.end_attempt(cur, row.id, row.attempt, AttemptOutcome.EXPIRED)
+        # The silence that cost the lease is the attempt's longest heartbeat gap (jobs.metrics).
+        cur.execute(
+            f"UPDATE jobs_attempt SET heartbeat_gap_max = {self.seconds_since('heartbeat_at')} "
+            "WHERE job_id = %(id)s AND number = %(attempt)s AND heartbeat_at IS NOT NULL "
+            f"AND (heartbeat_gap_max IS NULL OR heartbeat_gap_max < "
+            f"{self.seconds_since('heartbeat_at')})",
+            {"id": row.id, "attempt": row.attempt},
+        )
+        evidence = dumps(
+            {
+                "charged": charged,
+                "worker": row.worker,
+                "lease_expires_at": _iso(row.lease_expires_at),
+                "heartbeat_at": _iso(row.heartbeat_at),
+            }
+        )
+        self.insert_event(cur, row.id, row.attempt, EventType.EXPIRED, worker, evidence)
+        if terminal:
+            data = dumps({"reason": "expired", "error": error[-500:]})
+            self.insert_event(cur, row.id, row.attempt, EventType.FAILED, worker, data)
+        return True
+
+    def release(self, cur: CursorWrapper, job_id: int, attempt: int, worker: str) -> bool:
+        """Hand a claimed job back unstarted: queued again now, the attempt not charged."""
+        cur.execute(
+            f"UPDATE jobs_job SET state = '{QUEUED}', lease_expires_at = NULL, "
+            f"run_at = {self.now}, attempts_released = attempts_released + 1, "
+            f"updated_at = {self.now} "
+            f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
+            {"id": job_id, "attempt": attempt},
+        )
+        if cur.rowcount != 1:
+            return False
+        self.end_attempt(cur, job_id, attempt, AttemptOutcome.RELEASED)
+        self.insert_event(cur, job_id, attempt, EventType.RELEASED, worker, "{}")
+        return True
+
+    def confirm_running(self, cur: CursorWrapper, job_id: int, attempt: int) -> bool:
+        """Record, before the handler runs, that it runs -- only while the fence still holds."""
+        cur.execute(
+            f"UPDATE jobs_attempt SET running_confirmed_at = {self.now} "
+            "WHERE job_id = %(id)s AND number = %(attempt)s AND EXISTS (SELECT 1 FROM jobs_job j "
+            f"WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.state = '{RUNNING}')",
+            {"id": job_id, "attempt": attempt},
+        )
+        return cur.rowcount == 1
+
+    def poison(self, cur: CursorWrapper, job_id: int, error: str, worker: str) -> bool:
+        """Fail a queued row the database refuses to claim, so it stops blocking the queue."""
+        cur.execute(
+            f"UPDATE jobs_job SET state = '{JobState.FAILED}', error = %(error)s, "
+            f"finished_at = {self.now}, updated_at = {self.now} "
+            f"WHERE id = %(id)s AND state = '{QUEUED}'",
+            {"id": job_id, "error": error},
+        )
+        if cur.rowcount != 1:
+            return False
+        data = dumps({"error": error[-500:]})
+        self.insert_event(cur, job_id, 0, EventType.POISONED, worker, data)
+        return True
+
+    def checkpoint(
+        self, cur: CursorWrapper, job_id: int, attempt: int, progress: Any, lease: float
+    ) -> bool:
+        cur.execute(
+            f"UPDATE jobs_job SET progress = %(progress)s, heartbeat_at = {self.now}, "
+            f"lease_expires_at = {self.later('lease')}, updated_at = {self.now} "
+            f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
+            {"id": job_id, "attempt": attempt, "progress": dumps(progress), "lease": lease},
+        )
+        return cur.rowcount == 1
+
+    # -- hot path: vendor specific -----------------------------------------------------------------
+
+    def claim(
+        self,
+        cur: CursorWrapper,
+        worker: str,
+        limit: int,
+        lease: float,
+        queues: Sequence[str] | None,
+        kind_leases: Mapping[str, float],
+        only_id: int | None = None,
+    ) -> list[ClaimedRow]:
+        """Take up to `limit` due jobs (or only `only_id`, if it is due)."""
+        raise NotImplementedError
+
+    def heartbeat(
+        self, cur: CursorWrapper, fences: Sequence[FenceRow], confirm: int | None
+    ) -> set[int]:
+        """Extend every lease still owned; return the ids whose fence still held.
+
+        `confirm` is the job whose handler is running now: its attempt is marked confirmed.
+        """
+        raise NotImplementedError
+
+    def commit(self, cur: CursorWrapper, worker: str, rows: Sequence[CommitRow]) -> set[int]:
+        """Mark every row whose fence still holds succeeded; return the ids that committed."""
+        raise NotImplementedError
+
+    def fail(
+        self,
+        cur: CursorWrapper,
+        job_id: int,
+        attempt: int,
+        worker: str,
+        error: str,
+        retry_in: float | None,
+    ) -> bool:
+        raise NotImplementedError
+
+
+def claimed_rows(rows: Sequence[Sequence[Any]]) -> list[ClaimedRow]:
+    return [ClaimedRow(int(r[0]), int(r[1]), r[2], r[3], r[4], r[5], int(r[6])) for r in rows]

@@ -1,0 +1,217 @@
+"""PostgreSQL's hot path: claim, heartbeat, commit and fail, each one statement.
+
+Data-modifying CTEs fold the Attempt and event rows into the statement that moves the job, so
+each transition is one round trip, atomic on its own, and runs in autocommit (see
+jobs/transitions.py). Never: two CTEs updating the same row -- PostgreSQL applies only one.
+"""
+
+from typing import Any
+
+from jobs.core.sql.base import (
+    JOB_COLUMNS,
+    OPEN,
+    QUEUED,
+    RUNNING,
+    Driver,
+    claimed_rows,
+    dumps,
+    lease_expression,
+    queue_filter,
+)
+from jobs.core.states import AttemptOutcome, EventType, JobState
+
+
+class PostgresDriver(Driver):
+    now = "clock_timestamp()"
+    single_statement_writes = True
+
+    def later(self, seconds_param: str) -> str:
+        return f"clock_timestamp() + make_interval(secs => %({seconds_param})s)"
+
+    def seconds_between(self, later: str, earlier: str) -> str:
+        return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
+
+    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
+        params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
+        only = ""
+        if only_id is not None:
+            params["only"] = only_id
+            only = " AND id = %(only)s"
+        lease_sql = lease_expression(kind_leases, params, table="j.")
+        # The inner SELECT walks jobs_job_pick_idx in claim order and skips rows another claimer
+        # holds; the UPDATE bumps the fencing token; Attempt and event rows ride in the same
+        # statement, so a claim is one round trip however many rows it takes.
+        cur.execute(
+            f"""
+            WITH picked AS (
+                SELECT id FROM jobs_job
+                 WHERE state = '{QUEUED}' AND run_at <= clock_timestamp()
+                       {queue_filter(queues, params)}{only}
+                 ORDER BY priority DESC, run_at, id
+                 LIMIT %(limit)s
+                   FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                UPDATE jobs_job j
+                   SET state = '{RUNNING}', attempt = j.attempt + 1,
+                       lease_expires_at = clock_timestamp() + make_interval(secs => {lease_sql}),
+                       heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()
+                  FROM picked WHERE j.id = picked.id
+                RETURNING j.{JOB_COLUMNS.replace(", ", ", j.")}
+            ), attempts AS (
+                INSERT INTO jobs_attempt (job_id, number, worker, claimed_at, heartbeat_at,
+                                          outcome, staging_ref, error)
+                SELECT id, attempt, %(worker)s, clock_timestamp(), clock_timestamp(),
+                       '{OPEN}', '', ''
+                  FROM claimed
+            ), events AS (
+                INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+                SELECT id, attempt, '{EventType.CLAIMED}', %(worker)s, clock_timestamp(), '{{}}'
+                  FROM claimed
+            )
+            SELECT {JOB_COLUMNS} FROM claimed ORDER BY id
+            """,
+            params,
+        )
+        return claimed_rows(cur.fetchall())
+
+    def heartbeat(self, cur, fences, confirm):  # type: ignore[no-untyped-def]
+        params: dict[str, Any] = {"confirm": confirm}
+        values = []
+        for i, f in enumerate(fences):
+            params.update({f"i{i}": f.id, f"a{i}": f.attempt, f"l{i}": float(f.lease_seconds)})
+            values.append(f"(%(i{i})s::bigint, %(a{i})s::int, %(l{i})s::float8)")
+        # One UPDATE of jobs_attempt sets both the beat and, for the job whose handler runs
+        # now, the confirmation (two CTEs updating one row would apply only one of them).
+        cur.execute(
+            f"""
+            WITH beat AS (
+                UPDATE jobs_job j
+                   SET lease_expires_at = clock_timestamp() + make_interval(secs => v.lease),
+                       heartbeat_at = clock_timestamp()
+                  FROM (VALUES {", ".join(values)}) AS v(id, attempt, lease)
+                 WHERE j.id = v.id AND j.attempt = v.attempt AND j.state = '{RUNNING}'
+                RETURNING j.id, j.attempt
+            ), attempts AS (
+                UPDATE jobs_attempt a SET heartbeat_at = clock_timestamp(),
+                       heartbeat_gap_max = GREATEST(COALESCE(a.heartbeat_gap_max, 0),
+                           EXTRACT(EPOCH FROM clock_timestamp() - a.heartbeat_at)),
+                       running_confirmed_at = CASE
+                           WHEN a.job_id = %(confirm)s::bigint
+                           THEN COALESCE(a.running_confirmed_at, clock_timestamp())
+                           ELSE a.running_confirmed_at END
+                  FROM beat WHERE a.job_id = beat.id AND a.number = beat.attempt
+            )
+            SELECT id FROM beat
+            """,
+            params,
+        )
+        return {int(r[0]) for r in cur.fetchall()}
+
+    def commit(self, cur, worker, rows):  # type: ignore[no-untyped-def]
+        # Several attempts' commits in one statement (one WAL flush), each row still fenced by
+        # its own (id, attempt): a stale row simply does not match and is reported missing.
+        params: dict[str, Any] = {"worker": worker}
+        values = []
+        for i, r in enumerate(rows):
+            params.update(
+                {f"i{i}": r.id, f"a{i}": r.attempt, f"r{i}": dumps(r.result), f"f{i}": r.ref}
+            )
+            values.append(f"(%(i{i})s::bigint, %(a{i})s::int, %(r{i})s::jsonb, %(f{i})s::text)")
+        intents = _intents_cte(rows, params)
+        cur.execute(
+            f"""
+            WITH done AS (
+                UPDATE jobs_job j
+                   SET state = '{JobState.SUCCEEDED}', result = v.result, result_ref = v.ref,
+                       error = '', lease_expires_at = NULL,
+                       finished_at = clock_timestamp(), updated_at = clock_timestamp()
+                  FROM (VALUES {", ".join(values)}) AS v(id, attempt, result, ref)
+                 WHERE j.id = v.id AND j.attempt = v.attempt AND j.state = '{RUNNING}'
+                RETURNING j.id, j.attempt, v.ref
+            ), attempts AS (
+                UPDATE jobs_attempt a SET outcome = '{AttemptOutcome.SUCCEEDED}',
+                       ended_at = clock_timestamp(), staging_ref = done.ref
+                  FROM done WHERE a.job_id = done.id AND a.number = done.attempt
+            ), events AS (
+                INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+                SELECT id, attempt, '{EventType.SUCCEEDED}', %(worker)s, clock_timestamp(), '{{}}'
+                  FROM done
+            ){intents}
+            SELECT id FROM done
+            """,
+            params,
+        )
+        return {int(r[0]) for r in cur.fetchall()}
+
+    def fail(self, cur, job_id, attempt, worker, error, retry_in):  # type: ignore[no-untyped-def]
+        retry = retry_in is not None
+        cur.execute(
+            f"""
+            WITH failed AS (
+                UPDATE jobs_job
+                   SET state = %(state)s, error = %(error)s, lease_expires_at = NULL,
+                       run_at = CASE WHEN %(retry)s
+                                THEN clock_timestamp() + make_interval(secs => %(delay)s)
+                                ELSE run_at END,
+                       finished_at = CASE WHEN %(retry)s THEN NULL ELSE clock_timestamp() END,
+                       updated_at = clock_timestamp()
+                 WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'
+                RETURNING id, attempt
+            ), attempts AS (
+                UPDATE jobs_attempt a SET outcome = '{AttemptOutcome.FAILED}',
+                       ended_at = clock_timestamp(), error = %(error)s
+                  FROM failed WHERE a.job_id = failed.id AND a.number = failed.attempt
+            ), events AS (
+                INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+                SELECT id, attempt, %(event)s, %(worker)s, clock_timestamp(), %(data)s::jsonb
+                  FROM failed
+            )
+            SELECT count(*) FROM failed
+            """,
+            {
+                "id": job_id,
+                "attempt": attempt,
+                "worker": worker,
+                "error": error,
+                "retry": retry,
+                "delay": float(retry_in or 0.0),
+                "state": (JobState.QUEUED if retry else JobState.FAILED).value,
+                "event": (EventType.RETRY_SCHEDULED if retry else EventType.FAILED).value,
+                "data": dumps({"retry_in": retry_in, "error": error[-500:]}),
+            },
+        )
+        return int(cur.fetchone()[0]) == 1
+
+
+def _intents_cte(rows: Any, params: dict[str, Any]) -> str:
+    """Outbox intents inserted only for rows that committed (the join on `done`).
+
+    A zombie's commit matches no row, so its intents never exist; an intent for a (job, step)
+    that already exists (an operator's re-run of a finished job) is the same intent, kept once.
+    Empty when no row carries intents, so the plain commit statement is unchanged.
+    """
+    values = []
+    for i, r in enumerate(rows):
+        for k, intent in enumerate(r.intents):
+            p = f"n{i}_{k}"
+            params.update(
+                {
+                    f"{p}s": intent.step,
+                    f"{p}k": intent.key,
+                    f"{p}t": intent.target,
+                    f"{p}d": dumps(intent.data),
+                }
+            )
+            values.append(
+                f"(%(i{i})s::bigint, %(a{i})s::int, %({p}s)s::text, %({p}k)s::text, "
+                f"%({p}t)s::text, %({p}d)s::jsonb)"
+            )
+    if not values:
+        return ""
+    return f""", intents AS (
+                INSERT INTO jobs_intent (job_id, attempt, step, key, target, data)
+                SELECT iv.id, iv.attempt, iv.step, iv.key, iv.target, iv.data
+                  FROM (VALUES {", ".join(values)}) AS iv(id, attempt, step, key, target, data)
+                  JOIN done ON done.id = iv.id AND done.attempt = iv.attempt
+                ON CONFLICT (job_id, step) DO NOTHING
+            )"""

@@ -1,0 +1,164 @@
+"""The fence and the rules every fenced write of the job row follows.
+
+Owns: `Fence` (what a worker carries after a claim), the transaction a fenced statement runs in,
+and recording a rejection (job, attempt presented, attempt current, worker, which write) with its
+one log line. Never: writes a job's state itself -- the transitions in worker.py, maintenance.py
+and operator.py do, each through `fenced_statement()`.
+
+Hazards: a fenced write must never join a caller's transaction (its decision would count only
+once that caller commits); the one exception is SQLite's single writer, see
+joining_callers_transaction(). A rejection is recorded in its own short transaction, so a
+caller's rollback cannot erase it.
+"""
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+
+from jobs.core.exceptions import LeaseLost
+from jobs.core.sql import Driver, driver_for
+from jobs.core.sql.operator import rejection_context
+from jobs.core.states import AttemptOutcome
+
+logger = logging.getLogger("jobs.fencing")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a worker carries after a claim and presents on every write."""
+
+    job_id: int
+    attempt: int
+    worker: str
+
+
+@dataclass(frozen=True)
+class Claimed:
+    fence: Fence
+    kind: str
+    payload: Any
+    max_attempts: int | None
+    lease_seconds: float | None
+    attempts_released: int = 0
+
+
+def driver() -> Driver:
+    return driver_for(connection.vendor)
+
+
+# Set by joining_callers_transaction() (SQLite only), per thread.
+_joining = threading.local()
+
+
+@contextmanager
+def joining_callers_transaction() -> Iterator[None]:
+    """SQLite only: fenced writes in this block run inside the caller's open transaction.
+
+    SQLite has one writer. While a handler's transaction is open (IMMEDIATE) it holds the
+    database's only write lock, so a fenced write on another connection would wait for the
+    handler's COMMIT, which waits for that write: stuck until the busy timeout, then "database is
+    locked". Joining is sound on SQLite alone: no other connection can change the job row until
+    the caller's transaction ends, so the fenced statement decides against the row as it stands
+    at the caller's COMMIT. A rejection is *not* recorded inside (the caller's rollback would
+    erase it): it raises LeaseLost, and the caller records it with record_rejected() once its
+    transaction is over.
+    """
+    if connection.vendor != "sqlite":
+        raise RuntimeError("only SQLite's single writer makes joining a transaction sound")
+    _joining.active = True
+    try:
+        yield
+    finally:
+        _joining.active = False
+
+
+def joined() -> bool:
+    return bool(getattr(_joining, "active", False)) and connection.in_atomic_block
+
+
+@contextmanager
+def fenced_statement() -> Iterator[None]:
+    """The transaction a fenced write runs in.
+
+    On PostgreSQL each hot-path transition is one statement, atomic on its own: running it in
+    autocommit saves the BEGIN and COMMIT round trips (about 30% of drain throughput). SQLite's
+    driver issues several statements, so it gets a real transaction. A fenced write must never
+    join a caller's transaction -- its decision would count only once that caller commits, and
+    the job row's lock would last as long as the caller's work -- so inside an atomic block it
+    runs as `atomic(durable=True)`, which refuses that (Django's TestCase blocks excepted).
+    The one exception is SQLite inside joining_callers_transaction() (see there): a savepoint.
+    """
+    if joined():
+        with transaction.atomic():
+            yield
+    elif connection.in_atomic_block:
+        with transaction.atomic(durable=True):
+            yield
+    elif driver().single_statement_writes:
+        yield
+    else:
+        with transaction.atomic():
+            yield
+
+
+def row_refused(exc: DatabaseError) -> bool:
+    """True when the database refused the statement's data, not when the connection failed."""
+    return not isinstance(exc, OperationalError | InterfaceError)
+
+
+def attempt_outcome(fence: Fence) -> str | None:
+    """The outcome the database holds for this attempt (None: no such attempt row)."""
+    with connection.cursor() as cur:
+        return driver().read_attempt_outcome(cur, fence.job_id, fence.attempt)
+
+
+def landed(fence: Fence, outcome: str) -> bool:
+    # Only this attempt's own write sets its outcome to `outcome`; the job's state alone cannot
+    # tell (a reaper's requeue and a retrying fail both leave it queued at the same attempt).
+    return attempt_outcome(fence) == outcome
+
+
+def record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | None:
+    with transaction.atomic(), connection.cursor() as cur:
+        d = driver()
+        current = d.record_rejection(cur, fence.job_id, fence.attempt, fence.worker, write)
+        kind, lateness = rejection_context(d, cur, fence.job_id, fence.attempt)
+        if outcome is not None:
+            d.end_attempt(cur, fence.job_id, fence.attempt, outcome)
+    attempt_current, state_current = current if current else (None, "deleted")
+    fields = {
+        "event": "stale_write_rejected",
+        "write": str(write),
+        "job_id": fence.job_id,
+        "kind": kind,
+        "attempt_presented": fence.attempt,
+        "attempt_current": attempt_current,
+        "state_current": str(state_current),
+        "worker": fence.worker,
+        # Seconds since this attempt's last accepted heartbeat (database clock).
+        "lateness_seconds": lateness,
+    }
+    logger.warning(
+        "stale %(write)s rejected: job=%(job_id)s kind=%(kind)s "
+        "attempt_presented=%(attempt_presented)s attempt_current=%(attempt_current)s "
+        "state_current=%(state_current)s worker=%(worker)s lateness=%(lateness_seconds)ss",
+        fields,
+        extra={"fields": fields},
+    )
+    return current
+
+
+def record_rejected(fence: Fence, write: str) -> None:
+    """Record a rejection seen inside a caller's transaction, once that transaction is over."""
+    record(fence, write, AttemptOutcome.LOST)
+
+
+def rejected(fence: Fence, write: str, outcome: str) -> None:
+    if not joined():  # joined: the caller records it after its transaction (see above)
+        record(fence, write, outcome)
+    raise LeaseLost(fence.job_id, fence.attempt, write)

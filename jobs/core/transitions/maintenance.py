@@ -1,0 +1,60 @@
+"""The reaper's transitions: find leases that ran out and reclaim them (compare-and-set).
+
+Owns: the statements jobs/worker/reaper.py decides with. Never: decides whether an expired
+attempt is charged or terminal (jobs/core/policy.py and the reaper do), or records a lost race as
+a stale write (the reaper holds no attempt; it counts its lost races itself).
+"""
+
+import logging
+from typing import Any
+
+from django.db import connection
+
+from jobs.core.sql import ExpiredRow
+from jobs.core.transitions.fence import driver, fenced_statement
+
+logger = logging.getLogger("jobs.fencing")
+
+
+def reclaim_expired(
+    row: ExpiredRow, *, terminal: bool, charged: bool, worker: str, error: str = ""
+) -> bool:
+    """The reaper's compare-and-set; False when a commit, beat or other reaper got there first.
+
+    A lost race is not a stale write (the reaper holds no attempt), so it is not recorded as a
+    rejection; the reaper counts it on its own.
+    """
+    with fenced_statement(), connection.cursor() as cur:
+        won = driver().reclaim_expired(
+            cur, row, terminal=terminal, charged=charged, worker=worker, error=error
+        )
+    if won:
+        evidence = {
+            "event": "reclaim",
+            "job_id": row.id,
+            "kind": row.kind,
+            "attempt": row.attempt,
+            "worker": row.worker,
+            "last_heartbeat": _iso(row.heartbeat_at),
+            "lease_expires_at": _iso(row.lease_expires_at),
+            "charged": charged,
+            "terminal": terminal,
+            "reaper": worker,
+        }
+        logger.warning(
+            "lease reclaimed: job=%(job_id)s kind=%(kind)s attempt=%(attempt)s "
+            "worker=%(worker)s last_heartbeat=%(last_heartbeat)s "
+            "lease_expires_at=%(lease_expires_at)s charged=%(charged)s terminal=%(terminal)s",
+            evidence,
+            extra={"fields": evidence},
+        )
+    return won
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def find_expired(limit: int) -> list[ExpiredRow]:
+    with connection.cursor() as cur:
+        return driver().find_expired(cur, limit)

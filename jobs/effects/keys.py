@@ -1,0 +1,178 @@
+"""Effects: calls to the outside world made at most once per (job, step) across attempts.
+
+Owns: the effect ledger (`jobs.IdempotencyKey`) and `ctx.effect(step, fn)`. The key is
+`"<job_id>:<step>"` -- never the attempt -- so every attempt presents the same key and the
+receiver can deduplicate. Ships one real effect: `send_mail`, Django's mail framework with the key
+in the `Message-ID`.
+
+How one effect runs:
+1. begin (one short transaction): the key row, locked with `select_for_update()`. Done already:
+   the stored result is returned and `repeats` + 1 (deduplicated; `fn` is not called). Otherwise
+   the job row is locked under this attempt's fence (`attempt = mine AND state = running`): a
+   zombie is refused here before it calls anything. The row is created, or taken over from an
+   earlier attempt that started the effect and never recorded completion (`performs` + 1).
+2. `fn(key)` runs outside any transaction of ours. Whether an earlier attempt's call reached the
+   receiver is unknown, so the receiver must deduplicate by key; a receiver that cannot must be
+   reached through an intent (jobs/outbox.py) instead.
+3. finish: `UPDATE ... WHERE key = K AND attempt = mine AND status = 'started'`. An older attempt
+   whose row a newer attempt took over changes zero rows: recorded as a stale `effect` write and
+   raised as LeaseLost -- it can never record its completion over the newer attempt's.
+
+Never: runs `fn` inside the ledger's transaction (the lock would last as long as the call).
+
+Durability: the ledger's two transactions commit with `synchronous_commit = off` on PostgreSQL
+(no WAL flush of their own). Losing them in a database crash can only make a later attempt call
+`fn` again with the same key -- exactly what an effect that never recorded completion does, and
+what the receiver must deduplicate anyway -- and the job's own commit (synchronous, later in the
+same WAL) flushes them before the job can succeed.
+"""
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db import connection, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from jobs.core import bounds
+from jobs.core.conf import jobs_settings
+from jobs.core.exceptions import InvalidOption, LeaseLost
+from jobs.core.states import EventType, JobState, Write
+from jobs.core.transitions import Fence
+from jobs.effects.fenced import record_rejection
+from jobs.models import IdempotencyKey, Job, JobEvent
+
+logger = logging.getLogger("jobs.effects")
+
+STEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # also a valid Message-ID left part
+
+
+def checked_step(step: Any, what: str = "effect") -> str:
+    if not isinstance(step, str) or not STEP.fullmatch(step):
+        raise InvalidOption(
+            f"{what}(): step {step!r:.80} must be 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return step
+
+
+def key_for(job_id: int, step: str) -> str:
+    return f"{job_id}:{step}"
+
+
+@dataclass(frozen=True)
+class Begun:
+    key: str
+    done: bool
+    result: Any = None
+
+
+def begin(fence: Fence, step: str) -> Begun:
+    key = key_for(fence.job_id, step)
+    with transaction.atomic():
+        _no_flush_of_its_own()
+        row = IdempotencyKey.objects.select_for_update().filter(key=key).first()
+        if row is not None and row.status == IdempotencyKey.Status.DONE:
+            IdempotencyKey.objects.filter(pk=row.pk).update(
+                repeats=F("repeats") + 1, updated_at=Now()
+            )
+            JobEvent.objects.create(
+                job_id=fence.job_id,
+                attempt=fence.attempt,
+                type=EventType.EFFECT_DEDUPLICATED,
+                worker=fence.worker,
+                data={"key": key, "performed_by": row.attempt},
+            )
+            return Begun(key, True, row.result)
+        # The fence: this attempt still owns the job, held for the rest of this transaction.
+        owned = (
+            Job.objects.select_for_update(no_key=True)
+            .filter(pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING)
+            .values_list("pk", flat=True)
+        )
+        if not list(owned):
+            current = Job.objects.filter(pk=fence.job_id).values_list("attempt", flat=True)
+            refused = (key, (current.first() or 0))
+        elif row is None:
+            IdempotencyKey.objects.create(
+                key=key, job_id=fence.job_id, step=step, attempt=fence.attempt, performs=1
+            )
+            return Begun(key, False)
+        else:
+            IdempotencyKey.objects.filter(pk=row.pk).update(
+                attempt=fence.attempt, performs=F("performs") + 1, updated_at=Now()
+            )
+            return Begun(key, False)
+    _refuse(fence, *refused)
+    raise AssertionError("unreachable")
+
+
+def finish(fence: Fence, key: str, result: Any) -> None:
+    with transaction.atomic():
+        _no_flush_of_its_own()
+        done = IdempotencyKey.objects.filter(
+            key=key, attempt=fence.attempt, status=IdempotencyKey.Status.STARTED
+        ).update(status=IdempotencyKey.Status.DONE, result=result, updated_at=Now())
+        if done:
+            JobEvent.objects.create(
+                job_id=fence.job_id,
+                attempt=fence.attempt,
+                type=EventType.EFFECT_PERFORMED,
+                worker=fence.worker,
+                data={"key": key},
+            )
+            return
+        current = IdempotencyKey.objects.filter(key=key).values_list("attempt", flat=True).first()
+    _refuse(fence, key, current or 0)
+
+
+def _no_flush_of_its_own() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit = off")
+
+
+def _refuse(fence: Fence, key: str, attempt_current: int) -> None:
+    record_rejection(fence, Write.EFFECT, f"effect {key}", attempt_current)
+    raise LeaseLost(fence.job_id, fence.attempt, Write.EFFECT)
+
+
+def checked_result(result: Any) -> Any:
+    bounds.json_value(result, jobs_settings().MAX_PAYLOAD_BYTES, what="effect result")
+    return result
+
+
+def send_mail(
+    ctx: Any,
+    step: str,
+    subject: str,
+    body: str,
+    to: list[str],
+    from_email: str | None = None,
+) -> dict[str, Any]:
+    """Send one mail at most once per (job, step), with the key in its Message-ID.
+
+    A repeat (a later attempt, or a zombie) gets the recorded result and sends nothing. A mail an
+    earlier attempt handed to the mail server without recording it is sent again with the same
+    Message-ID, which receiving mail systems use to recognise the duplicate.
+    """
+
+    def send(key: str) -> dict[str, Any]:
+        domain = getattr(settings, "JOBS_MAIL_DOMAIN", "palisade.invalid")
+        message_id = f"<{key.replace(':', '.')}@{domain}>"
+        message = EmailMessage(
+            subject,
+            body,
+            from_email,
+            to,
+            headers={"Message-ID": message_id, "X-Idempotency-Key": key},
+        )
+        sent = message.send()
+        return {"sent": sent, "message_id": message_id}
+
+    result: dict[str, Any] = ctx.effect(step, send)
+    return result

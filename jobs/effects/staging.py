@@ -1,0 +1,125 @@
+"""Staged outputs: files an attempt writes under its own path, promoted only by its commit.
+
+Owns: `ctx.stage(name, content)` -- recording a StagedOutput row, then writing the file through
+Django's storage API (`JOBS["STAGING_STORAGE"]`, a key of `STORAGES`) at
+`jobs/<job_id>/attempt-<n>/<name>` -- and a worker deleting its own outputs once its attempt
+ends without committing (a rejected commit, a lost lease, a failure).
+
+Never: promotes anything itself. The fenced commit sets `Job.result_ref` to the attempt's
+prefix in the statement that ends the attempt; a zombie's commit changes zero rows, so
+`result_ref` only ever names output of the attempt that committed (invariant 5).
+
+Hazards: the row is written before the file, so a crash between the two leaves a row the janitor
+settles (jobs/janitor.py) rather than a file nobody knows about. If the janitor settled the row
+while this worker was stalled before writing the file, the worker deletes what it just wrote.
+Storage errors while discarding are logged and left to the janitor: they never stop a drain.
+"""
+
+import logging
+import re
+from typing import Any
+
+from django.core.files import File
+from django.core.files.base import ContentFile
+from django.core.files.storage import Storage, storages
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
+
+from jobs.core.conf import jobs_settings
+from jobs.core.exceptions import InvalidOption
+from jobs.core.transitions import Fence
+from jobs.models import StagedOutput
+
+logger = logging.getLogger("jobs.staging")
+
+# A plain file name: no directories, no "..", no NUL, nothing a storage backend might treat
+# specially; the attempt-scoped directory is ours to choose.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+MAX_BYTES = 1024**3  # one staged output; larger content raises InvalidOption before any write
+
+
+def storage() -> Storage:
+    return storages[jobs_settings().STAGING_STORAGE]
+
+
+def prefix(job_id: int, attempt: int) -> str:
+    return f"jobs/{job_id}/attempt-{attempt}/"
+
+
+def _checked_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
+        raise InvalidOption(
+            f"stage(): name {name!r:.80} must be 1-200 characters of letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (no directories)"
+        )
+    return name
+
+
+def _as_file(content: Any) -> "File[Any]":
+    if isinstance(content, str):
+        content = content.encode()
+    if isinstance(content, bytes | bytearray | memoryview):
+        data = bytes(content)
+        if len(data) > MAX_BYTES:
+            raise InvalidOption(f"stage(): {len(data)} bytes is more than {MAX_BYTES}")
+        return ContentFile(data)
+    if isinstance(content, File):
+        if content.size is not None and content.size > MAX_BYTES:
+            raise InvalidOption(f"stage(): {content.size} bytes is more than {MAX_BYTES}")
+        return content
+    if hasattr(content, "read"):  # any readable object: read at most one byte past the limit
+        data = content.read(MAX_BYTES + 1)
+        return _as_file(data) if isinstance(data, bytes | str) else _as_file(None)
+    raise InvalidOption(f"stage(): content must be bytes, str or a file, not {type(content)}")
+
+
+def stage(fence: Fence, name: str, content: Any) -> str:
+    """Write `content` as this attempt's output `name`; return its storage name (the ref).
+
+    Staging the same name twice in one attempt replaces the first file.
+    """
+    name = _checked_name(name)
+    file = _as_file(content)
+    path = prefix(fence.job_id, fence.attempt) + name
+    size = file.size or 0
+    st = storage()
+    try:  # one INSERT (one WAL flush) on the common path; the row exists before the file does
+        with transaction.atomic():
+            row = StagedOutput.objects.create(
+                job_id=fence.job_id, attempt=fence.attempt, name=name, path=path, size=size
+            )
+    except IntegrityError:  # staged again in this attempt: replace the first file
+        row = StagedOutput.objects.get(job_id=fence.job_id, attempt=fence.attempt, name=name)
+        st.delete(row.path)
+    written = st.save(path, file)
+    still = StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED)
+    if written != row.path or row.size != size:
+        still.update(path=written, size=size)
+    if not still.exists():  # the janitor judged this attempt over while we wrote: undo it
+        st.delete(written)
+        logger.warning("job %s attempt %s: output %s was settled meanwhile", *_ids(fence), name)
+    return written
+
+
+def _ids(fence: Fence) -> tuple[int, int]:
+    return fence.job_id, fence.attempt
+
+
+def discard_own(fence: Fence) -> int:
+    """Delete this attempt's staged outputs (its final write was not a commit); how many."""
+    deleted = 0
+    st = storage()
+    for row in StagedOutput.objects.filter(
+        job_id=fence.job_id, attempt=fence.attempt, status=StagedOutput.Status.STAGED
+    ):
+        try:
+            st.delete(row.path)
+        except Exception:  # noqa: BLE001  any backend error: the janitor retries later
+            logger.exception("job %s attempt %s: could not delete %s", *_ids(fence), row.path)
+            continue
+        deleted += StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED).update(
+            status=StagedOutput.Status.DISCARDED, settled_at=Now()
+        )
+    if deleted:
+        logger.info("job %s attempt %s: deleted %s staged outputs", *_ids(fence), deleted)
+    return deleted

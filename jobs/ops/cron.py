@@ -1,0 +1,258 @@
+"""Cron schedules: recurring jobs declared in settings or on @handler, enqueued by the scheduler.
+
+Owns: validating declarations, keeping jobs_schedule in step with them (sync), and enqueueing
+each due tick (run_due). Never: claims or runs a job -- a tick is an ordinary jobs.enqueue.
+
+Declaring::
+
+    JOBS_SCHEDULES = {"nightly-report": {"kind": "report.render", "cron": "0 3 * * *",
+                      "timezone": "Europe/Paris", "payload": {...}, "missed": "latest"}}
+    @handler("mail.digest", cron="*/15 * * * *", timezone="UTC")   # the schedule is named
+                                                                   # after the kind
+
+Exactly once, with any number of schedulers: a tick is enqueued in the same transaction that
+moves the schedule's `next_at` past it, and that transaction first locks the row with
+`SELECT ... FOR UPDATE SKIP LOCKED` and re-checks `next_at` (the fence): a second scheduler
+either skips the locked row or finds `next_at` already moved. Each tick's job also carries the
+unique key `schedule:<name>:<tick>`.
+
+Missed ticks (the cluster was down, or the previous run is still going) follow `missed`:
+  latest  enqueue the most recent due tick once; older missed ticks are skipped (default)
+  all     enqueue every missed tick, one at a time: the next one only after the previous run
+          ended, at most MAX_CATCH_UP behind (older ones are skipped)
+  skip    enqueue a tick only if it is at most GRACE_SECONDS late; otherwise wait for the next
+A tick never starts while the previous tick's job is still queued or running (no pile-up): under
+`latest`/`skip` that tick is skipped and counted; under `all` it waits.
+
+Hazards: a bad declaration (unknown kind, bad cron, unknown time zone, a payload enqueue would
+refuse) is reported by the system check jobs.E010 and skipped at run time; it stops no other
+schedule. Times are stored in UTC; cron is evaluated in the schedule's time zone (DST included:
+a 02:30 tick on a spring-forward day runs at 03:00 local time).
+"""
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection, transaction
+
+from jobs.core import bounds
+from jobs.core.conf import jobs_settings
+from jobs.core.enqueue import QUEUE_NAME
+from jobs.core.exceptions import EnqueueError, UnknownKind
+from jobs.core.registry import _handlers, get_handler
+from jobs.core.sql.operator import database_clock
+from jobs.core.states import LIVE_STATES
+from jobs.models import Job, Schedule
+
+logger = logging.getLogger("jobs.schedules")
+
+MAX_CATCH_UP = 100  # `all`: missed ticks further behind than this are skipped
+GRACE_SECONDS = 60.0  # `skip`: how late a tick may still be enqueued
+MISSED = {choice.value for choice in Schedule.Missed}
+
+
+@dataclass(frozen=True)
+class Declared:
+    name: str
+    kind: str
+    cron: str
+    timezone: str = "UTC"
+    payload: Any = field(default_factory=dict)
+    queue: str = "default"
+    missed: str = Schedule.Missed.LATEST
+    source: str = "settings"
+
+
+def declared() -> tuple[list[Declared], list[str]]:
+    """Every declaration from settings and handlers, and the errors of those that are invalid."""
+    found: list[Declared] = []
+    errors: list[str] = []
+    raw = getattr(settings, "JOBS_SCHEDULES", {}) or {}
+    if not isinstance(raw, dict):
+        return [], ["JOBS_SCHEDULES must be a dict of name -> options"]
+    items: list[tuple[str, Any, str]] = [(name, opts, "settings") for name, opts in raw.items()]
+    for h in list(_handlers.values()):
+        if getattr(h, "cron", None):
+            opts = {"kind": h.kind, "cron": h.cron, "timezone": getattr(h, "timezone", "UTC")}
+            items.append((h.kind, opts, "handler"))
+    for name, opts, source in items:
+        try:
+            found.append(_validated(name, opts, source))
+        except (ValueError, TypeError) as exc:
+            errors.append(f"schedule {name!r}: {exc}")
+    names = [d.name for d in found]
+    for dup in {n for n in names if names.count(n) > 1}:
+        errors.append(f"schedule {dup!r} is declared twice")
+        found = [d for d in found if d.name != dup]
+    return found, errors
+
+
+def _validated(name: Any, opts: Any, source: str) -> Declared:
+    if not isinstance(name, str) or not 0 < len(name) <= 100:
+        raise ValueError("a schedule name is a string of 1-100 characters")
+    if not isinstance(opts, dict):
+        raise ValueError("options must be a dict")
+    unknown = set(opts) - {"kind", "cron", "timezone", "payload", "queue", "missed"}
+    if unknown:
+        raise ValueError(f"unknown options {sorted(unknown)}")
+    d = Declared(name=name, source=source, **opts)
+    get_handler(d.kind)  # UnknownKind is a ValueError
+    if not isinstance(d.cron, str) or len(d.cron) > 200 or not croniter.is_valid(d.cron):
+        raise ValueError(f"{d.cron!r} is not a cron expression")
+    try:
+        ZoneInfo(d.timezone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ValueError(f"unknown time zone {d.timezone!r}") from None
+    if d.missed not in MISSED:
+        raise ValueError(f"missed must be one of {sorted(MISSED)}")
+    bounds.json_value(d.payload, jobs_settings().MAX_PAYLOAD_BYTES)
+    if not isinstance(d.queue, str) or not QUEUE_NAME.match(d.queue):
+        raise ValueError(f"queue {d.queue!r} is not a queue name")
+    return d
+
+
+def ticks_after(cron: str, tz: str, after: datetime) -> Iterator[datetime]:
+    """The cron's ticks strictly after `after`, in UTC."""
+    it = croniter(cron, after.astimezone(ZoneInfo(tz)))
+    while True:
+        yield it.get_next(datetime).astimezone(ZoneInfo("UTC"))
+
+
+def next_tick(cron: str, tz: str, after: datetime) -> datetime:
+    return next(ticks_after(cron, tz, after))
+
+
+def sync(now: datetime | None = None) -> None:
+    """Create or update one row per declaration; disable rows no longer declared."""
+    now = now or database_clock()
+    wanted, errors = declared()
+    for error in errors:
+        logger.error("%s; skipped", error)
+    for d in wanted:
+        fields = {
+            "kind": d.kind,
+            "cron": d.cron,
+            "timezone": d.timezone,
+            "payload": d.payload,
+            "queue": d.queue,
+            "missed": d.missed,
+            "source": d.source,
+            "enabled": True,
+        }
+        try:
+            with transaction.atomic():
+                row = Schedule.objects.select_for_update().filter(name=d.name).first()
+                if row is None:
+                    first = next_tick(d.cron, d.timezone, now)
+                    Schedule.objects.create(name=d.name, next_at=first, **fields)
+                    continue
+                timing_changed = (row.cron, row.timezone) != (d.cron, d.timezone)
+                if timing_changed or not row.enabled:
+                    fields["next_at"] = next_tick(d.cron, d.timezone, now)
+                Schedule.objects.filter(pk=row.pk).update(**fields)
+        except IntegrityError:
+            pass  # another scheduler created it at the same moment: theirs stands
+    Schedule.objects.filter(enabled=True).exclude(name__in=[d.name for d in wanted]).update(
+        enabled=False
+    )
+
+
+@dataclass
+class TickReport:
+    enqueued: int = 0
+    skipped: int = 0
+
+
+def run_due(now: datetime | None = None) -> TickReport:
+    """Enqueue what is due on every enabled schedule; each schedule in its own transaction."""
+    now = now or database_clock()
+    report = TickReport()
+    due = list(Schedule.objects.filter(enabled=True, next_at__lte=now).values_list("pk", "next_at"))
+    for pk, seen in due:
+        try:
+            _run_one(pk, seen, now, report)
+        except (DatabaseError, EnqueueError, ValueError) as exc:  # this schedule's problem only
+            logger.error("schedule %s: tick failed: %s", pk, exc)
+    return report
+
+
+def _run_one(pk: int, seen: datetime, now: datetime, report: TickReport) -> None:
+    with transaction.atomic():
+        # The fence: still ours to move only if no other scheduler moved next_at meanwhile.
+        locked = Schedule.objects.filter(pk=pk, next_at=seen, enabled=True)
+        if connection.features.has_select_for_update_skip_locked:
+            locked = locked.select_for_update(skip_locked=True)
+        row = locked.first()
+        if row is None:
+            return
+        busy = (
+            row.last_job_id is not None
+            and Job.objects.filter(pk=row.last_job_id, state__in=list(LIVE_STATES)).exists()
+        )
+        tick, skipped, next_at = _decide(row, now, busy)
+        job = None
+        if tick is not None:
+            try:
+                get_handler(row.kind)
+            except UnknownKind:
+                logger.error(
+                    "schedule %s: kind %r is not registered; tick skipped", row.name, row.kind
+                )
+                tick, skipped = None, skipped + 1
+            else:
+                job = _enqueue_tick(row, tick)
+        updated = Schedule.objects.filter(pk=pk, next_at=seen).update(
+            next_at=next_at,
+            last_tick_at=tick if tick is not None else row.last_tick_at,
+            last_job=job if job is not None else row.last_job,
+            ticks_enqueued=row.ticks_enqueued + (job is not None),
+            ticks_skipped=row.ticks_skipped + skipped,
+        )
+        if updated != 1:  # cannot happen under the row lock; never enqueue without the move
+            raise DatabaseError(f"schedule {row.name}: next_at moved under the lock")
+    report.enqueued += job is not None
+    report.skipped += skipped
+    if skipped:
+        logger.info("schedule %s: %s tick(s) skipped (policy %s)", row.name, skipped, row.missed)
+
+
+def _decide(row: Schedule, now: datetime, busy: bool) -> tuple[datetime | None, int, datetime]:
+    """(tick to enqueue or None, ticks skipped, the new next_at)."""
+    due: list[datetime] = [row.next_at]
+    for t in ticks_after(row.cron, row.timezone, row.next_at):
+        if t > now or len(due) > MAX_CATCH_UP:
+            break
+        due.append(t)
+    behind = len(due) > MAX_CATCH_UP  # more missed ticks than we look at
+    latest = due[-1]
+    if behind:  # the most recent due tick, found from now backwards
+        local_now = now.astimezone(ZoneInfo(row.timezone))
+        latest = croniter(row.cron, local_now).get_prev(datetime).astimezone(ZoneInfo("UTC"))
+    after_latest = next_tick(row.cron, row.timezone, latest)
+    if row.missed == Schedule.Missed.ALL:
+        if behind:  # too far behind: drop all but the last MAX_CATCH_UP
+            kept = due[-MAX_CATCH_UP:]
+            return None, len(due) - len(kept), kept[0]
+        if busy:
+            return None, 0, row.next_at  # wait: this tick runs once the previous one ended
+        return due[0], 0, due[1] if len(due) > 1 else next_tick(row.cron, row.timezone, due[0])
+    if busy:
+        return None, len(due), after_latest
+    if row.missed == Schedule.Missed.SKIP and (now - latest) > timedelta(seconds=GRACE_SECONDS):
+        return None, len(due), after_latest
+    return latest, len(due) - 1, after_latest
+
+
+def _enqueue_tick(row: Schedule, tick: datetime) -> Job:
+    return Job.objects.enqueue(  # type: ignore[no-any-return]
+        row.kind,
+        row.payload,
+        queue=row.queue,
+        unique_key=f"schedule:{row.name}:{tick.strftime('%Y-%m-%dT%H:%M:%SZ')}"[:200],
+    )

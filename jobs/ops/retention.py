@@ -1,0 +1,121 @@
+"""Retention: prune finished jobs and their history, in batches, safe while workers run.
+
+Only terminal jobs (succeeded, failed, cancelled) whose `finished_at` -- and last write,
+`updated_at` -- is older than the cut-off (the database clock) are deleted, with everything that
+hangs off them (attempts, events, rejected writes, idempotency keys, ...: Django's cascade, so
+tables added later come along).
+
+Safe while workers run:
+- queued and running jobs are never candidates, and the candidate rows are locked with
+  `FOR UPDATE SKIP LOCKED` in the deleting transaction, so a row an admin action or a late
+  writer holds is skipped (taken by a later run), never waited on and never deleted under it;
+- each batch is its own short transaction, so no lock is held across batches;
+- a zombie's late write to a pruned job changes zero rows like any stale write, and its rejection
+  (recorded by INSERT ... SELECT from jobs_job) records nothing for a job that no longer exists.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, transaction
+
+from jobs.core.states import TERMINAL_STATES
+from jobs.models import Job
+
+MAX_BATCH = 10_000
+MAX_DAYS = 36_500
+
+
+@dataclass
+class PruneReport:
+    jobs: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    seconds: float = 0.0
+
+    def add(self, deleted: dict[str, int]) -> None:
+        for label, count in deleted.items():
+            self.rows[label] = self.rows.get(label, 0) + count
+        self.jobs += deleted.get(Job._meta.label, 0)
+        self.batches += 1
+
+
+def _check(older_than_days: float, batch_size: int) -> None:
+    if not 0 <= older_than_days <= MAX_DAYS:
+        raise ValueError(f"older_than_days must be between 0 and {MAX_DAYS}")
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise ValueError(f"batch_size must be between 1 and {MAX_BATCH}")
+
+
+def _candidates_sql(batch_size: int, lock: bool) -> tuple[str, list[Any]]:
+    states = sorted(TERMINAL_STATES)
+    marks = ", ".join(["%s"] * len(states))
+    cutoff = (
+        "now() - make_interval(secs => %s)"
+        if connection.vendor == "postgresql"
+        else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+    )
+    # Walked in `updated_at` order, on the index the job list already has (jobs_job_updated_idx):
+    # a finished job's last write is its finish, so "updated before the cut-off" picks the same
+    # rows (and spares one touched since, e.g. by an operator) without an index on finished_at
+    # that every commit would have to maintain. Measured at 1M jobs: 0.7 ms per batch of 1,000,
+    # against 290 ms for a sort by finished_at.
+    sql = (
+        f"SELECT id FROM jobs_job WHERE state IN ({marks}) AND finished_at IS NOT NULL "
+        f"AND finished_at < {cutoff} AND updated_at < {cutoff} ORDER BY updated_at LIMIT %s"
+    )
+    if lock and connection.vendor == "postgresql":
+        sql += " FOR UPDATE SKIP LOCKED"
+    return sql, [*states]
+
+
+def _age(older_than_days: float) -> float | str:
+    seconds = older_than_days * 86400
+    if connection.vendor == "postgresql":
+        return seconds
+    return f"-{seconds:.3f} seconds"  # an SQLite date modifier, never in exponent notation
+
+
+def count(older_than_days: float) -> int:
+    """How many jobs a prune with this cut-off would delete now (a dry run)."""
+    _check(older_than_days, 1)
+    sql, params = _candidates_sql(MAX_BATCH, lock=False)
+    sql = "SELECT count(*) FROM (" + sql.replace(" LIMIT %s", "") + ") c"
+    with connection.cursor() as cur:
+        cur.execute(sql, [*params, _age(older_than_days), _age(older_than_days)])
+        row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def prune(
+    older_than_days: float,
+    batch_size: int = 1000,
+    max_batches: int | None = None,
+    pause_seconds: float = 0.0,
+) -> PruneReport:
+    """Delete finished jobs older than the cut-off, `batch_size` jobs per transaction, until none
+    is left (or `max_batches` ran). `pause_seconds` between batches spares a busy database."""
+    _check(older_than_days, batch_size)
+    report = PruneReport()
+    started = time.monotonic()
+    sql, params = _candidates_sql(batch_size, lock=True)
+    while max_batches is None or report.batches < max_batches:
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(
+                    sql, [*params, _age(older_than_days), _age(older_than_days), batch_size]
+                )
+                ids = [row[0] for row in cur.fetchall()]
+            if not ids:
+                break
+            _, deleted = Job.objects.filter(pk__in=ids).delete()
+        report.add(deleted)
+        if len(ids) < batch_size:
+            break
+        if pause_seconds:
+            time.sleep(pause_seconds)
+    report.seconds = time.monotonic() - started
+    return report

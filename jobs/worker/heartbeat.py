@@ -1,0 +1,296 @@
+"""The drain's background thread: keeps held leases alive and hands successes over promptly.
+
+Owns: periodic fenced lease extension for every job a drain holds (claimed, not yet ended);
+confirming, at the next beat, that the handler now running is running (the reaper charges an
+expired attempt only if it was confirmed); and flushing finished successes to the completer once
+the oldest has waited FLUSH_SECONDS, so a quick job's commit never waits for a slow batch-mate.
+
+Never: decides a job's outcome. A heartbeat that changes zero rows is recorded by
+transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
+its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
+
+Also watches for a stop (jobs.shutdown) on behalf of the drain it serves: when one is requested
+it calls the drain's `on_stop` once (the runner hands back the jobs not started), and when its
+grace period is over, `on_grace_over` once (the runner hands back the rest and ends the worker
+process).
+
+Hazards: the thread has its own database connection (Django connections are per thread) and
+closes it on exit. Every beat is bounded (jobs.connectivity), so a partition costs a beat, never
+a hung thread. Any error in a beat is logged (once, then rate-limited) and retried with
+backoff; the thread itself never dies of it. When no beat has succeeded for half of the shortest
+held lease, the leases are `at_risk`: the runner stops starting jobs and hands the unstarted ones
+back. The commit's compare-and-set remains the last word, so a missed beat can cost a lease,
+never correctness.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+from jobs.context import Held
+from jobs.core import transitions
+from jobs.core.connectivity import OutageLog, bounded
+from jobs.core.transitions import Claimed, Fence
+from jobs.worker import shutdown
+
+logger = logging.getLogger("jobs.heartbeat")
+
+# A finished success is committed by the thread once it has waited this long (if the runner has
+# not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
+FLUSH_SECONDS = 0.2
+# A claimed job waiting behind a batch-mate whose handler has run this long is handed back (a
+# fenced release: queued again at once, the attempt uncharged) so that a free worker takes it:
+# batching never holds a quick job behind a slow one for longer than about this plus LOOK.
+HANDOFF_SECONDS = 0.1
+LOOK_WHILE_WAITING_SECONDS = 0.02  # how often the thread looks while batch-mates wait
+RETRY_SECONDS = (0.1, 2.0)  # backoff between failed beats: first, cap
+
+
+@dataclass(frozen=True)
+class Finished:
+    held: Held
+    claimed: Claimed
+    result: Any
+    at: float  # time.monotonic() when the handler returned
+
+
+Commit = Callable[[Sequence[Finished]], None]
+
+
+class Heartbeater:
+    def __init__(
+        self,
+        interval: float,
+        commit: Commit,
+        on_grace_over: Callable[["Heartbeater"], None] | None = None,
+        on_stop: Callable[["Heartbeater"], None] | None = None,
+        on_hand_off: Callable[[list[Held]], None] | None = None,
+    ) -> None:
+        self.interval = interval
+        self._commit = commit
+        self._on_grace_over = on_grace_over
+        self._on_stop = on_stop
+        self._on_hand_off = on_hand_off
+        self._running_since = 0.0
+        self._waiting = False  # some held job is not started yet (read without the lock)
+        self._held: dict[int, Held] = {}
+        self._finished: list[Finished] = []
+        self._running: Held | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
+        self._last_ok = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeater":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.flush()
+        finally:
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(timeout=90)
+
+    def hold(self, fence: Fence, lease_seconds: float) -> Held:
+        held = Held(fence, lease_seconds)
+        with self._lock:
+            self._held[fence.job_id] = held
+            self._waiting = True
+            # A shorter lease than the one held here means beating more often -- starting now,
+            # not after the longer wait the thread is already in.
+            if lease_seconds / 3.0 < self.interval:
+                self.interval = lease_seconds / 3.0
+                self._wake.set()
+        return held
+
+    def release(self, fence: Fence) -> None:
+        with self._lock:
+            self._held.pop(fence.job_id, None)
+
+    def start(self, held: Held) -> bool:
+        """The runner is about to run this job; False if it was handed back meanwhile."""
+        with self._lock:
+            if self._held.get(held.fence.job_id) is not held:
+                return False
+            held.started = True
+            return True
+
+    def holds(self, held: Held) -> bool:
+        with self._lock:
+            return self._held.get(held.fence.job_id) is held
+
+    def take_unstarted(self) -> list[Held]:
+        """Take the held jobs the runner has not started (a stop: they are handed back now)."""
+        with self._lock:
+            taken = [h for h in self._held.values() if not h.started]
+            for h in taken:
+                del self._held[h.fence.job_id]
+        return taken
+
+    def running(self, held: Held | None) -> None:
+        """Name the job whose handler runs now (None between handlers).
+
+        A plain assignment (atomic): beat_now reads it once, under its lock, per beat.
+        """
+        self._running_since = time.monotonic()
+        self._running = held
+
+    def _hand_off_due(self, now: float) -> list[Held]:
+        """Batch-mates not started while the running handler is past HANDOFF_SECONDS: taken
+        out of this drain's hands, for `on_hand_off` to give back (the runner skips them)."""
+        if not self._waiting or self._on_hand_off is None:
+            return []
+        with self._lock:
+            waiting = [h for h in self._held.values() if not h.started]
+            self._waiting = bool(waiting)
+            if not waiting or self._running is None:
+                return []
+            if now - self._running_since < HANDOFF_SECONDS:
+                return []
+            for h in waiting:
+                del self._held[h.fence.job_id]
+            self._waiting = False
+        return waiting
+
+    def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
+        """A success to commit soon; its lease stays beaten until then.
+
+        The thread is not woken for it (a wake-up per batch would cost the hot path a thread
+        switch): it looks every FLUSH_SECONDS, so a success waits at most twice that.
+        """
+        with self._lock:
+            self._finished.append(Finished(held, claimed, result, time.monotonic()))
+
+    def flush(self) -> None:
+        """Commit every finished success now (from whichever thread calls)."""
+        with self._lock:
+            items, self._finished = self._finished, []
+            for item in items:
+                # Released before the commit: a zero-row beat racing the commit is then no
+                # evidence of a lost lease; the commit's own fence decides.
+                self._held.pop(item.held.fence.job_id, None)
+        if items:
+            self._commit(items)
+
+    @property
+    def at_risk(self) -> bool:
+        """A held lease has gone unextended for half its length: it may be gone.
+
+        Each lease counts from the later of the last successful beat and its own claim: a job
+        with a short lease claimed just now is fresh, however long ago the last beat was (a
+        drain that had run only long-lease jobs used to hand back a freshly claimed 2 s-lease
+        job as "heartbeats failing", which broke bin/run's zombie drill).
+        """
+        now, last_ok = time.monotonic(), self._last_ok
+        with self._lock:
+            held = list(self._held.values())
+        return any(now - max(last_ok, h.since) > h.lease_seconds / 2.0 for h in held)
+
+    def beat_now(self) -> None:
+        with self._lock:
+            batch = list(self._held.values())
+            running = self._running if self._running and not self._running.confirmed else None
+            if running is not None and running in batch:
+                # Flagged before the statement, so the runner never sees a confirmation the
+                # database already has as missing (it commits a confirmed success at once).
+                running.confirmed = True
+            else:
+                running = None
+        if not batch:
+            self._last_ok = time.monotonic()
+            return
+        try:
+            with bounded(f"heartbeat of {len(batch)} jobs"):
+                lost = transitions.heartbeat_many(
+                    [(h.fence, h.lease_seconds) for h in batch],
+                    running.fence if running else None,
+                )
+        except BaseException:
+            if running is not None:
+                running.confirmed = False  # not confirmed after all: the next beat tries again
+            raise
+        self._last_ok = time.monotonic()
+        confirmed = []
+        with self._lock:
+            for h in batch:
+                # A job released meanwhile is being committed: its own fenced write decides,
+                # and a zero-row beat racing that commit is no evidence of a lost lease.
+                if h.fence.job_id in lost and self._held.get(h.fence.job_id) is h:
+                    h.lost.set()
+                    del self._held[h.fence.job_id]
+                    confirmed.append(h.fence)
+        for fence in confirmed:
+            with bounded(f"record of job {fence.job_id}'s lost heartbeat"):
+                transitions.record_lost_heartbeat(fence)
+
+    def _next_deadline(self, last_beat: float) -> float:
+        with self._lock:
+            flush_at = self._finished[0].at + FLUSH_SECONDS if self._finished else None
+        beat_at = last_beat + self.interval
+        look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
+        look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
+        return min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
+
+    def _flush_due(self, now: float) -> bool:
+        with self._lock:
+            return bool(self._finished) and self._finished[0].at + FLUSH_SECONDS <= now
+
+    def held(self) -> list[Held]:
+        """Take every held job out of this drain's hands (shutdown: they are handed back)."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        return held
+
+    def stopped(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the drain to end (its __exit__); True if it did."""
+        return self._stop.wait(timeout)
+
+    def _call(self, step: Callable[["Heartbeater"], None]) -> None:
+        try:
+            step(self)
+        except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
+            logger.exception("shutdown step failed; the leases decide what it did not settle")
+
+    def _run(self) -> None:
+        last_beat = time.monotonic()
+        failures = OutageLog("heartbeat", logger)
+        grace_handled = stop_handled = False
+        try:
+            while not self._stop.is_set():
+                self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                if not stop_handled and self._on_stop and shutdown.requested():
+                    stop_handled = True
+                    self._call(self._on_stop)
+                if not grace_handled and self._on_grace_over and shutdown.grace_over():
+                    grace_handled = True
+                    self._call(self._on_grace_over)  # may end the process
+                    continue
+                now = time.monotonic()
+                try:
+                    handed = self._hand_off_due(now)
+                    if handed and self._on_hand_off is not None:
+                        self._on_hand_off(handed)
+                    if self._flush_due(now):
+                        self.flush()
+                    if now >= last_beat + self.interval:
+                        last_beat = now
+                        self.beat_now()
+                    failures.recovered()
+                except Exception as exc:  # noqa: BLE001  the thread must outlive any one error
+                    failures.failed(exc)
+                    connection.close()
+                    # Retry sooner than a full interval, backing off while the failures last.
+                    last_beat = now - self.interval + failures.backoff(*RETRY_SECONDS)
+        finally:
+            connection.close()

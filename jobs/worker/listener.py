@@ -1,0 +1,122 @@
+"""Waking on enqueue: LISTEN for the enqueue trigger's NOTIFY, on a connection of its own.
+
+Owns: the LISTEN connection and `Waker`, used by the scheduler (to request drains) and by an idle
+drain (to claim the moment work arrives). Never: claims or writes anything.
+
+Hazards: the LISTEN connection is its own psycopg connection (never Django's pooled one) and is
+re-opened after any error. An idle LISTEN socket cannot tell a quiet database from a dead one (a
+half-open connection: the server gone, the socket still open), so after LIVENESS_SECONDS without
+traffic a bounded `SELECT 1` probes it. Behind a transaction pooler LISTEN hears nothing:
+JOBS["LISTEN_URL"] gives the listeners a direct session, and the drains' periodic claim covers
+the rest.
+"""
+
+import logging
+import select
+import time
+
+import psycopg
+from django.db import connection
+
+from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import OutageLog, bounded
+
+logger = logging.getLogger("jobs.scheduler")
+
+NOTIFY_CHANNEL = "jobs_enqueued"
+LIVENESS_SECONDS = 5.0  # an idle LISTEN connection is probed after this long without traffic
+
+
+def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
+    """A psycopg connection of its own to Django's database, outside Django's pooling."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)  # Django's adapters stay with Django's connections
+    params.pop("context", None)
+    # No server-side prepared statements: behind a transaction pooler (PgBouncer) the next
+    # statement may run on another server connection, where the prepared one does not exist.
+    params["prepare_threshold"] = None
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
+# libpq options of Django's connection that bound waits; they apply to a LISTEN_URL connection too
+_NETWORK_OPTIONS = frozenset(
+    {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+     "keepalives_count", "tcp_user_timeout"}
+)  # fmt: skip
+
+
+def listen_connection() -> psycopg.Connection:
+    """The LISTEN connection: JOBS["LISTEN_URL"] when set (a direct session connection beside a
+    transaction pooler, where LISTEN does not work), else one like Django's own."""
+    url = jobs_settings().LISTEN_URL
+    if not url:
+        return dedicated_connection()
+    params = connection.get_connection_params()
+    keep = {k: v for k, v in params.items() if k in _NETWORK_OPTIONS}
+    return psycopg.connect(url, **keep, autocommit=True, prepare_threshold=None)
+
+
+class Waker:
+    """Blocks until a NOTIFY on NOTIFY_CHANNEL or `timeout`; falls back to sleeping.
+
+    A (re)connected LISTEN returns at once as if notified: whatever was committed before the
+    LISTEN took effect sent its NOTIFY to nobody, so the caller looks for work now.
+    """
+
+    def __init__(self, outage: OutageLog | None = None) -> None:
+        self._conn: psycopg.Connection | None = None
+        self._fresh = False
+        self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
+        self.outage = outage or OutageLog("scheduler LISTEN connection", logger)
+
+    def _connect(self) -> psycopg.Connection | None:
+        if connection.vendor != "postgresql":
+            return None
+        if self._conn is None or self._conn.closed:
+            self._conn = listen_connection()  # connect_timeout bounds it (settings OPTIONS)
+            with bounded("LISTEN", conn=self._conn):
+                self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._heard_at = time.monotonic()
+            self._fresh = True
+        elif time.monotonic() - self._heard_at > LIVENESS_SECONDS:
+            # Quiet for a while: make sure the server is still there to notify us.
+            with bounded("LISTEN liveness probe", conn=self._conn):
+                self._conn.execute("SELECT 1")
+            self._heard_at = time.monotonic()
+        return self._conn
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            conn = self._connect()
+            self.outage.recovered()
+        except (psycopg.Error, OSError) as exc:
+            self.outage.failed(exc)
+            self.close()
+            conn = None
+        if conn is None:
+            time.sleep(timeout)  # no notification channel: this is the poll interval
+            return False
+        if self._fresh:
+            self._fresh = False
+            return True
+        try:
+            ready, _, _ = select.select([conn.fileno()], [], [], timeout)
+            woke = False
+            if ready:
+                self._heard_at = time.monotonic()
+                # Drain every queued notification at once: one wake-up per burst of enqueues.
+                for _ in conn.notifies(timeout=0):
+                    woke = True
+            return woke
+        except (psycopg.Error, OSError) as exc:
+            self.outage.failed(exc)
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except (psycopg.Error, OSError):
+                pass
+            self._conn = None

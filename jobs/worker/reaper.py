@@ -1,0 +1,96 @@
+"""The lease reaper: reclaims running jobs whose lease ran out.
+
+Owns: deciding, per expired job, between "queued again" and "failed" (its last charged attempt
+expired), and whether the expired attempt counts. Never: writes without the compare-and-set in
+transitions.reclaim_expired, which re-checks state, attempt and expiry inside the database -- so a
+commit or heartbeat that lands between our read and our write wins, and two reapers running at
+once are harmless.
+
+Charging: an attempt counts against max_attempts only if a heartbeat (or, for a job with released
+attempts, an explicit write before its handler ran) confirmed its handler running. An attempt that
+expired unconfirmed -- claimed in a batch whose worker died before reaching it, or killed within its
+first heartbeat interval -- is requeued uncharged. Its job is confirmed explicitly from then on, so
+a job that kills its worker is charged at its next run and ends with its own error; a "never
+started" verdict costs nothing per job (the confirmation rides on the heartbeat).
+
+Hazards: one row the database refuses must not stop the others: each reclaim is its own statement
+and a refused one is logged and skipped. A lost race is not a stale write (the reaper holds no
+attempt): it is counted in `lost_races`, never recorded as a RejectedWrite.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from django.db import DatabaseError, InterfaceError, OperationalError
+
+from jobs.core import policy, transitions
+from jobs.core.conf import jobs_settings
+from jobs.core.exceptions import UnknownKind
+from jobs.core.registry import Handler, get_handler
+from jobs.core.sql import ExpiredRow
+
+logger = logging.getLogger("jobs.reaper")
+
+
+@dataclass
+class ReaperStats:
+    """Counts for this process (metrics read them)."""
+
+    reclaimed: int = 0
+    uncharged: int = 0
+    lost_races: int = 0
+    refused: int = 0
+
+
+stats = ReaperStats()
+
+
+def _handler(kind: str) -> Handler | None:
+    try:
+        return get_handler(kind)
+    except UnknownKind:
+        return None
+
+
+def reap(worker: str, limit: int = 200) -> int:
+    """Reclaim up to `limit` expired leases; return how many this call reclaimed."""
+    reclaimed = 0
+    for row in transitions.find_expired(limit):
+        try:
+            reclaimed += _reclaim(row, worker)
+        except (OperationalError, InterfaceError):
+            raise
+        except DatabaseError:
+            stats.refused += 1
+            logger.exception("job %s attempt %s: reclaim refused; skipped", row.id, row.attempt)
+    return reclaimed
+
+
+def _reclaim(row: ExpiredRow, worker: str) -> int:
+    cfg = jobs_settings()
+    limit = policy.max_attempts_for(row.max_attempts, _handler(row.kind), cfg)
+    charged = policy.charged_attempts(row.attempt, row.attempts_released)
+    decision = policy.decide_expiry(charged, limit)
+    terminal = row.confirmed and not decision.retry
+    error = (
+        f"attempt {row.attempt} (charged attempt {charged} of {limit}) ran on {row.worker} and "
+        "its lease expired: the worker stopped heartbeating (killed, stalled or cut off)"
+    )
+    if not transitions.reclaim_expired(
+        row, terminal=terminal, charged=row.confirmed, worker=worker, error=error
+    ):
+        stats.lost_races += 1
+        logger.debug("job %s attempt %s: reclaim lost its race", row.id, row.attempt)
+        return 0
+    stats.reclaimed += 1
+    stats.uncharged += not row.confirmed
+    # The operator's line is transitions.reclaim_expired's (structured, with the evidence).
+    logger.debug(
+        "job %s attempt %s: lease expired (worker %s, %s), %s",
+        row.id,
+        row.attempt,
+        row.worker,
+        "handler confirmed running" if row.confirmed else "handler never confirmed running",
+        "failed (last attempt)" if terminal else "requeued",
+    )
+    return 1

@@ -1,0 +1,353 @@
+"""The runner: claim -> heartbeat -> handler -> classify -> exactly one fenced write.
+
+Owns: executing claimed jobs inside a django-q2 worker process. Never: writes a job except through
+jobs.completer/jobs.transitions; never retries a write that was rejected; never holds a
+transaction open while a handler runs.
+
+A drain claims due jobs in small batches (each row fenced by its own attempt) and runs them one by
+one until the queue is idle or its time budget is spent, so django-q2's per-task bookkeeping is
+paid per drain, not per job.
+
+Hazards: one job must never decide another's fate. A success is handed to the background thread,
+which commits it within twice FLUSH_SECONDS whatever its batch-mates do (or the runner commits it
+when the batch ends). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
+timeout) fails that job with its own error, commits the batch's successes and releases the jobs
+never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
+attempt a heartbeat had confirmed running (see jobs/reaper.py).
+
+Shutdown (jobs.shutdown): once a stop is requested a drain claims nothing more and hands back
+the jobs it holds but has not started; when the grace period ends with a handler still running,
+the drain's background thread hands every held job back (fenced release, so another worker takes
+it at once) and ends this worker process after ABANDON_SECONDS -- the abandoned handler's writes
+in between change zero rows and are recorded like any zombie's.
+"""
+
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, connection
+
+from jobs.context import Held, JobContext, close_side_connection
+from jobs.core import bounds, policy, transitions
+from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import OutageLog, bounded
+from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
+from jobs.core.registry import Handler, get_handler
+from jobs.core.transitions import Claimed
+from jobs.worker import completer, shutdown
+from jobs.worker.heartbeat import Heartbeater
+from jobs.worker.listener import Waker
+
+logger = logging.getLogger("jobs.runner")
+
+# A worker process's outages, logged once (then reminders, then the recovery) across its drains.
+_WORKER_OUTAGE = OutageLog("worker drain (claim)", logger)
+_LISTEN_OUTAGE = OutageLog("worker LISTEN connection", logger)
+
+# After the grace period's hand-back, how long an abandoned handler may still run (its writes
+# are rejected and recorded meanwhile) before its worker process ends.
+ABANDON_SECONDS = 0.5
+
+
+def worker_identity() -> str:
+    """ "<hostname>:<pid>" of the OS process running handlers."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the handler's run amounted to, decided before any write."""
+
+    succeeded: bool
+    result: Any = None
+    error: str = ""
+    lost: bool = False
+
+
+def execute(handler: Handler, ctx: JobContext) -> Outcome:
+    """Run the handler and classify what happened; writes nothing.
+
+    A BaseException is not classified here: it propagates to run_batch, which ends this job
+    with it and hands the rest of the batch back before re-raising.
+    """
+    try:
+        result = handler.fn(ctx)
+    except LeaseLost:
+        return Outcome(succeeded=False, lost=True)
+    except Exception:  # noqa: BLE001  a handler's failure is data: classified, then written once
+        return Outcome(succeeded=False, error=traceback.format_exc())
+    try:
+        bounds.json_value(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
+    except InvalidPayload as exc:
+        return Outcome(succeeded=False, error=f"handler returned an unusable result: {exc}")
+    return Outcome(succeeded=True, result=result)
+
+
+def drain(
+    queues: Sequence[str] | None = None,
+    budget_seconds: float | None = None,
+    idle_wait: bool = False,
+) -> int:
+    """Claim and run due jobs until none is due or the budget is spent; return how many ran.
+
+    With `idle_wait` (a worker's drain, jobs.bridge) a drain that finds no work waits for new
+    work (see `_IdleWait`) for up to IDLE_WAIT_SECONDS within its budget before it returns.
+    """
+    cfg = jobs_settings()
+    queues = queues or cfg.QUEUES
+    budget = budget_seconds if budget_seconds is not None else cfg.DRAIN_SECONDS
+    deadline = time.monotonic() + budget
+    worker = worker_identity()
+    ran, size = 0, 1
+    interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
+    idle = _IdleWait(cfg) if idle_wait else None
+    try:
+        with Heartbeater(
+            interval,
+            completer.commit,
+            _hand_back_at_shutdown,
+            _hand_back_unstarted,
+            _hand_off_waiting,
+        ) as beats:
+            while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
+                try:
+                    with bounded("claim"):
+                        batch = transitions.claim(
+                            worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
+                        )
+                except DatabaseError as exc:
+                    if idle is None:
+                        raise
+                    # A worker's drain: the outage is logged once per process (not a traceback
+                    # per drain task); the drain ends and the scheduler sends new ones later.
+                    _WORKER_OUTAGE.failed(exc)
+                    connection.close()
+                    break
+                if idle is not None:
+                    _WORKER_OUTAGE.recovered()
+                if not batch:
+                    if idle is not None and idle.wait(deadline):
+                        continue
+                    break
+                if idle is not None:
+                    idle.busy()
+                started = time.monotonic()
+                ran += run_batch(batch, beats)
+                per_job = (time.monotonic() - started) / len(batch)
+                size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
+    finally:
+        if idle is not None:
+            idle.close()
+        close_side_connection()
+    return ran
+
+
+class _IdleWait:
+    """How a worker's drain with nothing to do hears of new work in milliseconds.
+
+    It LISTENs on the enqueue channel (the NOTIFY the enqueue trigger sends on commit, also for a
+    job requeued by a retry, a release or the reaper) and claims again the moment one arrives --
+    without a busy poll and without django-q2's broker poll in the way. It also claims again
+    every POLL_SECONDS whatever it heard (a retry whose run_at comes due sends no NOTIFY then;
+    behind a transaction pooler LISTEN hears nothing), and gives up after IDLE_WAIT_SECONDS, at
+    the drain's deadline, or as soon as a shutdown is requested (checked every 0.25 s). Every
+    claim is the ordinary fenced claim: waiting changes no fence.
+
+    The LISTEN connection is this drain's own and closed when the drain ends; a fresh LISTEN
+    counts as a wake-up (a job committed just before it took effect notified nobody).
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        self.enabled = cfg.IDLE_WAIT_SECONDS > 0 and connection.vendor == "postgresql"
+        self.seconds = float(cfg.IDLE_WAIT_SECONDS)
+        self.poll = float(cfg.POLL_SECONDS)
+        self.waker: Waker | None = None
+        self.until: float | None = None  # when this stretch of idleness gives up
+
+    def busy(self) -> None:
+        """A claim found work: the next idleness gets a full IDLE_WAIT_SECONDS again."""
+        self.until = None
+
+    def wait(self, deadline: float) -> bool:
+        """True: claim again now. False: the drain should end."""
+        if not self.enabled:
+            return False
+        if self.waker is None:
+            self.waker = Waker(_LISTEN_OUTAGE)
+        now = time.monotonic()
+        if self.until is None:
+            self.until = now + self.seconds
+        until, poll_at = min(deadline, self.until), now + self.poll
+        while not shutdown.requested():
+            now = time.monotonic()
+            if now >= until:
+                return False
+            if now >= poll_at:
+                return True
+            if self.waker.wait(min(0.25, poll_at - now, until - now)):
+                return True
+        return False
+
+    def close(self) -> None:
+        if self.waker is not None:
+            self.waker.close()
+            self.waker = None
+
+
+def _lease_for(claimed: Claimed) -> float:
+    return policy.lease_seconds_for(claimed.lease_seconds, _handler(claimed.kind), jobs_settings())
+
+
+def _handler(kind: str) -> Handler | None:
+    try:
+        return get_handler(kind)
+    except UnknownKind:
+        return None
+
+
+def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
+    """Run each claimed job in claim order; return how many handlers ran.
+
+    Failures are written at once, successes handed to `beats` for a prompt batched commit. If
+    the leases are at risk (no beat has succeeded for a while), the jobs not yet started are
+    handed back instead of started.
+    """
+    unstarted = [(c, beats.hold(c.fence, _lease_for(c))) for c in batch]
+    current: tuple[Claimed, Held] | None = None
+    ran = 0
+    try:
+        while unstarted and not beats.at_risk and not shutdown.requested():
+            current = unstarted.pop(0)
+            if not beats.start(current[1]):
+                current = None  # handed back by a stop meanwhile
+                continue
+            run_one(*current, beats)
+            current, ran = None, ran + 1
+    except BaseException as exc:
+        _abandon(current, unstarted, beats, exc)
+        raise
+    if unstarted:
+        why = "shutting down" if shutdown.requested() else "heartbeats failing"
+        logger.warning("%s: handing back %s unstarted jobs", why, len(unstarted))
+        _release(unstarted, beats)
+    beats.flush()
+    return ran
+
+
+def run_one(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
+    handler = _handler(claimed.kind)
+    if handler is None:
+        beats.release(claimed.fence)
+        completer.fail(claimed, f"no handler is registered for kind {claimed.kind!r}")
+        return
+    if claimed.attempts_released:
+        if not _confirm_running(claimed, beats):
+            return
+        held.confirmed = True
+    beats.running(held)
+    try:
+        outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
+    finally:
+        beats.running(None)
+    if outcome.succeeded and not outcome.lost:
+        beats.finished(held, claimed, outcome.result)
+        if held.confirmed:
+            # It ran long enough to be confirmed (so a kill now would charge it): commit before
+            # the next handler starts. Quick jobs, never confirmed, keep their batched commit.
+            beats.flush()
+        return
+    beats.release(claimed.fence)
+    if outcome.lost or held.lost.is_set():
+        completer.discard(claimed.fence)
+    else:
+        completer.fail(claimed, outcome.error)
+
+
+def _confirm_running(claimed: Claimed, beats: Heartbeater) -> bool:
+    # A job with an uncharged attempt behind it may be the one that killed its last worker:
+    # confirm its start before it runs, so if it kills this one too the attempt is charged.
+    try:
+        transitions.confirm_running(claimed.fence)
+        return True
+    except LeaseLost:
+        beats.release(claimed.fence)
+        completer.discard(claimed.fence)
+        return False
+
+
+def _abandon(
+    current: tuple[Claimed, Held] | None,
+    unstarted: list[tuple[Claimed, Held]],
+    beats: Heartbeater,
+    exc: BaseException,
+) -> None:
+    """A BaseException ends the drain: settle everyone else's job before it propagates."""
+    logger.error("drain interrupted by %r: settling the batch before it propagates", exc)
+    steps = [beats.flush]
+    if current is not None:
+        claimed = current[0]
+        error = "".join(traceback.format_exception(exc))
+
+        def fail_current() -> None:
+            beats.release(claimed.fence)
+            completer.fail(claimed, f"handler raised {type(exc).__name__}: {error}")
+
+        steps.append(fail_current)
+    steps.append(lambda: _release(unstarted, beats))
+    for step in steps:
+        try:
+            step()
+        except Exception:  # noqa: BLE001  best effort: each job not settled here expires
+            logger.exception("could not settle part of an interrupted batch")
+
+
+def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
+    for claimed, held in unstarted:
+        if not beats.holds(held):
+            continue  # already handed back (a stop)
+        beats.release(claimed.fence)
+        completer.release(claimed)
+    unstarted.clear()
+
+
+def _hand_off_waiting(waiting: list[Held]) -> None:
+    """On the drain's background thread: jobs of this batch that waited behind a handler running
+    longer than HANDOFF_SECONDS go back to the queue (fenced, uncharged), so that a free worker
+    -- woken by the requeue's NOTIFY -- takes them now rather than after the slow one. The
+    runner's `beats.start` then refuses them."""
+    for h in waiting:
+        completer.hand_back(h.fence, "(waited behind a slow batch-mate)", logging.INFO)
+
+
+def _hand_back_unstarted(beats: Heartbeater) -> None:
+    """On the drain's background thread, as soon as a stop is requested: jobs claimed but not
+    started go back at once, not after the running handler or the grace period."""
+    for h in beats.take_unstarted():
+        completer.hand_back(h.fence)
+
+
+def _hand_back_at_shutdown(beats: Heartbeater) -> None:
+    """On the drain's background thread, once the grace period of a stop is over."""
+    try:
+        beats.flush()  # successes already finished are committed, not handed back
+    except Exception:  # noqa: BLE001  best effort: an unsettled success's lease decides
+        logger.exception("could not commit finished successes at shutdown")
+    held = beats.held()
+    for h in held:
+        completer.hand_back(h.fence)
+    if beats.stopped(ABANDON_SECONDS):
+        return  # the handler returned meanwhile and the drain ended on its own
+    logger.warning(
+        "shutdown grace period over: abandoning the running handler; worker process %s exits",
+        os.getpid(),
+    )
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)  # the handler cannot be interrupted safely; its jobs are handed back

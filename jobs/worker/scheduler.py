@@ -1,0 +1,144 @@
+"""The embedded scheduler that `manage.py qcluster` runs beside django-q2's workers.
+
+Owns: waking drains when work is due (LISTEN/NOTIFY on PostgreSQL, a short poll otherwise and as a
+safety net for retries whose run_at arrives later), and running the lease reaper. The outbox relay
+and the orphan janitor run on a thread of their own (jobs/maintenance.py).
+
+Never: claims or runs jobs itself. Every write it causes is a compare-and-set, so two schedulers
+(two qcluster processes) at once are harmless: a surplus drain claims nothing, a reclaim that lost
+its race changes zero rows.
+
+Hazards: the LISTEN wake-up lives in jobs/worker/listener.py (its own connection, probed when
+quiet); time comparisons happen in SQL with the database clock. Every tick is bounded
+(jobs/worker/connectivity.py) and an outage is logged once, then as a rate-limited reminder,
+then as the recovery -- never a traceback per tick.
+"""
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, connection
+from django.db.backends.signals import connection_created
+
+from jobs.core import transitions
+from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import OutageLog, bounded
+from jobs.ops import cron as schedules
+from jobs.worker import bridge, reaper, unresolved
+from jobs.worker.listener import Waker
+from jobs.worker.maintenance import Maintenance
+
+logger = logging.getLogger("jobs.scheduler")
+
+SCHEDULE_CHECK_SECONDS = 0.5  # how often due cron ticks are looked for
+
+
+def limit_statements_of_this_process() -> None:
+    """Server-side timeouts on every connection this process opens from now on.
+
+    Only for a process that runs nothing but the platform's own short statements -- qcluster's
+    main process, once django-q2's processes are forked (they run handlers, which may run long
+    queries). The server then cancels a statement stuck behind a lock or a slow plan itself:
+    a known outcome (rolled back), and no backend left running after the client-side deadline
+    (jobs.connectivity) has cut the socket. Nothing here ends an attempt, so no cancelled
+    statement can make a decided write look undecided.
+    """
+    pid = os.getpid()
+    timeout_ms = int(jobs_settings().DB_TIMEOUT_SECONDS * 1000)
+
+    def limit(sender: object, connection: Any, **kwargs: object) -> None:
+        if os.getpid() != pid or connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT set_config('statement_timeout', %s, false), "
+                "set_config('lock_timeout', %s, false)",
+                [f"{timeout_ms}ms", f"{max(1, timeout_ms // 2)}ms"],
+            )
+
+    connection_created.connect(limit, weak=False, dispatch_uid="jobs.scheduler.limit")
+
+
+class EmbeddedScheduler:
+    def __init__(self, queues: Sequence[str] | None = None) -> None:
+        cfg = jobs_settings()
+        self.identity = f"{socket.gethostname()}:{os.getpid()}:scheduler"
+        self.queues = queues or cfg.QUEUES
+        self.waker = Waker()
+        self.broker = bridge.new_broker()
+        self._next_reap = 0.0
+        self._next_cron = 0.0
+        self._next_standing = 0.0
+        self.outage = OutageLog("scheduler", logger)
+
+    def tick(self) -> None:
+        cfg = jobs_settings()
+        now = time.monotonic()
+        with bounded("scheduler tick"):
+            if now >= self._next_reap:
+                reaper.reap(self.identity)
+                self._next_reap = now + cfg.REAPER_SECONDS
+            self.dispatch()
+            unresolved.resolve_pending()
+        if now >= self._next_cron:  # cron ticks (jobs.schedules): exactly once per tick
+            with bounded("cron tick"):
+                schedules.run_due()
+            self._next_cron = now + SCHEDULE_CHECK_SECONDS
+
+    def dispatch(self) -> None:
+        """Make sure enough drains are on their way for the work that is due now -- and, while
+        idle, that drains stand waiting for the next job (runner._IdleWait)."""
+        workers = bridge.worker_count()
+        due = transitions.count_due(workers, self.queues)
+        if not due:
+            self._keep_drains_standing(workers)
+            return
+        missing = min(due, workers) - bridge.pending_drains(self.broker)
+        if missing > 0:
+            bridge.request_drains(missing, self.queues, self.broker)
+
+    def _keep_drains_standing(self, workers: int) -> None:
+        """A drain idle-waits at most IDLE_WAIT_SECONDS (and its budget); so that a job committed
+        into an idle cluster is still claimed in milliseconds later on, a fresh set of drains is
+        requested a little before the standing ones give up. They queue in django-q2 behind
+        the waiting ones (never more than `workers` in the broker) and take over as those end."""
+        cfg = jobs_settings()
+        if cfg.IDLE_WAIT_SECONDS <= 0 or connection.vendor != "postgresql":
+            return
+        now = time.monotonic()
+        if now < self._next_standing:
+            return
+        missing = workers - bridge.pending_drains(self.broker)
+        if missing > 0:
+            bridge.request_drains(missing, self.queues, self.broker)
+        self._next_standing = now + 0.9 * min(cfg.IDLE_WAIT_SECONDS, cfg.DRAIN_SECONDS)
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        logger.info("embedded scheduler %s started", self.identity)
+        cfg = jobs_settings()
+        maintenance = Maintenance(self.identity)
+        maintenance.start()
+        try:
+            try:
+                schedules.sync()
+            except DatabaseError:
+                logger.exception("cron schedules could not be synced; retried at next start")
+                connection.close()
+            while not should_stop():
+                try:
+                    self.tick()
+                    self.outage.recovered()
+                except DatabaseError as exc:
+                    self.outage.failed(exc)
+                    connection.close()
+                timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
+                self.waker.wait(timeout)
+        finally:
+            maintenance.stop()
+            self.waker.close()
+            connection.close()
+            logger.info("embedded scheduler %s stopped", self.identity)

@@ -1,0 +1,87 @@
+"""The shutdown policy shared by qcluster's main process and its django-q2 worker processes.
+
+Owns: one moment, in memory shared across the fork of the cluster, at which the grace period of
+a stop ends. The main process sets it when SIGTERM/SIGINT arrives (`begin`); from then on a drain
+claims nothing more and hands back jobs it holds but has not started (`requested`); a handler
+still running when the grace ends is abandoned: its job is handed back by a fenced release and
+its worker process exits (`grace_over`, acted on by the drain's background thread in
+jobs.runner). The main process kills whatever is left shortly after (management command).
+
+Never: decides a job's fate. The release is a compare-and-set like every other write, so a
+handler that finished a moment earlier keeps its commit, and an abandoned handler's later writes
+change zero rows and are recorded as stale.
+
+A SIGTERM to the whole process group (systemd's default KillMode=control-group) also reaches the
+worker processes: `worker_sigterm` (installed in each django-q2 worker when it spawns) starts the
+same grace period, ends an idle worker at once, and lets a draining one finish its drain (then it
+exits: the sentinel died of the same signal, so no stop message will ever come).
+
+Hazards: the shared value must exist before django-q2 forks (importing this module creates it;
+the qcluster command imports it before starting the cluster). It is compared with
+time.monotonic(), which is one clock for every process on the host (Linux CLOCK_MONOTONIC).
+"""
+
+import multiprocessing
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from jobs.core.conf import jobs_settings
+
+# 0.0: no stop requested; otherwise the time.monotonic() at which the grace period ends.
+_grace_ends_at = multiprocessing.RawValue("d", 0.0)
+
+
+def begin(grace_seconds: float) -> float:
+    """Start the grace period (once: a second signal does not extend it); return its end."""
+    if _grace_ends_at.value == 0.0:
+        _grace_ends_at.value = time.monotonic() + grace_seconds
+    return float(_grace_ends_at.value)
+
+
+def requested() -> bool:
+    """A stop was requested: claim nothing more."""
+    return _grace_ends_at.value != 0.0
+
+
+def grace_over() -> bool:
+    """The grace period has ended: hand back what is still held and exit."""
+    ends = _grace_ends_at.value
+    return ends != 0.0 and time.monotonic() >= ends
+
+
+def reset() -> None:
+    """For tests running drains in-process."""
+    _grace_ends_at.value = 0.0
+
+
+# Per process: is a drain running in this worker, and has this worker been sent SIGTERM?
+_worker = {"draining": False, "terminated": False}
+
+
+@contextmanager
+def draining() -> Iterator[None]:
+    _worker["draining"] = True
+    try:
+        yield
+    finally:
+        _worker["draining"] = False
+
+
+def terminated() -> bool:
+    """This worker process was sent SIGTERM itself: leave once the drain is over."""
+    return _worker["terminated"]
+
+
+def worker_sigterm(signum: int, frame: FrameType | None) -> None:
+    begin(jobs_settings().SHUTDOWN_GRACE_SECONDS)
+    _worker["terminated"] = True
+    if not _worker["draining"]:
+        raise SystemExit(0)  # idle (waiting for a task): nothing to finish
+
+
+def install_worker_handler(sender: object, **kwargs: object) -> None:
+    """django-q2's post_spawn, in each new worker process (its main thread)."""
+    signal.signal(signal.SIGTERM, worker_sigterm)
