@@ -6,7 +6,7 @@
 Against a fresh database `palisade_ops_bench_metrics` (dropped, recreated, migrated): --rows
 finished jobs (one attempt with a heartbeat gap, claimed + succeeded events each), --queued
 queued jobs over three queues, 50 running jobs (5 with an expired lease), 1,000 rejected
-commits; VACUUM ANALYZE. Then, in-process (jobs.metrics.render, no HTTP):
+commits; VACUUM ANALYZE. Then, in-process (jobs.ops.metrics.render, no HTTP):
 
   cold     the first scrape of a process: the whole event history is tallied once
   warm     --samples scrapes after it (only rows newer than the settled id are re-read)

@@ -3,11 +3,12 @@
 
     .venv/bin/python bench/profile_drain.py [--jobs 20000] [--rate 997]
 
-One plain Django process runs `jobs.runner.drain()` (claim batch 8, no django-q2) over N no-op
-jobs under `py-spy record --idle --threads` (py-spy from its own cached venv, see bench/peers.py),
+One plain Django process runs `jobs.worker.runner.drain()` (claim batch 8, no django-q2) over N
+no-op jobs under `py-spy record --idle --threads` (py-spy from its own cached venv, see
+bench/peers.py),
 and every sample of the draining thread is put in one bucket by its innermost recognisable frame:
 waiting on PostgreSQL (socket), psycopg's own work (adapting, parsing), Django's cursor and ORM
-layers, JSON, logging, Palisade's own code (runner, completer, transitions, jobs.sql), the
+layers, JSON, logging, Palisade's own code (runner, completer, transitions, jobs.core.sql), the
 handler. The heartbeat thread's samples are reported apart (it runs beside the drain). Prints a
 table of shares and the per-job wall time; writes bench/results/profile.json and the raw
 collapsed stacks (for flame graphs) to bench/results/profile-stacks.txt.
@@ -56,10 +57,13 @@ BUCKETS = [
     ("logging", ("logging/",)),
     ("psycopg (adapt, parse, protocol)", ("psycopg/", "psycopg_c/", "psycopg_binary/")),
     ("Django cursor/ORM/transactions", ("django/",)),
-    ("Palisade: jobs.sql", ("jobs/sql/",)),
-    ("Palisade: transitions", ("jobs/transitions.py",)),
-    ("Palisade: completer", ("jobs/completer.py",)),
-    ("Palisade: runner, context, policy", ("jobs/runner.py", "jobs/context.py", "jobs/policy.py")),
+    ("Palisade: jobs.core.sql", ("jobs/core/sql/",)),
+    ("Palisade: transitions", ("jobs/core/transitions/",)),
+    ("Palisade: completer", ("jobs/worker/completer.py",)),
+    (
+        "Palisade: runner, context, policy",
+        ("jobs/worker/runner.py", "jobs/context.py", "jobs/core/policy.py"),
+    ),
     ("Palisade: other", ("jobs/",)),
 ]
 

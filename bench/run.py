@@ -10,7 +10,7 @@ installed from the package index on first use and cached, see bench/peers.py):
   batch1         the same with JOBS_CLAIM_BATCH=1
   effects        the same drain of jobs that each stage one small output and record one effect
   sql            Palisade's own claim + batch commit SQL in a raw loop: its SQL floor
-  runner         jobs.runner.drain() in plain processes: no django-q2, no scheduler
+  runner         jobs.worker.runner.drain() in plain processes: no django-q2, no scheduler
   bare           a minimal fenced claim/commit loop on a table of its own
   celery         Celery 5 + Redis                                   bench/systems/celery.py
   djq_orm        django-q2 alone, ORM broker                        bench/systems/django_peers.py

@@ -10,7 +10,7 @@ no-op leaves), plus 1% queued jobs not yet due (run_at tomorrow: retries waiting
 due demo.noop jobs on top, alternating `--repeat` times:
 
   claim     2 raw processes running Palisade's own claim (batch 8) and batch commit statements
-            (jobs.sql.PostgresDriver): every claim statement timed; p50 / p99 / max in ms.
+            (jobs.core.sql.PostgresDriver): every claim statement timed; p50 / p99 / max in ms.
   drain     `manage.py qcluster` (2 workers, batch 8) draining the N jobs: N / (last finish -
             first claim), database clock.
 

@@ -165,7 +165,7 @@ LOGIN_REDIRECT_URL = "dashboard:overview"
 JOBS_WORKERS = int(os.environ.get("JOBS_WORKERS", "2"))
 
 # Job-platform settings; every key can be overridden by the environment variable JOBS_<KEY>.
-# jobs.conf validates and types them; `manage.py check` reports bad combinations.
+# jobs.core.conf validates and types them; `manage.py check` reports bad combinations.
 JOBS: dict[str, Any] = {
     "LEASE_SECONDS": 30.0,  # lease set by a claim, from the database clock
     "HEARTBEAT_SECONDS": 10.0,  # background heartbeat interval (must be <= lease / 3)
@@ -193,7 +193,7 @@ Q_CLUSTER = {
     "workers": JOBS_WORKERS,
     # Transport only: the job tables decide. The ORM broker keeps Palisade on the database alone.
     "orm": "default",
-    # django-q2's ORM broker, made to ride out a database outage (see jobs/bridge.py).
+    # django-q2's ORM broker, made to ride out a database outage (see jobs/worker/bridge.py).
     "broker_class": "jobs.worker.bridge.ResilientORMBroker",
     "poll": float(os.environ.get("Q_POLL", "0.05")),
     # One drain task runs many jobs; `timeout` caps a drain (and so the longest single job), and

@@ -66,13 +66,14 @@ def record_unrecorded_rejection(fence: Fence) -> None:
 def _outside_callers_transaction(
     write: Callable[[], None], fence: Fence, deadline: bool = True
 ) -> None:
-    """`deadline`: bound the write's round trips (jobs.connectivity) -- not for a write that
+    """`deadline`: bound the write's round trips (jobs.core.connectivity) -- not for a write that
     also moves a file through storage (ctx.stage), which may rightly take longer than that."""
     if not connection.in_atomic_block:
         if not deadline:
             write()
             return
-        # Bounded (jobs.connectivity): a partition fails the write instead of hanging the handler.
+        # Bounded (jobs.core.connectivity): a partition fails the write instead of hanging the
+        # handler.
         with bounded("a handler's fenced write"):
             write()
         return

@@ -12,5 +12,5 @@ from config.settings import INSTALLED_APPS  # noqa: E402
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.app"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-# Cron schedules for acceptance tests that start qcluster subprocesses (JSON, see jobs.schedules).
+# Cron schedules for acceptance tests that start qcluster subprocesses (JSON, see jobs.ops.cron).
 JOBS_SCHEDULES = json.loads(os.environ.get("TEST_JOBS_SCHEDULES", "{}"))

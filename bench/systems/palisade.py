@@ -5,8 +5,9 @@ palisade  `manage.py qcluster` draining N pre-inserted demo.noop jobs, JOBS_CLAI
 batch1    the same drain with JOBS_CLAIM_BATCH=1.
 bare      2 raw-psycopg processes: one-statement claim + fenced commit per job, own table.
 sql       2 raw-psycopg processes running Palisade's own claim (batch 8) and batch commit SQL
-          (jobs.sql.PostgresDriver) against jobs_job, autocommit: the SQL floor of Palisade.
-runner    2 plain Django processes calling jobs.runner.drain() in a loop (batch 8): the runner
+          (jobs.core.sql.PostgresDriver) against jobs_job, autocommit: the SQL floor of Palisade.
+runner    2 plain Django processes calling jobs.worker.runner.drain() in a loop (batch 8): the
+runner
           without django-q2 and without the embedded scheduler.
 """
 

@@ -58,7 +58,8 @@ def _child_django(batch: int) -> None:
 
 
 def sql_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) -> None:
-    """Palisade's claim and batch-commit statements (jobs.sql) on a raw autocommit connection."""
+    """Palisade's claim and batch-commit statements (jobs.core.sql) on a raw autocommit
+    connection."""
     _child_django(batch)
     from jobs.core.sql import CommitRow, PostgresDriver
 

@@ -76,7 +76,7 @@ def jobs_settings() -> JobsSettings:
 
 
 def _check_ranges(cfg: JobsSettings) -> None:
-    """Refuse settings that would overflow a statement or starve the platform (jobs.bounds)."""
+    """Refuse settings that would overflow a statement or starve the platform (jobs.core.bounds)."""
     checks = [
         ("LEASE_SECONDS", bounds.LEASE_SECONDS, False),
         ("HEARTBEAT_SECONDS", (0.05, bounds.LEASE_SECONDS[1]), False),

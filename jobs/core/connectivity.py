@@ -4,8 +4,8 @@ Owns: `bounded()` -- a client-side deadline on one round trip of the platform (c
 commit, reaper, dispatch, the broker's poll, the LISTEN liveness probe). A watchdog thread shuts
 the connection's socket down when the deadline passes, so the blocked call fails at once with a
 connection error and the caller's ordinary "connection lost" path runs: a final write's outcome
-is then re-read on a fresh connection (jobs.completer), never guessed. `OutageLog` logs an outage
-once, then a reminder at most every OUTAGE_LOG_SECONDS, then the recovery.
+is then re-read on a fresh connection (jobs.worker.completer), never guessed. `OutageLog` logs an
+outage once, then a reminder at most every OUTAGE_LOG_SECONDS, then the recovery.
 
 Why client-side: during a partition the server never sees the statement, so `statement_timeout`
 cannot fire; TCP keepalives and `tcp_user_timeout` (config/settings.py) catch a peer that stops

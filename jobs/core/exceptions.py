@@ -40,7 +40,7 @@ class InvalidQueue(EnqueueError):
 
 class InvalidOption(EnqueueError):
     """priority, run_at, max_attempts, lease_seconds, unique_key or a handler option is out of
-    range (see jobs.bounds)."""
+    range (see jobs.core.bounds)."""
 
 
 class DuplicateJob(EnqueueError):

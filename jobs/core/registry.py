@@ -26,7 +26,7 @@ class Handler:
     fn: HandlerFn
     lease_seconds: float | None = None
     max_attempts: int | None = None
-    cron: str | None = None  # a recurring schedule named after the kind (jobs.schedules)
+    cron: str | None = None  # a recurring schedule named after the kind (jobs.ops.cron)
     timezone: str = "UTC"
 
 

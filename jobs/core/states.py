@@ -60,7 +60,7 @@ class AttemptOutcome(models.TextChoices):
     # handed back: unstarted, or abandoned when a stop's grace period ended (uncharged)
     RELEASED = "released", "Released"
     CANCELLED = "cancelled", "Cancelled"  # an operator cancelled the job while it ran
-    REQUEUED = "requeued", "Requeued"  # an operator took the job back while it ran (jobs.actions)
+    REQUEUED = "requeued", "Requeued"  # an operator took the job back while it ran (ops.actions)
 
 
 class EventType(models.TextChoices):
@@ -76,7 +76,7 @@ class EventType(models.TextChoices):
     REQUEUED = "requeued", "Requeued"
     RELEASED = "released", "Released (handed back)"  # unstarted, or abandoned at shutdown
     POISONED = "poisoned", "Refused by the database"
-    # Effects, outputs and intents (jobs/effects.py, jobs/janitor.py, jobs/outbox.py).
+    # Effects, outputs and intents (jobs/effects: keys.py, janitor.py, outbox.py).
     EFFECT_PERFORMED = "effect_performed", "Effect performed"
     EFFECT_DEDUPLICATED = "effect_deduplicated", "Effect deduplicated"
     ORPHANED = "orphaned", "Orphaned output deleted"
@@ -84,7 +84,8 @@ class EventType(models.TextChoices):
     INTENT_RECONCILED = "intent_reconciled", "Intent reconciled"
     INTENT_FAILED = "intent_failed", "Intent failed"
     # A worker gave up resolving its final write (database unreachable past the limit); written
-    # when the database is back, with the outcome then read from the attempt row (jobs.unresolved).
+    # when the database is back, with the outcome then read from the attempt row
+    # (jobs/worker/unresolved.py).
     UNRESOLVED = "unresolved", "Outcome unknown to its worker"
 
 

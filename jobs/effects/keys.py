@@ -13,7 +13,7 @@ How one effect runs:
    earlier attempt that started the effect and never recorded completion (`performs` + 1).
 2. `fn(key)` runs outside any transaction of ours. Whether an earlier attempt's call reached the
    receiver is unknown, so the receiver must deduplicate by key; a receiver that cannot must be
-   reached through an intent (jobs/outbox.py) instead.
+   reached through an intent (jobs/effects/outbox.py) instead.
 3. finish: `UPDATE ... WHERE key = K AND attempt = mine AND status = 'started'`. An older attempt
    whose row a newer attempt took over changes zero rows: recorded as a stale `effect` write and
    raised as LeaseLost -- it can never record its completion over the newer attempt's.

@@ -1,11 +1,11 @@
 """Intents and the outbox relay: for downstreams that can neither check tokens nor deduplicate.
 
-Owns: `ctx.intent(step, target, data)` (kept in memory until the commit, jobs/pending.py), the
-relay the embedded scheduler runs, the target registry (a built-in `webhook` target) and the
+Owns: `ctx.intent(step, target, data)` (kept in memory until the commit, jobs/effects/pending.py),
+the relay the embedded scheduler runs, the target registry (a built-in `webhook` target) and the
 outbox counts /metrics exports.
 
 An intent becomes a row only inside the fenced commit statement that ends its attempt
-(jobs/sql: inserted by a CTE joined on the committed rows), so a zombie's intents never exist.
+(jobs/core/sql/: inserted by a CTE joined on the committed rows), so a zombie's intents never exist.
 The relay:
 1. claims pending intents (and ones whose relay's lease ran out) with `FOR UPDATE SKIP LOCKED`,
    bumping `claims` -- its own fencing token -- and setting a lease from the database clock;

@@ -2,7 +2,7 @@
 
 Owns: the in-memory record, per (job id, attempt), of whether the attempt staged outputs (so the
 commit points `Job.result_ref` at them) and which outbox intents it recorded (so the commit
-inserts them in its own statement). Never: writes anything; jobs.completer reads it when it
+inserts them in its own statement). Never: writes anything; jobs.worker.completer reads it when it
 commits and forgets it once the attempt's final write is decided.
 
 Hazards: the handler adds in the runner's thread while the background heartbeat thread may commit

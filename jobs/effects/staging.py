@@ -10,8 +10,8 @@ prefix in the statement that ends the attempt; a zombie's commit changes zero ro
 `result_ref` only ever names output of the attempt that committed (invariant 5).
 
 Hazards: the row is written before the file, so a crash between the two leaves a row the janitor
-settles (jobs/janitor.py) rather than a file nobody knows about. If the janitor settled the row
-while this worker was stalled before writing the file, the worker deletes what it just wrote.
+settles (jobs/effects/janitor.py) rather than a file nobody knows about. If the janitor settled the
+row while this worker was stalled before writing the file, the worker deletes what it just wrote.
 Storage errors while discarding are logged and left to the janitor: they never stop a drain.
 """
 

@@ -36,7 +36,7 @@ def check_transport(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
 @register()
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     try:
-        cfg = jobs_settings()  # refuses out-of-range values (jobs.bounds)
+        cfg = jobs_settings()  # refuses out-of-range values (jobs.core.bounds)
     except ValueError as exc:
         return [Error(str(exc), id="jobs.E001")]
     errors: list[CheckMessage] = []

@@ -8,7 +8,7 @@ job's state.
 Also owns the broker django-q2 is configured with (Q_CLUSTER["broker_class"]): its ORM broker,
 made to ride out a database outage. django-q2's pusher sleeps 10 s after any broker error and is
 then restarted by the sentinel, so every blip stalled dispatch for up to ~10 s; this broker's
-poll is bounded (jobs.connectivity), catches the error itself, logs the outage once (then a
+poll is bounded (jobs.core.connectivity), catches the error itself, logs the outage once (then a
 rate-limited reminder, then the recovery) and retries within 0.25 s, so the pusher never sees it.
 """
 

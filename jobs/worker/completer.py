@@ -3,7 +3,7 @@
 Owns: the final write of every attempt a drain ran, and what happens around it: committing a
 drain's successes together (every row fenced by its own attempt), isolating a row the database
 refuses so it fails alone, and resolving a write whose outcome is unknown before anything is
-reported. Writes only through jobs.transitions.
+reported. Writes only through jobs.core.transitions.
 
 Never: lets one job's value or failure decide another job's outcome. A batch statement the
 database refuses is split until the refused row stands alone; that row's job fails with the
@@ -14,10 +14,10 @@ Hazards: a connection lost during the write leaves its outcome unknown. The atte
 Attempt row, re-read on a fresh connection, decides: only this attempt's own write sets its
 outcome to `succeeded`/`failed`/`released` (the job's state cannot tell: a reaper's requeue and a
 retrying fail both leave it queued at the same attempt). Until the outcome is known nothing is
-reported. Every presentation and re-read is bounded (jobs.connectivity), and the whole resolution
-by JOBS["UNKNOWN_OUTCOME_SECONDS"] (60 s): past it the write is spooled (jobs.unresolved) so the
-operator sees it once the database is back, with the outcome then read from the database, and
-the error propagates; the lease decides the job meanwhile.
+reported. Every presentation and re-read is bounded (jobs.core.connectivity), and the whole
+resolution by JOBS["UNKNOWN_OUTCOME_SECONDS"] (60 s): past it the write is spooled
+(jobs.worker.unresolved) so the operator sees it once the database is back, with the outcome then
+read from the database, and the error propagates; the lease decides the job meanwhile.
 """
 
 import logging
@@ -223,7 +223,7 @@ def present_until_decided(
     Each attempt is re-read on a fresh connection: its own Attempt row already `landed` means the
     write landed; the others are presented again, and the fenced statement decides (landing, or
     a recorded rejection -- unless the earlier presentation landed meanwhile, which
-    jobs.transitions recognises as this attempt's own write).
+    jobs.core.transitions recognises as this attempt's own write).
     """
     deadline = time.monotonic() + jobs_settings().UNKNOWN_OUTCOME_SECONDS
     remaining = list(fences)

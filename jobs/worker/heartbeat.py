@@ -9,14 +9,14 @@ Never: decides a job's outcome. A heartbeat that changes zero rows is recorded b
 transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
-Also watches for a stop (jobs.shutdown) on behalf of the drain it serves: when one is requested
-it calls the drain's `on_stop` once (the runner hands back the jobs not started), and when its
-grace period is over, `on_grace_over` once (the runner hands back the rest and ends the worker
-process).
+Also watches for a stop (jobs.worker.shutdown) on behalf of the drain it serves: when one is
+requested it calls the drain's `on_stop` once (the runner hands back the jobs not started), and
+when its grace period is over, `on_grace_over` once (the runner hands back the rest and ends the
+worker process).
 
 Hazards: the thread has its own database connection (Django connections are per thread) and
-closes it on exit. Every beat is bounded (jobs.connectivity), so a partition costs a beat, never
-a hung thread. Any error in a beat is logged (once, then rate-limited) and retried with
+closes it on exit. Every beat is bounded (jobs.core.connectivity), so a partition costs a beat,
+never a hung thread. Any error in a beat is logged (once, then rate-limited) and retried with
 backoff; the thread itself never dies of it. When no beat has succeeded for half of the shortest
 held lease, the leases are `at_risk`: the runner stops starting jobs and hands the unstarted ones
 back. The commit's compare-and-set remains the last word, so a missed beat can cost a lease,

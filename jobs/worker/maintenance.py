@@ -5,7 +5,7 @@ webhook or storage backend must not delay the lease reaper or drain dispatch.
 
 Hazards: the thread has its own database connection (Django's are per thread) and closes it on
 exit and after any database error; a database outage is logged once, then reminded, then its
-recovery (jobs.connectivity.OutageLog), any other error with its traceback, and the loop goes
+recovery (jobs.core.connectivity.OutageLog), any other error with its traceback, and the loop goes
 on after a pause. Both tasks are safe with several schedulers at once (SKIP LOCKED claims,
 fenced marks). Its round trips are not under the platform's deadline (a webhook or a storage
 backend may rightly be slow); libpq's keepalives bound a dead peer, and a stop never waits for

@@ -1,7 +1,7 @@
 """The runner: claim -> heartbeat -> handler -> classify -> exactly one fenced write.
 
 Owns: executing claimed jobs inside a django-q2 worker process. Never: writes a job except through
-jobs.completer/jobs.transitions; never retries a write that was rejected; never holds a
+jobs.worker.completer/jobs.transitions; never retries a write that was rejected; never holds a
 transaction open while a handler runs.
 
 A drain claims due jobs in small batches (each row fenced by its own attempt) and runs them one by
@@ -13,9 +13,9 @@ which commits it within twice FLUSH_SECONDS whatever its batch-mates do (or the 
 when the batch ends). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
 timeout) fails that job with its own error, commits the batch's successes and releases the jobs
 never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
-attempt a heartbeat had confirmed running (see jobs/reaper.py).
+attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
 
-Shutdown (jobs.shutdown): once a stop is requested a drain claims nothing more and hands back
+Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands back
 the jobs it holds but has not started; when the grace period ends with a handler still running,
 the drain's background thread hands every held job back (fenced release, so another worker takes
 it at once) and ends this worker process after ABANDON_SECONDS -- the abandoned handler's writes
@@ -97,7 +97,7 @@ def drain(
 ) -> int:
     """Claim and run due jobs until none is due or the budget is spent; return how many ran.
 
-    With `idle_wait` (a worker's drain, jobs.bridge) a drain that finds no work waits for new
+    With `idle_wait` (a worker's drain, jobs.worker.bridge) a drain that finds no work waits for new
     work (see `_IdleWait`) for up to IDLE_WAIT_SECONDS within its budget before it returns.
     """
     cfg = jobs_settings()

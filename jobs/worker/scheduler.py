@@ -2,7 +2,7 @@
 
 Owns: waking drains when work is due (LISTEN/NOTIFY on PostgreSQL, a short poll otherwise and as a
 safety net for retries whose run_at arrives later), and running the lease reaper. The outbox relay
-and the orphan janitor run on a thread of their own (jobs/maintenance.py).
+and the orphan janitor run on a thread of their own (jobs/worker/maintenance.py).
 
 Never: claims or runs jobs itself. Every write it causes is a compare-and-set, so two schedulers
 (two qcluster processes) at once are harmless: a surplus drain claims nothing, a reclaim that lost
@@ -44,7 +44,7 @@ def limit_statements_of_this_process() -> None:
     main process, once django-q2's processes are forked (they run handlers, which may run long
     queries). The server then cancels a statement stuck behind a lock or a slow plan itself:
     a known outcome (rolled back), and no backend left running after the client-side deadline
-    (jobs.connectivity) has cut the socket. Nothing here ends an attempt, so no cancelled
+    (jobs.core.connectivity) has cut the socket. Nothing here ends an attempt, so no cancelled
     statement can make a decided write look undecided.
     """
     pid = os.getpid()
@@ -84,7 +84,7 @@ class EmbeddedScheduler:
                 self._next_reap = now + cfg.REAPER_SECONDS
             self.dispatch()
             unresolved.resolve_pending()
-        if now >= self._next_cron:  # cron ticks (jobs.schedules): exactly once per tick
+        if now >= self._next_cron:  # cron ticks (jobs.ops.cron): exactly once per tick
             with bounded("cron tick"):
                 schedules.run_due()
             self._next_cron = now + SCHEDULE_CHECK_SECONDS

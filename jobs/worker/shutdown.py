@@ -5,7 +5,7 @@ a stop ends. The main process sets it when SIGTERM/SIGINT arrives (`begin`); fro
 claims nothing more and hands back jobs it holds but has not started (`requested`); a handler
 still running when the grace ends is abandoned: its job is handed back by a fenced release and
 its worker process exits (`grace_over`, acted on by the drain's background thread in
-jobs.runner). The main process kills whatever is left shortly after (management command).
+jobs.worker.runner). The main process kills whatever is left shortly after (management command).
 
 Never: decides a job's fate. The release is a compare-and-set like every other write, so a
 handler that finished a moment earlier keeps its commit, and an abandoned handler's later writes

@@ -1,6 +1,6 @@
 """Final writes a worker gave up resolving: a local spool, then a durable trace in the database.
 
-Owns: the trace of the limit jobs.completer sets on resolving an unknown outcome
+Owns: the trace of the limit jobs.worker.completer sets on resolving an unknown outcome
 (JOBS["UNKNOWN_OUTCOME_SECONDS"], 60 s). When the database stays unreachable past it, the worker
 cannot write anything there, so `record` writes one small file per attempt to a local spool
 (JOBS["UNRESOLVED_DIR"]). The embedded scheduler calls `resolve_pending` on every tick: once the

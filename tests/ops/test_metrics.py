@@ -9,7 +9,7 @@ from jobs.core.exceptions import LeaseLost
 from jobs.core.states import JobState
 from jobs.core.transitions import Fence
 from jobs.models import Job, JobEvent
-from jobs.ops import metrics
+from jobs.ops import history, metrics
 
 TOKEN = "s3cret-token"
 
@@ -70,7 +70,7 @@ def test_counters_follow_the_tables_across_scrapes(client, make_job, monkeypatch
     assert job.pk
     # A fresh process (no tally) reads the same totals from scratch.
     monkeypatch.setattr(
-        metrics, "_event_tally", metrics._Incremental("jobs_jobevent", metrics._events)
+        metrics, "_event_tally", history.Incremental("jobs_jobevent", history.events)
     )
     assert scrape(client)["jobs_succeeded_total"] == after["jobs_succeeded_total"]
 

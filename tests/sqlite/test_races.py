@@ -115,7 +115,7 @@ def test_exactly_one_of_two_racing_writes_wins_on_sqlite(make_job, first, second
 
 
 def test_a_zombie_commit_after_a_reclaim_and_a_new_claim_is_rejected_on_sqlite(make_job):
-    """The full story through jobs.transitions, each step on a connection of its own thread."""
+    """The full story through jobs.core.transitions, each step on a connection of its own thread."""
     job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1, worker="worker-a:1")
 
     def on_own_connection(fn: Callable[[], object]) -> object:

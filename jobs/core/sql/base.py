@@ -1,8 +1,8 @@
 """Statements shared by both vendors, the row types they return, and the driver interface.
 
-Owns: SQL text (with jobs/sql/postgres.py and jobs/sql/sqlite.py). Never: decides anything or
-opens transactions -- jobs/transitions.py calls these inside its own transaction and interprets
-the row counts.
+Owns: SQL text (with jobs/core/sql/postgres.py and jobs/core/sql/sqlite.py). Never: decides
+anything or opens transactions -- jobs/core/transitions calls these inside its own transaction and
+interprets the row counts.
 
 Hazards, and why the statements look the way they do:
 - Every write after a claim is one conditional statement `WHERE id = ? AND attempt = ? AND
@@ -43,7 +43,7 @@ class ClaimedRow:
 
 @dataclass(frozen=True)
 class IntentRow:
-    """An outbox intent riding on its attempt's commit (jobs/outbox.py)."""
+    """An outbox intent riding on its attempt's commit (jobs/effects/outbox.py)."""
 
     step: str
     key: str
@@ -267,7 +267,7 @@ class Driver:
         if cur.rowcount != 1:
             return False
         self.end_attempt(cur, row.id, row.attempt, AttemptOutcome.EXPIRED)
-        # The silence that cost the lease is the attempt's longest heartbeat gap (jobs.metrics).
+        # The silence that cost the lease is the attempt's longest heartbeat gap (jobs.ops.metrics).
         cur.execute(
             f"UPDATE jobs_attempt SET heartbeat_gap_max = {self.seconds_since('heartbeat_at')} "
             "WHERE job_id = %(id)s AND number = %(attempt)s AND heartbeat_at IS NOT NULL "

@@ -1,9 +1,9 @@
-"""The read-only statements behind /metrics (jobs.metrics decides what they mean).
+"""The read-only statements behind /metrics (jobs.ops.metrics decides what they mean).
 
 Owns: SQL text for counting events, rejected writes and the live queue. Never: writes.
 
 Every statement is bounded: the event and rejected-write tallies read a primary-key range
-(`id > lo AND id <= hi`) that jobs.metrics keeps short by counting each row once per process;
+(`id > lo AND id <= hi`) that jobs.ops.metrics keeps short by counting each row once per process;
 the queue statement walks the partial index jobs_job_queue_depth_idx (queued rows only, an
 index-only scan), the running statement jobs_job_lease_idx (running rows only).
 """

@@ -2,7 +2,7 @@
 
 Data-modifying CTEs fold the Attempt and event rows into the statement that moves the job, so
 each transition is one round trip, atomic on its own, and runs in autocommit (see
-jobs/transitions.py). Never: two CTEs updating the same row -- PostgreSQL applies only one.
+jobs/core/transitions). Never: two CTEs updating the same row -- PostgreSQL applies only one.
 """
 
 from typing import Any

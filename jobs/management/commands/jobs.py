@@ -1,9 +1,9 @@
 """`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune` -- the operator's terminal.
 
-Reads go through the same selectors the screens use; every change goes through jobs.actions ->
-jobs.transitions with the same fencing, permission and LogEntry audit as the admin. The acting
+Reads go through the same selectors the screens use; every change goes through jobs.ops.actions ->
+jobs.core.transitions with the same fencing, permission and LogEntry audit as the admin. The acting
 Django user is --user (default: $JOBS_OPERATOR, else the login name), and must be staff with the
-job "change" permission. `prune` (retention, jobs.retention) deletes finished jobs older than N
+job "change" permission. `prune` (retention, jobs.ops.retention) deletes finished jobs older than N
 days with their history, in batches; it is a maintenance task for cron or a deploy hook.
 """
 

@@ -11,15 +11,15 @@ sentinel at the same moment. If it dies holding its stop event's lock, django-q2
 forever in Event.set(). So the signal only asks the scheduler loop to end, and the cluster is
 stopped afterwards -- skipped when the sentinel is already gone, and bounded by a deadline.
 
-Shutdown policy (jobs.shutdown): SIGTERM/SIGINT to this process starts the grace period
+Shutdown policy (jobs.worker.shutdown): SIGTERM/SIGINT to this process starts the grace period
 (JOBS["SHUTDOWN_GRACE_SECONDS"]). Drains claim nothing more at once and hand back what they hold
 unstarted; handlers may finish within the grace; then each drain hands its jobs back (fenced
 release) and its worker process exits. Whatever is still alive SHUTDOWN_MARGIN_SECONDS after the
 grace (a handler stuck in C code, a process blocked on an unreachable database) is SIGKILLed, so
 the process group is gone within grace + margin whatever the handlers or the network do. A
 signal to the whole group kills the sentinel, but each worker applies the same policy itself
-(jobs.shutdown.worker_sigterm); this process then waits for them, and kills what is left of its
-group at the same deadline. The
+(jobs.worker.shutdown.worker_sigterm); this process then waits for them, and kills what is left of
+its group at the same deadline. The
 scheduler's own database wait is cut when the signal arrives, so an unreachable database cannot
 hold the main process either.
 """
@@ -116,7 +116,7 @@ def stop_cluster(cluster: Cluster, deadline: float, family: set[int]) -> None:
             return
     else:
         # Gone with a signal to the whole group: the workers got it too and finish on their own
-        # (jobs.shutdown.worker_sigterm) -- wait for them until the deadline.
+        # (jobs.worker.shutdown.worker_sigterm) -- wait for them until the deadline.
         while _alive_ones(family) and time.monotonic() < deadline:
             time.sleep(0.05)  # waiting for processes to exit, bounded by the deadline
     left = _alive_ones(family)

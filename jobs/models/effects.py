@@ -1,0 +1,163 @@
+"""The records of every write path beyond the job row: the effect ledger, staged outputs, outbox
+intents, and the mixin for application rows written through `ctx.fenced_write()`.
+
+Owns: schema and constraints. Never: writes -- jobs/effects does, each write fenced by the
+presenting attempt.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from jobs.models.job import Job
+
+
+class IdempotencyKey(models.Model):
+    """The effect ledger: one row per (job, step); key is "<job_id>:<step>", never the attempt."""
+
+    class Status(models.TextChoices):
+        STARTED = "started", "Started"
+        DONE = "done", "Done"
+
+    key = models.CharField(max_length=300, unique=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="idempotency_keys")
+    step = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.STARTED)
+    result = models.JSONField(null=True, blank=True)
+    attempt = models.IntegerField(help_text="the attempt that performed the effect")
+    repeats = models.IntegerField(default=0, help_text="deduplicated repeats")
+    performs = models.IntegerField(
+        default=0, db_default=0, help_text="calls of the effect (>1: re-performed, same key)"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="jobs_idem_job_step_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class StagedOutput(models.Model):
+    """One file a handler staged (jobs/effects/staging.py), recorded before it is written.
+
+    `status` is `staged` until the file's fate is known: `promoted` (its attempt committed; set
+    lazily by the janitor), `discarded` (deleted by its own worker after a rejected write) or
+    `orphaned` (deleted by the janitor). Whether a `staged` row is promoted is also readable at
+    once from its Attempt's outcome.
+    """
+
+    class Status(models.TextChoices):
+        STAGED = "staged", "Staged"
+        PROMOTED = "promoted", "Promoted"
+        DISCARDED = "discarded", "Discarded by its worker"
+        ORPHANED = "orphaned", "Orphaned (deleted by the janitor)"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="staged_outputs")
+    attempt = models.IntegerField()
+    name = models.CharField(max_length=200)
+    path = models.CharField(max_length=500, help_text="the storage name written")
+    size = models.BigIntegerField(default=0)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.STAGED, db_default=Status.STAGED
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "name"], name="jobs_staged_attempt_name_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["staged", "promoted", "discarded", "orphaned"]),
+                name="jobs_staged_status_valid",
+            ),
+        ]
+        indexes = [
+            # The janitor walks only unsettled rows, oldest first: its cost is bounded by the
+            # rows it examines, never by the size of the bucket.
+            models.Index(
+                fields=["created_at", "id"],
+                condition=Q(status="staged"),
+                name="jobs_staged_unsettled_idx",
+            ),
+        ]
+        ordering = ["job_id", "attempt", "id"]
+
+    def __str__(self) -> str:
+        return self.path
+
+
+class Intent(models.Model):
+    """An outbox row: written only by the fenced commit that ends its attempt
+    (jobs/effects/outbox.py).
+
+    The relay claims it (`claims` + 1, a lease from the database clock: the relay's own fencing
+    token), performs it through its target, and marks it done fenced by that token.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PERFORMING = "performing", "Performing"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="intents")
+    attempt = models.IntegerField(help_text="the attempt whose commit made it durable")
+    step = models.CharField(max_length=100)
+    key = models.CharField(max_length=140, help_text='"<job_id>:<step>"')
+    target = models.CharField(max_length=100)
+    data = models.JSONField(default=dict, blank=True)
+    state = models.CharField(
+        max_length=16, choices=State.choices, default=State.PENDING, db_default=State.PENDING
+    )
+    claims = models.IntegerField(default=0, db_default=0, help_text="relay fencing token")
+    relay = models.CharField(max_length=200, blank=True, default="", db_default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    performs = models.IntegerField(default=0, db_default=0, help_text="target calls started")
+    failures = models.IntegerField(default=0, db_default=0)
+    next_try_at = models.DateTimeField(db_default=Now())
+    reconciled = models.BooleanField(
+        default=False, db_default=False, help_text="done because reconciliation found it performed"
+    )
+    last_error = models.TextField(blank=True, default="", db_default="")
+    created_at = models.DateTimeField(db_default=Now())
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="jobs_intent_job_step_uniq"),
+            models.CheckConstraint(
+                condition=Q(state__in=["pending", "performing", "done", "failed"]),
+                name="jobs_intent_state_valid",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_try_at", "id"],
+                condition=Q(state__in=["pending", "performing"]),
+                name="jobs_intent_open_idx",
+            ),
+        ]
+        ordering = ["job_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.key} -> {self.target} ({self.state})"
+
+
+class FencedRow(models.Model):
+    """Mixin for an application's model written by handlers through ctx.fenced_write().
+
+    Each row keeps the job and the highest attempt whose write it accepted; a lower attempt of
+    the same job is refused by the UPDATE's own filter (jobs/effects/fenced.py).
+    """
+
+    fence_job_id = models.BigIntegerField(null=True, blank=True, editable=False)
+    fence_attempt = models.IntegerField(default=0, editable=False)
+
+    class Meta:
+        abstract = True
