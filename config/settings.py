@@ -4,6 +4,9 @@ DATABASE_URL selects the database (PostgreSQL in production and tests). Unset, P
 embedded SQLite file in WAL mode with IMMEDIATE transactions so a newcomer needs nothing installed.
 REDIS_URL, when set, carries the channel layer. Job-platform knobs live in JOBS, each overridable by
 an environment variable named JOBS_<KEY>.
+
+Local development also reads the checkout's git-ignored `.env` (`bin/setup --dev` writes one with
+DJANGO_DEBUG=1 and a generated SECRET_KEY); see `read_env_file`. Production has no `.env`.
 """
 
 import os
@@ -11,8 +14,39 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def read_env_file() -> Path | None:
+    """Load a dotenv file into os.environ (django-environ) and return its path, or None.
+
+    The file is the checkout's `.env`, read only if it exists; PALISADE_ENV_FILE names another
+    one (which must exist), and PALISADE_ENV_FILE empty or `none` reads no file at all. A variable
+    already in the environment always wins over the file (DJANGO_DEBUG=0 exported means
+    production whatever the file says), and the values land in os.environ, so the processes a
+    command starts see the same settings.
+    """
+    name = os.environ.get("PALISADE_ENV_FILE")
+    if name is not None and name.strip().lower() in {"", "none"}:
+        return None
+    path = BASE_DIR / ".env" if name is None else Path(name).expanduser()
+    try:
+        with path.open(encoding="utf-8") as file:
+            environ.Env.read_env(file, overwrite=False)
+    except FileNotFoundError:
+        if name is None:
+            return None  # no .env: only the real environment counts (production)
+        # Not ImproperlyConfigured: config.startup reads that as "no SECRET_KEY" and would hide
+        # this message behind its own.
+        raise FileNotFoundError(
+            f"PALISADE_ENV_FILE={name} names no file (empty or 'none' reads no file)"
+        ) from None
+    return path
+
+
+ENV_FILE = read_env_file()  # before anything below reads os.environ
 
 
 def env_bool(name: str, default: bool) -> bool:

@@ -3,6 +3,8 @@
 import json
 import os
 
+# The suite defines its own environment: never the checkout's development .env (DJANGO_DEBUG=1).
+os.environ["PALISADE_ENV_FILE"] = "none"
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/palisade")
 os.environ.setdefault("SECRET_KEY", "palisade-tests-only-secret-key")  # DEBUG is off in tests
 

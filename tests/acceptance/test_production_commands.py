@@ -59,6 +59,7 @@ def test_the_production_commands_work_without_an_activated_venv(tmp_path: Path):
         "PATH": "/usr/bin:/bin",  # no .venv/bin: the commands must not rely on it
         "SECRET_KEY": "production-commands-test-" + "x" * 30,
         "DJANGO_DEBUG": "0",
+        "PALISADE_ENV_FILE": "none",  # production has no .env (never the checkout's dev one)
         "STATIC_ROOT": str(tmp_path / "static"),
         "JOBS_LOG_LEVEL": "INFO",
     }

@@ -24,6 +24,7 @@ def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProc
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DATABASE_URL": "",  # the embedded default, in a directory of this test's own
             "PALISADE_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
+            "PALISADE_ENV_FILE": "none",  # as production: never the checkout's development .env
             **env,
         },
         stdout=subprocess.PIPE,
