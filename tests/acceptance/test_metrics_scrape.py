@@ -25,7 +25,7 @@ ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS", PROJECT_DIR / "var" / "test-ar
 def scrape(client) -> dict[str, float]:
     response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer t0ken")
     assert response.status_code == 200
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # the README's sample comes from here
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # docs/operations.md's sample comes from here
     (ARTIFACTS / "metrics-after-zombie.txt").write_bytes(response.content)
     samples = {}
     for family in text_string_to_metric_families(response.content.decode()):

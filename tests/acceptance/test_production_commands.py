@@ -1,6 +1,7 @@
-"""The README's production commands, run as a new user would: from a shell where `.venv` is not
-activated (its bin/ is not on PATH), against the test database -- migrate, collectstatic, a
-`qcluster` that runs a job, and daphne serving the dashboard (and htmx from django-htmx)."""
+"""The production commands of docs/operations.md ("Running it in production"), run as a new user
+would: from a shell where `.venv` is not activated (its bin/ is not on PATH), against the test
+database -- migrate, collectstatic, a `qcluster` that runs a job, and daphne serving the
+dashboard (and htmx from django-htmx)."""
 
 import os
 import re
@@ -23,8 +24,8 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 
 def production_commands() -> list[str]:
-    readme = (PROJECT_DIR / "README.md").read_text()
-    section = readme.split("## Running it in production", 1)[1]
+    operations = (PROJECT_DIR / "docs" / "operations.md").read_text()
+    section = operations.split("## Running it in production", 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block, "no command block under 'Running it in production'"
     lines = [line.split("  #", 1)[0].strip() for line in block.group(1).splitlines()]
@@ -85,7 +86,7 @@ def test_the_production_commands_work_without_an_activated_venv(tmp_path: Path):
         for name, command in (("qcluster", qcluster), ("daphne", daphne))
     ]
     try:
-        job = enqueue("test.echo", {"from": "the README"})
+        job = enqueue("test.echo", {"from": "docs/operations.md"})
         wait_for_state(job.pk, "succeeded", timeout=60)
         deadline = time.monotonic() + 30
         status = 0
