@@ -214,7 +214,7 @@ JOBS: dict[str, Any] = {
     "QUEUES": None,  # None: this cluster serves every queue; or a comma-separated list
     "STAGING_STORAGE": "default",
     "ORPHAN_GRACE_SECONDS": 3600.0,
-    # Faults (README "Shutdown and database outages").
+    # Faults (docs/operations.md, "Shutdown and database outages").
     "SHUTDOWN_GRACE_SECONDS": 20.0,  # after SIGTERM, running handlers may finish within this
     "DB_TIMEOUT_SECONDS": 10.0,  # client-side deadline of one platform round trip
     "UNKNOWN_OUTCOME_SECONDS": 60.0,  # a worker stops resolving a final write after this long

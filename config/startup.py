@@ -17,7 +17,8 @@ MISSING_SECRET_KEY = """\
 Palisade refuses to start: SECRET_KEY is not set and DEBUG is off.
   Production: set SECRET_KEY to a long random value, e.g.
       export SECRET_KEY="$(python3 -c 'import secrets; print(secrets.token_urlsafe(50))')"
-  Local development: set DJANGO_DEBUG=1 (bin/run does) to use the development key.
+  Local development: run bin/setup --dev (bin/run and bin/test do) to write a git-ignored .env,
+  or export DJANGO_DEBUG=1 to use the development key.
 """
 
 

@@ -10,9 +10,9 @@ the primary key that reads nothing when nothing happened. The workers already wr
 in the statement of every transition, so they pay nothing at all for the dashboard. (A
 statement-level NOTIFY trigger was built and measured first: it cost the drain 7-20% at ~4,000
 jobs/s, because PostgreSQL serialises the commits of notifying transactions on one global lock;
-see README, "Live updates".) The table is the message, so a reconnecting browser catches up from
-it too. Ids are assigned before commit, so a transaction holding a lower id can commit after a
-higher one was read: ids skipped over are re-checked for GAP_SECONDS.
+see docs/dashboard.md, "Live updates".) The table is the message, so a reconnecting browser
+catches up from it too. Ids are assigned before commit, so a transaction holding a lower id can
+commit after a higher one was read: ids skipped over are re-checked for GAP_SECONDS.
 
 - PostgreSQL: a dedicated async psycopg connection (never Django's), re-opened after errors.
 - SQLite: the same queries through the ORM in a thread (one writer at a time there, so ids

@@ -1,3 +1,7 @@
+"""The `jobs` app: on ready, registers the system checks and imports every installed app's
+`handlers.py` (autodiscovery, like admin.py), so each process knows every job kind.
+"""
+
 from django.apps import AppConfig
 
 

@@ -38,7 +38,7 @@ class JobsSettings:
     QUEUES: tuple[str, ...] | None = None
     STAGING_STORAGE: str = "default"
     ORPHAN_GRACE_SECONDS: float = 3600.0
-    # Operating under faults (README "When the database is unreachable, and shutdown").
+    # Operating under faults (docs/operations.md, "Shutdown and database outages").
     SHUTDOWN_GRACE_SECONDS: float = 20.0  # SIGTERM: running handlers may finish within this
     DB_TIMEOUT_SECONDS: float = 10.0  # longest one platform round trip may wait before it is cut
     UNKNOWN_OUTCOME_SECONDS: float = 60.0  # a worker stops resolving an unknown final write

@@ -1,0 +1,90 @@
+"""The layout is the architecture: imports only run downward, no module outgrows a screen of
+thought, and job kinds live where they belong. The import contracts themselves are in
+pyproject.toml ([tool.importlinter]); bin/test runs `lint-imports` beside ruff and mypy."""
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.core import registry
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+MAX_LINES = 400
+
+
+def jobs_modules() -> list[Path]:
+    return sorted(p for p in (ROOT / "jobs").rglob("*.py") if "migrations" not in p.parts)
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def tree_copy(tmp_path):
+    """The project's packages and import contracts, copied to plant an import in."""
+    for package in ("jobs", "dashboard", "demo", "config"):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_import_contracts_hold():
+    run = lint_imports(ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 broken" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "broken"),
+    [
+        ("jobs/core/bounds.py", "from jobs.worker import runner", "imports only run downward"),
+        ("jobs/effects/staging.py", "from jobs import context", "imports only run downward"),
+        ("jobs/models/job.py", "from jobs.ops import actions", "imports only run downward"),
+        ("jobs/core/exceptions.py", "from jobs.core import registry", "no import cycles"),
+        ("jobs/ops/retention.py", "import dashboard.selectors", "never imports the screens"),
+        ("dashboard/selectors.py", "from jobs.worker import bridge", "never imports the worker"),
+    ],
+)
+def test_a_planted_import_that_breaks_the_layout_fails_the_check(
+    tree_copy, module, planted, broken
+):
+    path = tree_copy / module
+    # Inside a function: a lazy import hides nothing from the check.
+    path.write_text(path.read_text() + f"\n\ndef _planted() -> None:\n    {planted}  # noqa\n")
+    run = lint_imports(tree_copy)
+    assert run.returncode != 0, run.stdout
+    broken_section = run.stdout.split("Broken contracts", 1)[-1]
+    assert broken in broken_section, run.stdout
+
+
+@pytest.mark.parametrize("path", jobs_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_in_jobs_outgrows_a_screen_of_thought(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it by concern"
+
+
+@pytest.mark.parametrize("path", jobs_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_in_jobs_opens_with_what_it_owns(path):
+    tree = ast.parse(path.read_text())
+    if tree.body:  # an empty package marker needs no words
+        assert ast.get_docstring(tree), f"{path.relative_to(ROOT)} opens with no docstring"
+
+
+def test_demo_job_kinds_are_defined_only_in_the_demo_app():
+    registry.autodiscover()
+    homes = {kind: h.fn.__module__ for kind, h in registry._handlers.items()}
+    assert any(kind.startswith("demo.") for kind in homes)
+    for kind, module in homes.items():
+        assert not module.startswith(("jobs.", "dashboard.", "config.")), (kind, module)
+        if kind.startswith("demo."):
+            assert module.startswith("demo."), (kind, module)
