@@ -21,6 +21,9 @@ from pathlib import Path
 
 import psycopg
 
+# A measurement never reads a developer's .env (bin/setup --dev): DEBUG there logs every query.
+os.environ.setdefault("PALISADE_ENV_FILE", "none")
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 DB = "palisade_bench_confirm"

@@ -48,6 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 from run import RESULTS_DIR, median, spawn, stop, stop_all, summarize  # noqa: E402
 
+# A measurement never reads a developer's .env (bin/setup --dev): DEBUG there logs every query.
+os.environ.setdefault("PALISADE_ENV_FILE", "none")
+
 SERVER = "postgres://postgres@127.0.0.1:5432"
 DB_NAME = "palisade_bench_dash"
 DB_URL = f"{SERVER}/{DB_NAME}"

@@ -32,6 +32,9 @@ from typing import Any
 
 import psycopg
 
+# A measurement never reads a developer's .env (bin/setup --dev): DEBUG there logs every query.
+os.environ.setdefault("PALISADE_ENV_FILE", "none")
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SERVER = "postgres://postgres@127.0.0.1:5432"

@@ -25,6 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# A measurement never reads a developer's .env (bin/setup --dev): DEBUG there logs every query.
+os.environ.setdefault("PALISADE_ENV_FILE", "none")
+
 # Palisade refuses to start without a SECRET_KEY when DEBUG is off; the benchmarks' processes
 # (and the peers' Django projects) get a bench-only one unless one is set.
 os.environ.setdefault("SECRET_KEY", "palisade-bench-only-not-secret")
