@@ -88,3 +88,25 @@ def test_demo_job_kinds_are_defined_only_in_the_demo_app():
         assert not module.startswith(("jobs.", "dashboard.", "config.")), (kind, module)
         if kind.startswith("demo."):
             assert module.startswith("demo."), (kind, module)
+
+
+def test_the_web_process_loads_no_worker_module():
+    """What the web process imports (settings, every app's admin and handlers, the URLs, the
+    websocket routes, the handler's context for type hints) never pulls in jobs.worker."""
+    code = (
+        "import sys, django; django.setup()\n"
+        "import config.asgi, config.urls, dashboard.routing, jobs.context\n"
+        "from django.urls import get_resolver; get_resolver().url_patterns\n"
+        "print(sorted(m for m in sys.modules if m.startswith('jobs.worker')))\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PALISADE_ENV_FILE": "none",
+        "DJANGO_DEBUG": "1",
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", run.stdout
