@@ -40,35 +40,17 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
-    def enqueue(
-        self,
-        kind: str,
-        payload: Any = None,
-        *,
-        queue: str = "default",
-        priority: int = 0,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        lease_seconds: float | None = None,
-        unique_key: str | None = None,
-    ) -> "Job":
+    def enqueue(self, kind: str, payload: Any = None, **options: Any) -> "Job":
         """Create a queued job in the caller's transaction and return it (`jobs.enqueue()`).
 
-        With `unique_key`, a live job holding the same key is returned instead of a second job
-        (`job.duplicate` is then True). Invalid input raises a ValueError subclass and writes
-        nothing (jobs/core/enqueue.py decides). Never commits on its own: the row (and its
-        wake-up NOTIFY, sent by a database trigger) becomes visible when the caller commits.
+        Options and their checks: jobs/core/enqueue.py (`fields`). With `unique_key`, a live job
+        holding the same key is returned instead of a second job (`job.duplicate` is then True).
+        Invalid input raises a ValueError subclass and writes nothing. Never commits on its own:
+        the row (and its wake-up NOTIFY, sent by a database trigger) becomes visible when the
+        caller commits.
         """
-        row = enqueue_rules.fields(
-            kind,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            max_attempts=max_attempts,
-            lease_seconds=lease_seconds,
-            unique_key=unique_key,
-        )
+        row = enqueue_rules.fields(kind, payload, **options)
+        unique_key = row["unique_key"]
         for _ in range(enqueue_rules.UNIQUE_KEY_TRIES):
             try:
                 # A savepoint, so a unique-key conflict leaves the caller's transaction usable.
