@@ -7,7 +7,7 @@ naming "jobs.bridge.ResilientORMBroker", a django-q2 task queued before an upgra
 at its new path (the same module object, never a second copy) and warns once per old path.
 
 Owns: the table MOVED and that finder. Never: holds code of its own. Remove it in the release
-after next, with the table's entries listed in the changelog.
+after next; docs/changelog.md lists the table for users.
 """
 
 import importlib

@@ -78,3 +78,9 @@ def test_the_documented_paths_import_without_a_warning():
 
     assert jobs.JobContext is JobContext
     assert callable(send_mail)
+
+
+def test_the_changelog_lists_every_moved_path_with_its_new_one():
+    changelog = (ROOT / "docs" / "changelog.md").read_text()
+    for old, new in deprecated.MOVED.items():
+        assert f"| `{old}` | `{new}` |" in changelog, old
