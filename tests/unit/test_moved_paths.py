@@ -84,3 +84,13 @@ def test_the_changelog_lists_every_moved_path_with_its_new_one():
     changelog = (ROOT / "docs" / "changelog.md").read_text()
     for old, new in deprecated.MOVED.items():
         assert f"| `{old}` | `{new}` |" in changelog, old
+
+
+def test_an_old_module_imported_from_the_package_warns_and_is_the_new_one():
+    sys.modules.pop("jobs.runner", None)
+    vars(jobs).pop("runner", None)  # `from jobs import runner` looks for the attribute first
+    with pytest.warns(DeprecationWarning, match="jobs.runner moved to jobs.worker.runner"):
+        from jobs import runner
+    from jobs.worker import runner as new_runner
+
+    assert runner is new_runner
