@@ -58,10 +58,9 @@ MOVED = {
 
 def new_path(old: str) -> str | None:
     """The module an old path now names, or None when `old` did not move."""
-    head, dot, rest = old.partition(".")
-    if head != "jobs":
-        return None
     parts = old.split(".")
+    if parts[0] != "jobs":
+        return None
     for cut in range(len(parts), 1, -1):
         moved = MOVED.get(".".join(parts[:cut]))
         if moved is not None:

@@ -136,6 +136,9 @@ class Driver:
     now = ""  # SQL expression of the database clock
     # True when claim, heartbeat, checkpoint, commit and fail are each one statement.
     single_statement_writes = False
+    # Appended to a SELECT that locks the row it reads until the transaction ends. SQLite has no
+    # FOR UPDATE: its transactions are IMMEDIATE (settings), so the one write lock is held anyway.
+    lock_row = ""
 
     def later(self, seconds_param: str) -> str:
         raise NotImplementedError

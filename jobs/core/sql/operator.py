@@ -21,14 +21,11 @@ CLOCK = object()
 ATTEMPT = object()
 
 
-def lock_job(cur: CursorWrapper, job_id: int) -> tuple[str, int] | None:
-    """(state, attempt) of the job, locked until the transaction ends; None: no such job.
-
-    SQLite has no FOR UPDATE: its transactions are IMMEDIATE (settings), so the one write lock
-    is already held.
-    """
-    lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
-    cur.execute(f"SELECT state, attempt FROM jobs_job WHERE id = %(id)s{lock}", {"id": job_id})
+def lock_job(driver: Driver, cur: CursorWrapper, job_id: int) -> tuple[str, int] | None:
+    """(state, attempt) of the job, locked until the transaction ends; None: no such job."""
+    cur.execute(
+        f"SELECT state, attempt FROM jobs_job WHERE id = %(id)s{driver.lock_row}", {"id": job_id}
+    )
     row = cur.fetchone()
     return (row[0], row[1]) if row is not None else None
 

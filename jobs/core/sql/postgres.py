@@ -24,6 +24,7 @@ from jobs.core.states import AttemptOutcome, EventType, JobState
 class PostgresDriver(Driver):
     now = "clock_timestamp()"
     single_statement_writes = True
+    lock_row = " FOR UPDATE"
 
     def later(self, seconds_param: str) -> str:
         return f"clock_timestamp() + make_interval(secs => %({seconds_param})s)"

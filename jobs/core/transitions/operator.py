@@ -48,7 +48,7 @@ def _operator_write(job_id: int, action: str, actor: str, plan: Plan) -> Operato
     state, attempt = "", 0
     try:
         with transaction.atomic(), connection.cursor() as cur:
-            row = lock_job(cur, job_id)
+            row = lock_job(sql, cur, job_id)
             if row is None:
                 return OperatorResult(job_id, action, False, "no such job")
             state, attempt = row
