@@ -50,17 +50,17 @@ def close_side_connection() -> None:
 
 
 # Rejections a handler met inside its own transaction on SQLite, recorded by the completer once
-# that transaction is over (its rollback would have erased them): fence -> which write.
-_unrecorded: dict[Fence, str] = {}
+# that transaction is over (its rollback would have erased them): fence -> how to record it.
+_unrecorded: dict[Fence, Callable[[], None]] = {}
 _unrecorded_lock = threading.Lock()
 
 
 def record_unrecorded_rejection(fence: Fence) -> None:
     """Record the rejection this attempt met inside its handler's transaction, if any."""
     with _unrecorded_lock:
-        write = _unrecorded.pop(fence, None)
-    if write is not None:
-        transitions.record_rejected(fence, write)
+        record = _unrecorded.pop(fence, None)
+    if record is not None:
+        record()
 
 
 def _outside_callers_transaction(
@@ -83,8 +83,9 @@ def _outside_callers_transaction(
             with transitions.joining_callers_transaction():
                 write()
         except LeaseLost as lost:
+            write_ = lost.write
             with _unrecorded_lock:
-                _unrecorded[fence] = lost.write
+                _unrecorded[fence] = lambda: transitions.record_rejected(fence, write_)
             raise
         return
 
@@ -210,23 +211,32 @@ class JobContext:
         pending.add_intent(self._held.fence, outbox.intent(step, target, data, self.job_id))
 
     def fenced_write(self, queryset: Any, **values: Any) -> int:
-        """Update `queryset` (a FencedRow model) unless a higher attempt of this job wrote it.
+        """Update every row of `queryset` (a FencedRow model) while this attempt owns the job.
 
-        Returns the rows updated; raises LeaseLost, recorded, if any row had accepted a higher
-        attempt of this job.
+        Decided in the UPDATE itself: accepted only while this attempt is the job's current one
+        and the job is running, and no row was written by a higher attempt of this job. All or
+        nothing: a refusal changes no row, is recorded (write `token_write`, the rows named) and
+        raises LeaseLost. Returns the rows updated. At most fenced.MAX_ROWS rows per call.
         """
-        self._raise_if_lost("token_write")
+        self._raise_if_lost(Write.TOKEN)
         fence = self._held.fence
         decision = fenced.write(fence, queryset, **values)
-        if decision.refused:
-            highest = max(a for _, a in decision.refused)
-            _outside_callers_transaction(
-                lambda: fenced.record_rejection(fence, Write.TOKEN, decision.resource, highest),
-                fence,
-            )
-            self._held.lost.set()
-            raise LeaseLost(self.job_id, self.attempt, Write.TOKEN)
-        return decision.updated
+        if not decision.refused:
+            return decision.updated
+        current = fence.attempt if decision.attempt_current is None else decision.attempt_current
+
+        def record() -> None:
+            fenced.record_rejection(fence, Write.TOKEN, decision.resource, current)
+
+        self._held.lost.set()
+        if connection.vendor == "sqlite" and connection.in_atomic_block:
+            # The handler's own transaction holds SQLite's one write lock: recorded by the
+            # completer once that transaction is over (its rollback would erase it here).
+            with _unrecorded_lock:
+                _unrecorded[fence] = record
+        else:
+            _outside_callers_transaction(record, fence)
+        raise LeaseLost(self.job_id, self.attempt, Write.TOKEN)
 
     def __repr__(self) -> str:
         return f"<JobContext {self.kind}#{self.job_id} attempt {self.attempt}>"

@@ -6,11 +6,10 @@ import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 import jobs
 from demo.models import Report
-from jobs.core.transitions import Fence
 from jobs.effects import fenced
 from jobs.models import RejectedWrite
 from tests.integration.attempts import claim, expire_and_reap
@@ -75,39 +74,50 @@ def _blocked_on_a_lock(pid: int) -> bool:
     return bool(row and row[0] == "Lock")
 
 
-def test_racing_sessions_the_database_decides_and_the_lower_attempt_loses():
+def test_a_zombie_racing_a_newer_attempt_changes_no_row_of_its_write(second_connection):
+    # Attempt 1 still owns the job when its write begins; meanwhile, on a second connection, the
+    # job is taken over (attempt 2) and the new attempt writes the second row, uncommitted. The
+    # zombie's write waits on that row lock and, once it is released, changes neither row: its
+    # first row is not left changed beside a refused second one.
     job = jobs.enqueue("test.echo")
-    report = Report.objects.create(name="raced")
-    reports = Report.objects.filter(pk=report.pk)
-    newer, older = Fence(job.pk, 3, B), Fence(job.pk, 2, A)
+    zombie = claim(A)
+    Report.objects.create(name="first", body="before")
+    second = Report.objects.create(name="second")
     outcome: dict[str, object] = {}
     started = threading.Event()
 
-    def older_writer() -> None:
+    def zombie_writer() -> None:
         try:
             with connection.cursor() as cur:
                 cur.execute("SELECT pg_backend_pid()")
                 outcome["pid"] = cur.fetchone()[0]
             started.set()
-            outcome["decision"] = fenced.write(older, reports, body="older")
+            outcome["decision"] = fenced.write(
+                zombie.claimed.fence, Report.objects.order_by("-pk"), body="zombie"
+            )
         finally:
             connection.close()
 
-    with transaction.atomic():
-        # The newer attempt's write holds the row lock, uncommitted.
-        assert fenced.write(newer, reports, body="newer").updated == 1
-        thread = threading.Thread(target=older_writer)
+    with second_connection.transaction():
+        second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [job.pk])
+        second_connection.execute(
+            "UPDATE demo_report SET body = 'attempt 2', fence_job_id = %s, fence_attempt = 2 "
+            "WHERE id = %s",
+            [job.pk, second.pk],
+        )
+        thread = threading.Thread(target=zombie_writer)
         thread.start()
         assert started.wait(5)
         deadline = time.monotonic() + 10
         while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
-            assert time.monotonic() < deadline, "the older write never waited on the row lock"
+            assert time.monotonic() < deadline, "the zombie's write never waited on the row lock"
             time.sleep(0.01)  # poll interval of a deadline-bound wait
-        # Before this COMMIT the older write's filter matched (token 0 <= 2); PostgreSQL
-        # re-checks it against the committed row version once the lock is released.
     thread.join(10)
     decision = outcome["decision"]
     assert isinstance(decision, fenced.TokenDecision)
-    assert decision.updated == 0 and decision.refused == [(report.pk, 3)]
-    report.refresh_from_db()
-    assert (report.body, report.fence_attempt) == ("newer", 3)
+    assert decision.refused and decision.updated == 0
+    assert decision.attempt_current == 2
+    assert dict(Report.objects.values_list("name", "body")) == {
+        "first": "before",
+        "second": "attempt 2",
+    }
