@@ -212,6 +212,22 @@ def test_a_failure_with_retry_requeues_later(make_job):
     assert Attempt.objects.get(job=job).outcome == AttemptOutcome.FAILED
 
 
+def test_a_handed_back_job_keeps_its_place_before_later_jobs_of_its_priority():
+    first = jobs.enqueue("test.echo", priority=3)
+    handed_back = claim_one()
+    assert handed_back.fence.job_id == first.pk
+    due = Job.objects.get(pk=first.pk).run_at
+    later = [jobs.enqueue("test.echo", priority=3) for _ in range(2)]
+    assert all(job.run_at > due for job in later)
+
+    transitions.release(handed_back.fence)
+
+    job = Job.objects.get(pk=first.pk)
+    assert (job.state, job.priority, job.run_at) == (JobState.QUEUED, 3, due)
+    again = claim_one()
+    assert (again.fence.job_id, again.fence.attempt) == (first.pk, 2)
+
+
 def test_a_late_commit_before_any_reclaim_is_accepted(make_job):
     """Design choice: an expired lease nobody reclaimed still belongs to its attempt."""
     job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-5, worker=WORKER)

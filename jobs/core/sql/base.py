@@ -95,6 +95,18 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
+def expiry_evidence(row: ExpiredRow, charged: bool) -> str:
+    """The expired event's data: what the reaper decided on (database clock)."""
+    return dumps(
+        {
+            "charged": charged,
+            "worker": row.worker,
+            "lease_expires_at": _iso(row.lease_expires_at),
+            "heartbeat_at": _iso(row.heartbeat_at),
+        }
+    )
+
+
 def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
@@ -134,7 +146,9 @@ class Driver:
     """Statements shared by both vendors; vendor drivers fill in the clock and the hot path."""
 
     now = ""  # SQL expression of the database clock
-    # True when claim, heartbeat, checkpoint, commit and fail are each one statement.
+    # True when every transition run under transitions.fenced_statement() -- claim, heartbeat,
+    # checkpoint, confirm_running, commit, fail, release, reclaim_expired, poison -- is one
+    # statement: they then run in autocommit, so one of several statements would commit alone.
     single_statement_writes = False
     # Appended to a SELECT that locks the row it reads until the transaction ends. SQLite has no
     # FOR UPDATE: its transactions are IMMEDIATE (settings), so the one write lock is held anyway.
@@ -278,14 +292,7 @@ class Driver:
             f"{self.seconds_since('heartbeat_at')})",
             {"id": row.id, "attempt": row.attempt},
         )
-        evidence = dumps(
-            {
-                "charged": charged,
-                "worker": row.worker,
-                "lease_expires_at": _iso(row.lease_expires_at),
-                "heartbeat_at": _iso(row.heartbeat_at),
-            }
-        )
+        evidence = expiry_evidence(row, charged)
         self.insert_event(cur, row.id, row.attempt, EventType.EXPIRED, worker, evidence)
         if terminal:
             data = dumps({"reason": "expired", "error": error[-500:]})
@@ -293,10 +300,14 @@ class Driver:
         return True
 
     def release(self, cur: CursorWrapper, job_id: int, attempt: int, worker: str) -> bool:
-        """Hand a claimed job back unstarted: queued again now, the attempt not charged."""
+        """Hand a claimed job back unstarted: queued again, the attempt not charged.
+
+        The job keeps its place: its priority and its original due time (run_at) are untouched,
+        so it is claimed again before the jobs of its priority that became due after it.
+        """
         cur.execute(
             f"UPDATE jobs_job SET state = '{QUEUED}', lease_expires_at = NULL, "
-            f"run_at = {self.now}, attempts_released = attempts_released + 1, "
+            "attempts_released = attempts_released + 1, "
             f"updated_at = {self.now} "
             f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'",
             {"id": job_id, "attempt": attempt},

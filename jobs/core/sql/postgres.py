@@ -1,4 +1,5 @@
-"""PostgreSQL's hot path: claim, heartbeat, commit and fail, each one statement.
+"""PostgreSQL's transitions, each one statement: claim, heartbeat, commit, fail (the hot path),
+release, the reaper's reclaim and poison.
 
 Data-modifying CTEs fold the Attempt and event rows into the statement that moves the job, so
 each transition is one round trip, atomic on its own, and runs in autocommit (see
@@ -15,6 +16,7 @@ from jobs.core.sql.base import (
     Driver,
     claimed_rows,
     dumps,
+    expiry_evidence,
     lease_expression,
     queue_filter,
 )
@@ -179,6 +181,119 @@ class PostgresDriver(Driver):
                 "state": (JobState.QUEUED if retry else JobState.FAILED).value,
                 "event": (EventType.RETRY_SCHEDULED if retry else EventType.FAILED).value,
                 "data": dumps({"retry_in": retry_in, "error": error[-500:]}),
+            },
+        )
+        return int(cur.fetchone()[0]) == 1
+
+    # -- the other transitions run in autocommit too, so each is one statement as well ---------
+    # (base.py's versions issue several; here a connection cut between them would leave the job
+    # moved and its attempt row or event missing, and a claim could log attempt 2 before the
+    # reclaim logged attempt 1's expiry.)
+
+    def release(self, cur, job_id, attempt, worker):  # type: ignore[no-untyped-def]
+        # The job keeps its place: priority and run_at (its original due time) are untouched.
+        cur.execute(
+            f"""
+            WITH released AS (
+                UPDATE jobs_job SET state = '{QUEUED}', lease_expires_at = NULL,
+                       attempts_released = attempts_released + 1, updated_at = clock_timestamp()
+                 WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'
+                RETURNING id, attempt
+            ), attempts AS (
+                UPDATE jobs_attempt a SET outcome = '{AttemptOutcome.RELEASED}',
+                       ended_at = clock_timestamp()
+                  FROM released
+                 WHERE a.job_id = released.id AND a.number = released.attempt
+                       AND a.outcome = '{OPEN}'
+            ), events AS (
+                INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+                SELECT id, attempt, '{EventType.RELEASED}', %(worker)s, clock_timestamp(), '{{}}'
+                  FROM released
+            )
+            SELECT count(*) FROM released
+            """,
+            {"id": job_id, "attempt": attempt, "worker": worker},
+        )
+        return int(cur.fetchone()[0]) == 1
+
+    def reclaim_expired(self, cur, row, *, terminal, charged, worker, error):  # type: ignore[no-untyped-def]
+        since = "EXTRACT(EPOCH FROM clock_timestamp() - a.heartbeat_at)"
+        cur.execute(
+            f"""
+            WITH reclaimed AS (
+                UPDATE jobs_job
+                   SET state = %(state)s, lease_expires_at = NULL, run_at = clock_timestamp(),
+                       finished_at = CASE WHEN %(terminal)s THEN clock_timestamp() END,
+                       error = CASE WHEN %(terminal)s THEN %(error)s ELSE error END,
+                       attempts_released = attempts_released
+                           + CASE WHEN %(charged)s THEN 0 ELSE 1 END,
+                       updated_at = clock_timestamp()
+                 WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'
+                       AND lease_expires_at < clock_timestamp()
+                       AND (%(charged)s OR NOT EXISTS (
+                           SELECT 1 FROM jobs_attempt c WHERE c.job_id = %(id)s
+                              AND c.number = %(attempt)s AND c.running_confirmed_at IS NOT NULL))
+                RETURNING id, attempt
+            ), attempts AS (
+                -- One UPDATE of the attempt row: closed if still open (a settled outcome is
+                -- kept), and the silence that cost the lease kept as its longest heartbeat gap.
+                UPDATE jobs_attempt a
+                   SET outcome = CASE WHEN a.outcome = '{OPEN}'
+                                 THEN '{AttemptOutcome.EXPIRED}' ELSE a.outcome END,
+                       ended_at = CASE WHEN a.outcome = '{OPEN}'
+                                  THEN clock_timestamp() ELSE a.ended_at END,
+                       heartbeat_gap_max = CASE WHEN a.heartbeat_at IS NULL
+                                           THEN a.heartbeat_gap_max
+                                           ELSE GREATEST(a.heartbeat_gap_max, {since}) END
+                  FROM reclaimed
+                 WHERE a.job_id = reclaimed.id AND a.number = reclaimed.attempt
+            ), events AS (
+                INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+                SELECT r.id, r.attempt, e.type, %(worker)s, clock_timestamp(), e.data
+                  FROM reclaimed r
+                 CROSS JOIN (VALUES (1, '{EventType.EXPIRED}', %(evidence)s::jsonb),
+                                    (2, '{EventType.FAILED}', %(failure)s::jsonb))
+                       AS e(ord, type, data)
+                 WHERE e.ord = 1 OR %(terminal)s
+                 ORDER BY e.ord
+            )
+            SELECT count(*) FROM reclaimed
+            """,
+            {
+                "id": row.id,
+                "attempt": row.attempt,
+                "state": (JobState.FAILED if terminal else JobState.QUEUED).value,
+                "terminal": terminal,
+                "charged": charged,
+                "error": error,
+                "worker": worker,
+                "evidence": expiry_evidence(row, charged),
+                "failure": dumps({"reason": "expired", "error": error[-500:]}),
+            },
+        )
+        return int(cur.fetchone()[0]) == 1
+
+    def poison(self, cur, job_id, error, worker):  # type: ignore[no-untyped-def]
+        cur.execute(
+            f"""
+            WITH poisoned AS (
+                UPDATE jobs_job SET state = '{JobState.FAILED}', error = %(error)s,
+                       finished_at = clock_timestamp(), updated_at = clock_timestamp()
+                 WHERE id = %(id)s AND state = '{QUEUED}'
+                RETURNING id
+            ), events AS (
+                INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data)
+                SELECT id, 0, '{EventType.POISONED}', %(worker)s, clock_timestamp(),
+                       %(data)s::jsonb
+                  FROM poisoned
+            )
+            SELECT count(*) FROM poisoned
+            """,
+            {
+                "id": job_id,
+                "error": error,
+                "worker": worker,
+                "data": dumps({"error": error[-500:]}),
             },
         )
         return int(cur.fetchone()[0]) == 1

@@ -85,9 +85,11 @@ def joined() -> bool:
 def fenced_statement() -> Iterator[None]:
     """The transaction a fenced write runs in.
 
-    On PostgreSQL each hot-path transition is one statement, atomic on its own: running it in
-    autocommit saves the BEGIN and COMMIT round trips (about 30% of drain throughput). SQLite's
-    driver issues several statements, so it gets a real transaction. A fenced write must never
+    On PostgreSQL every transition run here is one statement (data-modifying CTEs carry its
+    Attempt and event rows), atomic on its own: running it in autocommit saves the BEGIN and
+    COMMIT round trips (about 30% of drain throughput). SQLite's driver issues several
+    statements, so it gets a real transaction. Either way the job, its attempt and its events
+    change together or not at all. A fenced write must never
     join a caller's transaction -- its decision would count only once that caller commits, and
     the job row's lock would last as long as the caller's work -- so inside an atomic block it
     runs as `atomic(durable=True)`, which refuses that (Django's TestCase blocks excepted).
