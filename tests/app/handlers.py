@@ -28,6 +28,20 @@ def sleep(ctx: JobContext) -> dict[str, Any]:
     return {"attempt": ctx.attempt, "worker": ctx.worker}
 
 
+@handler("test.token_write")
+def token_write(ctx: JobContext) -> dict[str, Any]:
+    """Sleeps like test.sleep, then writes "job <id> attempt <n>" to the demo.Report named
+    `payload["report"]` through ctx.fenced_write (a token-checked write)."""
+    from demo.models import Report
+
+    time.sleep(_duration(ctx))
+    name = str(ctx.payload["report"])
+    Report.objects.get_or_create(name=name)
+    body = f"job {ctx.job_id} attempt {ctx.attempt}"
+    ctx.fenced_write(Report.objects.filter(name=name), body=body)
+    return {"attempt": ctx.attempt, "worker": ctx.worker}
+
+
 @handler("test.checkpointing")
 def checkpointing(ctx: JobContext) -> dict[str, Any]:
     """Works in small steps, checkpointing each; stops only when told or when the lease is lost."""
