@@ -44,7 +44,7 @@ logger = logging.getLogger("jobs.heartbeat")
 # not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
 FLUSH_SECONDS = 0.2
 # A claimed job waiting behind a batch-mate whose handler has run this long is handed back (a
-# fenced release: queued again at once, the attempt uncharged) so that a free worker takes it:
+# fenced release: queued again in its place, the attempt uncharged) so that a free worker takes it:
 # batching never holds a quick job behind a slow one for longer than about this plus LOOK.
 HANDOFF_SECONDS = 0.1
 LOOK_WHILE_WAITING_SECONDS = 0.02  # how often the thread looks while batch-mates wait

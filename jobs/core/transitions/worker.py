@@ -200,7 +200,8 @@ def fail(fence: Fence, error: str, retry_in: float | None) -> None:
 
 
 def release(fence: Fence) -> None:
-    """Hand a claimed job back before its handler started: queued now, the attempt uncharged."""
+    """Hand a claimed job back before its handler started: queued again in its place (priority
+    and original due time kept), the attempt uncharged; job, attempt and event change together."""
     with fenced_statement(), connection.cursor() as cur:
         ok = driver().release(cur, fence.job_id, fence.attempt, fence.worker)
     if not ok and not landed(fence, AttemptOutcome.RELEASED):
