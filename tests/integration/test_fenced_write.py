@@ -1,6 +1,7 @@
 """Token-checked writes to the application's own table (demo.Report, a FencedRow): a lower attempt
-of the same job is refused by the UPDATE itself, an equal one is an idempotent retry, the refusal
-is recorded like every stale write; racing sessions show the database decides."""
+of the same job is refused, an equal one is an idempotent retry, the refusal is recorded like
+every stale write; a zombie racing a newer attempt on a second connection changes no row. (The
+job's current attempt deciding every write: tests/integration/test_token_writes.py.)"""
 
 import threading
 import time
