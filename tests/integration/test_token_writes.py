@@ -12,9 +12,11 @@ from django.db import connection, transaction
 
 import jobs
 from demo.models import Report
+from jobs.context import close_side_connection
 from jobs.core import transitions
 from jobs.core.sql import driver_for
 from jobs.core.states import JobState
+from jobs.effects import fenced
 from jobs.models import Job, RejectedWrite
 from jobs.ops import metrics
 from jobs.worker import completer, reaper
@@ -178,11 +180,25 @@ def test_a_refused_token_write_is_counted_with_the_stale_writes(monkeypatch):
 def test_a_refusal_inside_the_handlers_transaction_is_still_recorded():
     job, zombie, _ = zombie_and_winner()
     report = Report.objects.create(name="in a transaction", body="before")
-    with pytest.raises(jobs.LeaseLost), transaction.atomic():
-        zombie.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie")
+    try:
+        with pytest.raises(jobs.LeaseLost), transaction.atomic():
+            zombie.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie")
+    finally:
+        close_side_connection()  # PostgreSQL recorded it on the context's side connection
     zombie_done = zombie.held.lost.is_set()
     if connection.vendor == "sqlite":  # recorded by the completer once the handler is over
         completer.discard(zombie.claimed.fence)
     report.refresh_from_db()
     assert zombie_done and report.body == "before"
     assert (only(job).write, only(job).attempt_current) == ("token_write", 2)
+
+
+def test_more_rows_than_the_bound_is_a_clear_error_and_writes_nothing(monkeypatch):
+    monkeypatch.setattr(fenced, "MAX_ROWS", 2)
+    jobs.enqueue("test.echo")
+    running = claim(J1)
+    Report.objects.bulk_create([Report(name=f"r{i}", body="before") for i in range(3)])
+    with pytest.raises(jobs.InvalidOption, match="more than 2 rows"):
+        running.ctx.fenced_write(Report.objects.all(), body="too many")
+    assert set(Report.objects.values_list("body", flat=True)) == {"before"}
+    assert not running.held.lost.is_set() and not RejectedWrite.objects.exists()
