@@ -10,6 +10,7 @@ import pytest
 from django.db import transaction
 
 import jobs
+from demo.models import Report
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.worker import runner
@@ -71,3 +72,27 @@ def test_a_rejection_met_inside_the_handlers_transaction_is_still_recorded_on_sq
     )
     assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.LOST
     assert Job.objects.get(pk=job.pk).progress is None
+
+
+def test_a_token_write_refused_inside_the_handlers_transaction_is_recorded_on_sqlite(
+    swap_handler,
+):
+    report = Report.objects.create(name="in a transaction", body="before")
+
+    def lose_the_job_then_write_in_atomic(ctx):
+        Job.objects.filter(pk=ctx.job_id).update(attempt=2)  # attempt 2 took the job
+        with transaction.atomic():
+            ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie")
+
+    swap_handler("test.echo", lose_the_job_then_write_in_atomic)
+    job = jobs.enqueue("test.echo")
+    runner.drain()
+    rejected = RejectedWrite.objects.get(job=job)
+    assert (rejected.write, rejected.attempt_current, rejected.resource) == (
+        "token_write",
+        2,
+        f"demo.Report:{report.pk}",
+    )
+    assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.LOST
+    report.refresh_from_db()
+    assert report.body == "before"
