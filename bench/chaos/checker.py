@@ -30,11 +30,20 @@ import psycopg
 from bench.chaos import history
 
 TERMINAL_EVENTS = ("succeeded", "failed", "cancelled")
+INVARIANTS = (
+    "lost_jobs", "several_terminal_writes", "result_not_from_committing_attempt",
+    "result_ref_not_from_committing_attempt", "attempts_not_each_claimed_once",
+    "claimed_events_not_one_per_attempt", "charged_attempts_over_max",
+    "token_row_body_not_its_token", "token_row_holds_non_current_attempt",
+    "token_write_accepted_from_stale_attempt", "effect_performed_twice_at_deduplicating_receiver",
+    "refusal_seen_but_not_recorded", "token_refusal_recorded_but_never_seen",
+    "orphaned_outputs_left",
+)  # fmt: skip
 
 
 def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any]],
           media_root: Path) -> dict[str, Any]:  # fmt: skip
-    zero: dict[str, list[Any]] = defaultdict(list)
+    zero: dict[str, list[Any]] = {name: [] for name in INVARIANTS}
     info: dict[str, Any] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         jobs = {r[0]: r for r in conn.execute(
