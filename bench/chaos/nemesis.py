@@ -15,6 +15,8 @@ Kinds:
 - partition / proxy_reset / commit_cut: through the fault proxy in front of one cluster: hold
   every connection silent for 1-3 s; reset every connection; let the next COMMIT reach the
   server but drop its answer (the outcome unknown to the worker).
+- pooler_restart: kill -9 the PgBouncer (transaction pooling) in front of cluster 1 and start it
+  again on the same port.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from bench.chaos.clusters import Cluster, worker_pid
 from bench.chaos.pgserver import PrivatePostgres
 
 KINDS = ("zombie", "kill_worker", "term_cluster", "terminate_backend", "pg_crash",
-         "partition", "proxy_reset", "commit_cut")  # fmt: skip
+         "partition", "proxy_reset", "commit_cut", "pooler_restart")  # fmt: skip
 WEIGHTS = {"zombie": 5, "kill_worker": 3, "term_cluster": 1, "terminate_backend": 3,
-           "pg_crash": 1, "partition": 2, "proxy_reset": 1, "commit_cut": 2}  # fmt: skip
+           "pg_crash": 1, "partition": 2, "proxy_reset": 1, "commit_cut": 2,
+           "pooler_restart": 1}  # fmt: skip
 
 
 def schedule(seed: int, faults: int, seconds: float, kinds: tuple[str, ...] = KINDS
@@ -51,6 +54,7 @@ class World:
     database: str
     clusters: list[Cluster]
     proxy: Any = None  # tests.integration.pgproxy.PgProxy in front of clusters[0], if any
+    pooler: Any = None  # bench.chaos.pooler.PrivatePgBouncer in front of clusters[1], if any
     lease: float = 2.0
     log: list[dict[str, Any]] = field(default_factory=list)
     recoveries: list[float] = field(default_factory=list)
@@ -187,8 +191,15 @@ def _commit_cut(world: World, rng: random.Random, done: dict[str, Any]) -> None:
     done["armed"] = True
 
 
+def _pooler_restart(world: World, rng: random.Random, done: dict[str, Any]) -> None:
+    if world.pooler is None:
+        done["skipped"] = "no pooler"
+        return
+    done["restart_seconds"] = round(world.pooler.restart(), 3)
+
+
 INJECT: dict[str, Callable[[World, random.Random, dict[str, Any]], None]] = {
     "zombie": _zombie, "kill_worker": _kill_worker, "term_cluster": _term_cluster,
     "terminate_backend": _terminate_backend, "pg_crash": _pg_crash, "partition": _partition,
-    "proxy_reset": _proxy_reset, "commit_cut": _commit_cut,
+    "proxy_reset": _proxy_reset, "commit_cut": _commit_cut, "pooler_restart": _pooler_restart,
 }  # fmt: skip

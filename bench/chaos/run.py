@@ -5,8 +5,9 @@
                                         [--workers 2] [--seconds 40] [--keep]
 
 A PostgreSQL of its own (initdb into a temporary folder, its own port), C real qclusters
-(cluster 0 through a fault proxy; cluster 1 with its clock 90 s ahead and cluster 2 90 s behind,
-under Debian's faketime), a real deduplicating HTTP receiver; jobs enqueued in waves over the
+(cluster 0 through a fault proxy; cluster 1 through a PgBouncer of its own in transaction
+pooling with its clock 90 s ahead, and cluster 2 with its clock 90 s behind, both under Debian's
+libfaketime), a real deduplicating HTTP receiver; jobs enqueued in waves over the
 fault window; faults on the seed's schedule (bench/chaos/nemesis.py); then every fault healed,
 the queue drained, the janitor run, and the checker (bench/chaos/checker.py) over the history,
 the receiver's log, the database and the staging folder. Report: text on stdout, JSON beside it.
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.chaos import nemesis  # noqa: E402
+from bench.chaos import nemesis, pooler  # noqa: E402
 from bench.chaos.clusters import Cluster  # noqa: E402
 from bench.chaos.pgserver import PrivatePostgres  # noqa: E402
 
@@ -136,19 +137,28 @@ def main(argv: list[str] | None = None) -> int:
         ChaosRow.objects.bulk_create([ChaosRow(id=i) for i in range(1, rows + 1)])
         proxy = PgProxy("127.0.0.1", pg.port)
         stack.callback(proxy.close)
+        bouncer = None
+        if args.clusters > 1 and pooler.available():
+            bouncer = pooler.PrivatePgBouncer(pg.port, DATABASE)
+            stack.callback(bouncer.stop)
+            bouncer.start()
         skews = ["", "+90s", "-90s"]
         clusters = []
         for n in range(args.clusters):
-            port = proxy.port if n == 0 else pg.port
-            cluster = Cluster(
-                name=f"c{n}", database_url=f"postgres://postgres@127.0.0.1:{port}/{DATABASE}",
-                env={"JOBS_WORKERS": str(args.workers), "CHAOS_RECEIVER": received.url,
-                     "JOBS_ORPHAN_GRACE_SECONDS": "0"},
-                log=out / f"cluster-{n}.log", skew=skews[n] if n < len(skews) else "",
-            )  # fmt: skip
+            env = {"JOBS_WORKERS": str(args.workers), "CHAOS_RECEIVER": received.url,
+                   "JOBS_ORPHAN_GRACE_SECONDS": "0"}  # fmt: skip
+            url = f"postgres://postgres@127.0.0.1:{pg.port}/{DATABASE}"
+            if n == 0:  # through the fault proxy
+                url = f"postgres://postgres@127.0.0.1:{proxy.port}/{DATABASE}"
+            elif n == 1 and bouncer is not None:  # through PgBouncer; LISTEN needs a session
+                env["JOBS_LISTEN_URL"], url = url, bouncer.url()
+            cluster = Cluster(name=f"c{n}", database_url=url, env=env,
+                              log=out / f"cluster-{n}.log",
+                              skew=skews[n] if n < len(skews) else "")  # fmt: skip
             clusters.append(cluster)
             stack.callback(cluster.terminate)
-        world = nemesis.World(pg=pg, database=DATABASE, clusters=clusters, proxy=proxy)
+        world = nemesis.World(pg=pg, database=DATABASE, clusters=clusters, proxy=proxy,
+                              pooler=bouncer)  # fmt: skip
         plans = [(i, plan(rng, rows)) for i in range(args.jobs)]
         waves = max(1, int(args.seconds))
         per_wave = -(-len(plans) // waves)
@@ -191,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             "zombies_taken_over": sum(1 for f in world.log if f.get("taken_over")),
             "pg_recovery_seconds": [round(s, 3) for s in world.recoveries],
             "proxy": {"cuts": proxy.cuts, "resets": proxy.resets},
+            "pooler_restarts": bouncer.restarts if bouncer else None,
             "drained": drain_ok,
             "cluster_stop_seconds": stop_seconds,
             **check(pg.dsn(DATABASE), history_file, list(received.calls), media),
