@@ -1,4 +1,5 @@
-"""Virtual environments for the peers: installed from the package index, cached, never vendored.
+"""Environments for the peers: installed from the package index or the npm registry, cached,
+never vendored.
 
 Each peer gets its own venv under ~/.cache/palisade-bench/venvs/<name>-<hash of its pins and the
 Python version> (BENCH_VENV_DIR overrides the root), created on first use with the Python running
@@ -20,6 +21,13 @@ PINS: dict[str, list[str]] = {
     "procrastinate": ["procrastinate==3.10.0", "psycopg[binary]"],
     "django-tasks-db": ["django-tasks-db==0.13.0", "Django>=6.0,<6.2", "psycopg[binary]"],
     "django-q2-redis": ["django-q2==1.11.1", "redis", "Django>=6.0,<6.2", "psycopg[binary]"],
+}
+
+# Node peers: npm packages installed into ~/.cache/palisade-bench/node/<name>-<hash> (Node 20 is
+# the machine's: the newest releases that support it).
+NODE_PINS: dict[str, list[str]] = {
+    "graphile-worker": ["graphile-worker@0.17.3", "pg@8.16.3"],
+    "pg-boss": ["pg-boss@10.4.2"],
 }
 
 VENV_ROOT = Path(
@@ -57,3 +65,38 @@ def versions(name: str) -> dict[str, str]:
     )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+def node_modules(name: str) -> Path:
+    """The node_modules folder of `name`'s npm install, installing it if missing or outdated."""
+    pins = NODE_PINS[name]
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True)
+    tag = hashlib.sha256(json.dumps([node.stdout.strip(), pins]).encode()).hexdigest()[:10]
+    folder = VENV_ROOT.parent / "node" / f"{name}-{tag}"
+    stamp = folder / ".bench-installed"
+    if stamp.exists():
+        return folder / "node_modules"
+    print(f"  installing {name} ({' '.join(pins)}) into {folder} ...", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "package.json").write_text('{"private": true}\n')
+    subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", *pins],
+        cwd=folder, check=True,
+    )  # fmt: skip
+    stamp.write_text("\n".join(pins) + "\n")
+    return folder / "node_modules"
+
+
+def node_versions(name: str) -> dict[str, str]:
+    """Installed versions of the pinned npm packages and of Node itself (for the JSON report)."""
+    modules = node_modules(name)
+    found = {
+        "node": subprocess.run(
+            ["node", "--version"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    }
+    for pin in NODE_PINS[name]:
+        package = pin.rsplit("@", 1)[0]
+        meta = json.loads((modules / package / "package.json").read_text())
+        found[package] = meta["version"]
+    return found

@@ -17,6 +17,10 @@ installed from the package index on first use and cached, see bench/peers.py):
   djq_redis      django-q2 alone, Redis broker
   procrastinate  procrastinate 3 (PostgreSQL, LISTEN/NOTIFY)        bench/systems/procrastinate.py
   dtdb           django-tasks-db's db_worker                        bench/systems/django_peers.py
+  graphile       graphile-worker 0.17 (Node), defaults              bench/systems/node.py
+  graphile_lq8   the same, localQueue 8 + completion batching (like for like with batch 8)
+  graphile_perf  the same, its documented performance settings
+  pgboss         pg-boss 10 (Node), batchSize 100, 0.5 s polling
 
 The protocol (bench/protocol.py) is the same for all; each repeat runs every system, in an order
 rotated by one per repeat, and the table shows medians. Nothing here is a test.
@@ -43,6 +47,7 @@ from bench.protocol import RESULTS_DIR, median, stop_all, uptime  # noqa: E402
 from bench.systems import Context  # noqa: E402
 from bench.systems.celery import Celery  # noqa: E402
 from bench.systems.django_peers import DjangoQ2Orm, DjangoQ2Redis, DjangoTasksDB  # noqa: E402
+from bench.systems.node import NODE_SYSTEMS  # noqa: E402
 from bench.systems.palisade import (  # noqa: E402
     Bare,
     Decomposition,
@@ -65,9 +70,10 @@ SYSTEMS: list[Any] = [
     DjangoQ2Redis(),
     Procrastinate(),
     DjangoTasksDB(),
+    *NODE_SYSTEMS,
 ]
 KEYS = [s.key for s in SYSTEMS]
-PEERS = ["celery", "djq_orm", "djq_redis", "procrastinate", "dtdb"]
+PEERS = ["celery", "djq_orm", "djq_redis", "procrastinate", "dtdb", *(s.key for s in NODE_SYSTEMS)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -58,6 +58,9 @@ class AgentSystem:
     def reset(self, ctx: Context) -> None:
         self.agent_cmd(ctx, "reset")
 
+    def started(self, ctx: Context, procs: list[subprocess.Popen[bytes]]) -> None:
+        """Called once the workers are spawned, before the drain is timed (a start barrier)."""
+
     # -- the protocol ----------------------------------------------------------------------------
 
     def agent_cmd(self, ctx: Context, *args: str) -> Any:
@@ -93,6 +96,7 @@ class AgentSystem:
             for i, cmd in enumerate(self.worker_cmds(ctx))
         ]
         try:
+            self.started(ctx, procs)
             last: dict[str, Any] = {}
 
             def drained() -> bool:

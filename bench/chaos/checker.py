@@ -1,0 +1,159 @@
+"""The checker: reads the history, the receiver's log, the database and the staging folder after
+a run, and counts every violation of the invariants (the `must_be_zero` figures) beside what is
+expected under faults and only informational.
+
+Invariants, per job:
+- no job lost: every job terminal at the end;
+- at most one accepted terminal write (terminal events of a job);
+- the committed result and result_ref belong to the committing attempt;
+- attempts 1..attempt each claimed exactly once (one Attempt row, one `claimed` event);
+- charged attempts (attempt - attempts_released) <= max_attempts;
+- no token-checked row holds a value from a non-current attempt of a job that succeeded, and the
+  database never accepted a token-checked write while the writer's attempt was not the job's
+  current running one (the audit trigger of bench/chaos/workload);
+- every effect key performed at most once at the deduplicating receiver;
+- every refused token-checked write the handler saw has a rejection record, and no record
+  exists that no handler saw;
+- no orphaned output after the janitor: every staged file belongs to a succeeded job's
+  committing attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.chaos import history
+
+TERMINAL_EVENTS = ("succeeded", "failed", "cancelled")
+INVARIANTS = (
+    "lost_jobs", "several_terminal_writes", "result_not_from_committing_attempt",
+    "result_ref_not_from_committing_attempt", "attempts_not_each_claimed_once",
+    "claimed_events_not_one_per_attempt", "charged_attempts_over_max",
+    "token_row_body_not_its_token", "token_row_holds_non_current_attempt",
+    "token_write_accepted_from_stale_attempt", "effect_performed_twice_at_deduplicating_receiver",
+    "refusal_seen_but_not_recorded", "token_refusal_recorded_but_never_seen",
+    "orphaned_outputs_left",
+)  # fmt: skip
+
+
+def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any]],
+          media_root: Path) -> dict[str, Any]:  # fmt: skip
+    zero: dict[str, list[Any]] = {name: [] for name in INVARIANTS}
+    info: dict[str, Any] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        jobs = {r[0]: r for r in conn.execute(
+            "SELECT id, state, attempt, attempts_released, max_attempts, result, result_ref "
+            "FROM jobs_job WHERE kind = 'chaos.work'"
+        ).fetchall()}  # fmt: skip
+        attempts: dict[int, list[int]] = defaultdict(list)
+        for job, number in conn.execute("SELECT job_id, number FROM jobs_attempt ORDER BY 1, 2"):
+            attempts[job].append(number)
+        claimed = Counter(conn.execute(
+            "SELECT job_id, attempt FROM jobs_jobevent WHERE type = 'claimed'"
+        ).fetchall())  # fmt: skip
+        terminal = Counter(r[0] for r in conn.execute(
+            "SELECT job_id FROM jobs_jobevent WHERE type = ANY(%s)", (list(TERMINAL_EVENTS),)
+        ))  # fmt: skip
+        rows = conn.execute("SELECT id, fence_job_id, fence_attempt, body FROM chaos_chaosrow")
+        holders = rows.fetchall()
+        audit = conn.execute(
+            "SELECT row_id, job_id, attempt, job_attempt, job_state FROM chaos_acceptedwrite"
+        ).fetchall()
+        rejected = Counter(conn.execute(
+            "SELECT job_id, attempt_presented, write FROM jobs_rejectedwrite"
+        ).fetchall())  # fmt: skip
+        expired = conn.execute(
+            "SELECT extract(epoch FROM a.ended_at - coalesce(a.heartbeat_at, a.claimed_at)) "
+            "FROM jobs_attempt a WHERE a.outcome = 'expired'"
+        ).fetchall()
+
+    for job, (_, state, attempt, released, max_attempts, result, ref) in jobs.items():
+        if state not in ("succeeded", "failed", "cancelled"):
+            zero["lost_jobs"].append(job)
+        if terminal[job] > 1:
+            zero["several_terminal_writes"].append(job)
+        if state == "succeeded":
+            if not isinstance(result, dict) or result.get("attempt") != attempt:
+                zero["result_not_from_committing_attempt"].append(job)
+            if ref and f"attempt-{attempt}/" not in ref + "/":
+                zero["result_ref_not_from_committing_attempt"].append(job)
+        if attempts[job] != list(range(1, attempt + 1)):
+            zero["attempts_not_each_claimed_once"].append(job)
+        if any(claimed[(job, n)] != 1 for n in range(1, attempt + 1)):
+            zero["claimed_events_not_one_per_attempt"].append(job)
+        if max_attempts and attempt - released > max_attempts:
+            zero["charged_attempts_over_max"].append(job)
+
+    for row, job, attempt, body in holders:
+        if job is None:
+            continue
+        if body != f"{job}:{attempt}":
+            zero["token_row_body_not_its_token"].append(row)
+        j = jobs.get(job)
+        if j and j[1] == "succeeded" and attempt != j[2]:
+            zero["token_row_holds_non_current_attempt"].append(row)
+    for row, job, attempt, job_attempt, job_state in audit:
+        if job_attempt != attempt or job_state != "running":
+            zero["token_write_accepted_from_stale_attempt"].append((row, job, attempt, job_attempt))
+
+    performed = Counter(k for k, verdict, _ in receiver_calls if verdict == "performed")
+    zero["effect_performed_twice_at_deduplicating_receiver"] = [
+        k for k, n in performed.items() if n > 1
+    ]
+    info["effect_calls_deduplicated_by_receiver"] = sum(
+        1 for _, verdict, _ in receiver_calls if verdict == "deduplicated"
+    )
+
+    seen_refused: Counter[tuple[int, int]] = Counter()
+    begun: Counter[int] = Counter()
+    lines = 0
+    for line in history.read(history_path):
+        lines += 1
+        key = (line["job"], line["attempt"])
+        if line["action"] == "begin":
+            begun[line["job"]] += 1
+        if line["action"] == "token_write" and line.get("outcome") == "refused":
+            seen_refused[key] += 1
+    for key in seen_refused:
+        if not any(rejected[(key[0], key[1], w)] for w in
+                   ("token_write", "heartbeat", "checkpoint", "commit", "fail")):  # fmt: skip
+            zero["refusal_seen_but_not_recorded"].append(key)
+    for (job, attempt, write), n in rejected.items():
+        if write == "token_write" and n > seen_refused[(job, attempt)]:
+            zero["token_refusal_recorded_but_never_seen"].append((job, attempt, n))
+
+    for path in (media_root / "jobs").glob("*/attempt-*/*") if media_root.exists() else []:
+        job_id, attempt = int(path.parts[-3]), int(path.parts[-2].split("-")[1])
+        j = jobs.get(job_id)
+        if not j or j[1] != "succeeded" or j[2] != attempt:
+            zero["orphaned_outputs_left"].append(str(path))
+
+    latencies = sorted(float(r[0]) for r in expired if r[0] is not None)
+    info.update(
+        jobs=len(jobs),
+        states=dict(Counter(j[1] for j in jobs.values())),
+        history_lines=lines,
+        duplicate_executions=sum(n - 1 for n in begun.values() if n > 1),
+        stale_writes_rejected=sum(rejected.values()),
+        token_writes_refused_seen_by_handlers=sum(seen_refused.values()),
+        token_writes_accepted=len(audit),
+        expired_attempts=len(latencies),
+        reclaim_after_last_beat_p50_s=_pct(latencies, 0.5),
+        reclaim_after_last_beat_p99_s=_pct(latencies, 0.99),
+    )
+    return {
+        "must_be_zero": {k: len(v) for k, v in sorted(zero.items())},
+        "examples": {k: json.loads(json.dumps(v[:5], default=str)) for k, v in zero.items() if v},
+        "informational": info,
+    }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3)

@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""Run the fault-injection suite once and print its report (exit 1 if an invariant broke).
+
+    .venv/bin/python bench/chaos/run.py [--jobs 300] [--faults 30] [--seed 1] [--clusters 2]
+                                        [--workers 2] [--seconds 40] [--keep]
+
+A PostgreSQL of its own (initdb into a temporary folder, its own port), C real qclusters
+(cluster 0 through a fault proxy; cluster 1 through a PgBouncer of its own in transaction
+pooling with its clock 90 s ahead, and cluster 2 with its clock 90 s behind, both under Debian's
+libfaketime), a real deduplicating HTTP receiver; jobs enqueued in waves over the
+fault window; faults on the seed's schedule (bench/chaos/nemesis.py); then every fault healed,
+the queue drained, the janitor run, and the checker (bench/chaos/checker.py) over the history,
+the receiver's log, the database and the staging folder. Report: text on stdout, JSON beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.chaos import nemesis, pooler  # noqa: E402
+from bench.chaos.clusters import Cluster  # noqa: E402
+from bench.chaos.pgserver import PrivatePostgres  # noqa: E402
+
+DATABASE = "chaos"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--jobs", type=int, default=300)
+    p.add_argument("--faults", type=int, default=30)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--clusters", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="django-q2 workers per cluster")
+    p.add_argument("--seconds", type=float, default=40.0, help="the fault window")
+    p.add_argument("--drain-seconds", type=float, default=180.0, help="deadline after it")
+    p.add_argument("--kinds", default=",".join(nemesis.KINDS))
+    p.add_argument("--output", type=Path, default=None, help="folder for the report and logs")
+    p.add_argument("--keep", action="store_true", help="keep the private PostgreSQL's folder")
+    return p.parse_args(argv)
+
+
+def plan(rng: random.Random, rows: int) -> dict[str, Any]:
+    return {
+        "stage": rng.random() < 0.5,
+        "effect": rng.random() < 0.6,
+        "rows": sorted(rng.sample(range(1, rows + 1), rng.randint(1, 2))),
+        "seconds": round(rng.uniform(0.5, 3.0), 2) if rng.random() < 0.15 else 0,
+        "fail_attempts": 1 if rng.random() < 0.1 else 0,
+    }
+
+
+def enqueue_wave(plans: list[tuple[int, dict[str, Any]]]) -> int:
+    """Enqueue these jobs (unique key per index, so a retry after an unknown outcome is safe)."""
+    from django.db import DatabaseError, close_old_connections, transaction
+
+    import jobs
+
+    for _ in range(50):
+        try:
+            close_old_connections()
+            with transaction.atomic():
+                for i, payload in plans:
+                    jobs.enqueue("chaos.work", payload, unique_key=f"chaos-{i}")
+            return len(plans)
+        except DatabaseError:
+            from django.db import connection
+
+            connection.close()
+            time.sleep(0.2)  # the database is down (a pg_crash): back off and try again
+    raise RuntimeError("could not enqueue a wave after 50 tries")
+
+
+def drained(world: nemesis.World, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        try:
+            left = world.sql("SELECT count(*) FROM jobs_job WHERE state IN ('queued', 'running')")
+            if left[0][0] == 0:
+                return True
+        except Exception:  # noqa: BLE001 - the database may still be recovering
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started_at = datetime.now(UTC)
+    out = args.output or Path(tempfile.mkdtemp(prefix="palisade-chaos-"))
+    out.mkdir(parents=True, exist_ok=True)
+    media, history_file = out / "media", out / "history.jsonl"
+    rng = random.Random(args.seed)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    faults = nemesis.schedule(args.seed, args.faults, args.seconds, kinds)
+    print(
+        f"chaos: seed {args.seed}, {args.jobs} jobs, {len(faults)} faults over {args.seconds} s,"
+        f" {args.clusters} clusters x {args.workers} workers; output {out}",
+        flush=True,
+    )
+    pg = PrivatePostgres().init()
+    pg.start()
+    with ExitStack() as stack:
+        stack.callback(lambda: pg.remove() if not args.keep else pg.stop())
+        subprocess.run(["psql", pg.dsn(), "-q", "-c", f"CREATE DATABASE {DATABASE}"], check=True)
+        os.environ.update({
+            "DATABASE_URL": pg.dsn(DATABASE), "DJANGO_SETTINGS_MODULE": "bench.chaos.settings",
+            "MEDIA_ROOT": str(media), "CHAOS_HISTORY": str(history_file),
+            "JOBS_ORPHAN_GRACE_SECONDS": "0",
+        })  # fmt: skip
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+                       cwd=ROOT, check=True, env=os.environ)  # fmt: skip
+        import django
+
+        django.setup()
+        from bench.chaos.checker import check
+        from bench.chaos.workload.models import ChaosRow
+        from tests.integration.pgproxy import PgProxy
+        from tests.receiver import receiver
+
+        received = stack.enter_context(receiver())
+        rows = max(3, args.jobs // 10)
+        ChaosRow.objects.bulk_create([ChaosRow(id=i) for i in range(1, rows + 1)])
+        proxy = PgProxy("127.0.0.1", pg.port)
+        stack.callback(proxy.close)
+        bouncer = None
+        if args.clusters > 1 and pooler.available():
+            bouncer = pooler.PrivatePgBouncer(pg.port, DATABASE)
+            stack.callback(bouncer.stop)
+            bouncer.start()
+        skews = ["", "+90s", "-90s"]
+        clusters = []
+        for n in range(args.clusters):
+            env = {"JOBS_WORKERS": str(args.workers), "CHAOS_RECEIVER": received.url,
+                   "JOBS_ORPHAN_GRACE_SECONDS": "0"}  # fmt: skip
+            url = f"postgres://postgres@127.0.0.1:{pg.port}/{DATABASE}"
+            if n == 0:  # through the fault proxy
+                url = f"postgres://postgres@127.0.0.1:{proxy.port}/{DATABASE}"
+            elif n == 1 and bouncer is not None:  # through PgBouncer; LISTEN needs a session
+                env["JOBS_LISTEN_URL"], url = url, bouncer.url()
+            cluster = Cluster(name=f"c{n}", database_url=url, env=env,
+                              log=out / f"cluster-{n}.log",
+                              skew=skews[n] if n < len(skews) else "")  # fmt: skip
+            clusters.append(cluster)
+            stack.callback(cluster.terminate)
+        world = nemesis.World(pg=pg, database=DATABASE, clusters=clusters, proxy=proxy,
+                              pooler=bouncer)  # fmt: skip
+        plans = [(i, plan(rng, rows)) for i in range(args.jobs)]
+        waves = max(1, int(args.seconds))
+        per_wave = -(-len(plans) // waves)
+        for cluster in clusters:
+            cluster.start()
+        t0 = time.monotonic()
+        pending = list(faults)
+        for w in range(waves):
+            enqueue_wave(plans[w * per_wave : (w + 1) * per_wave])
+            wave_end = t0 + (w + 1) * args.seconds / waves
+            while pending and t0 + pending[0][0] <= wave_end:
+                at, kind = pending.pop(0)
+                time.sleep(max(0.0, t0 + at - time.monotonic()))  # the schedule's own clock
+                done = nemesis.inject(world, kind, random.Random(f"{args.seed}:{len(world.log)}"))
+                what = json.dumps({k: v for k, v in done.items() if k != "kind"})
+                print(f"  {at:7.2f}s {kind:18} {what}", flush=True)
+            time.sleep(max(0.0, wave_end - time.monotonic()))
+        proxy.heal()
+        proxy.cut_on(b"\x00never\x00", after_reply=True)  # disarm a cut that never fired
+        for cluster in clusters:  # a cluster stopped by a fault stays up from here on
+            if cluster.proc is None or cluster.proc.poll() is not None:
+                cluster.start()
+        drain_ok = drained(world, time.monotonic() + args.drain_seconds)
+        from jobs.effects import janitor
+
+        while janitor.sweep("chaos-checker"):
+            pass
+        stop_seconds = [round(c.terminate(), 2) for c in clusters]
+        report = {
+            "started_at": started_at.isoformat(),
+            "config": {k: str(v) for k, v in vars(args).items()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "load": os.getloadavg(),
+            },  # fmt: skip
+            "commit": _commit(),
+            "faults_by_kind": _by_kind(world.log),
+            "faults_skipped": sum(1 for f in world.log if "skipped" in f),
+            "zombies_taken_over": sum(1 for f in world.log if f.get("taken_over")),
+            "pg_recovery_seconds": [round(s, 3) for s in world.recoveries],
+            "proxy": {"cuts": proxy.cuts, "resets": proxy.resets},
+            "pooler_restarts": bouncer.restarts if bouncer else None,
+            "drained": drain_ok,
+            "cluster_stop_seconds": stop_seconds,
+            **check(pg.dsn(DATABASE), history_file, list(received.calls), media),
+        }
+        report["must_be_zero"]["jobs_not_drained_by_deadline"] = 0 if drain_ok else 1
+        (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        print_report(report, out)
+        return 1 if any(report["must_be_zero"].values()) else 0
+
+
+def _by_kind(log: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for fault in log:
+        counts[fault["kind"]] = counts.get(fault["kind"], 0) + 1
+    return counts
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    return done.stdout.strip()
+
+
+def print_report(report: dict[str, Any], out: Path) -> None:
+    print("\nchaos report")
+    print(f"  faults: {report['faults_by_kind']} (skipped {report['faults_skipped']})")
+    print(f"  zombies taken over: {report['zombies_taken_over']}; "
+          f"PostgreSQL recoveries (s): {report['pg_recovery_seconds']}")  # fmt: skip
+    for key, value in report["informational"].items():
+        print(f"  {key}: {value}")
+    print("  must be zero:")
+    for key, value in report["must_be_zero"].items():
+        print(f"    {'ok ' if value == 0 else 'BAD'} {key}: {value}")
+    for key, examples in report["examples"].items():
+        print(f"    e.g. {key}: {examples}")
+    print(f"report: {out / 'report.json'}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

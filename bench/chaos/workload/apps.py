@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ChaosConfig(AppConfig):
+    name = "bench.chaos.workload"
+    label = "chaos"

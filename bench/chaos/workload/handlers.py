@@ -1,0 +1,82 @@
+"""The handler every chaos job runs: a checkpoint, a staged output, a keyed effect at a real
+deduplicating HTTP receiver, a token-checked write to shared rows, then sometimes a long run or a
+failure, each outside call bracketed by history lines (before/after) for the checker.
+
+The plan is in the payload (decided by the seeded generator in bench/chaos/run.py), so every
+attempt of a job does the same things and the checker knows what each job meant to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from typing import Any
+
+from bench.chaos import history
+from bench.chaos.workload.models import ChaosRow
+from jobs import handler
+from jobs.context import JobContext
+from jobs.core.exceptions import LeaseLost
+
+
+def _post(url: str, key: str, body: dict[str, Any]) -> str:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return str(json.loads(answer.read())["verdict"])
+
+
+@handler("chaos.work", max_attempts=25)
+def work(ctx: JobContext) -> dict[str, Any]:
+    plan = ctx.payload
+    job, attempt = ctx.job_id, ctx.attempt
+
+    def log(action: str, phase: str, **fields: Any) -> None:
+        history.record(job, attempt, action, phase, **fields)
+
+    log("begin", "before", worker=ctx.worker)
+    ctx.checkpoint({"step": "start", "attempt": attempt})
+    if plan.get("stage"):
+        ref = ctx.stage("out.txt", f"{job}:{attempt}")
+        log("stage", "after", ref=ref)
+    if plan.get("effect"):
+        url = os.environ["CHAOS_RECEIVER"] + "/hook"
+
+        def call(key: str) -> str:
+            log("effect", "before", key=key)
+            verdict = _post(url, key, {"job": job, "attempt": attempt})
+            log("effect", "after", key=key, verdict=verdict)
+            return verdict
+
+        ctx.effect("notify", call)
+    rows = ChaosRow.objects.filter(pk__in=plan.get("rows", []))
+
+    def token_write() -> None:
+        log("token_write", "before", rows=plan.get("rows", []))
+        try:
+            updated = ctx.fenced_write(rows, body=f"{job}:{attempt}")
+        except LeaseLost:
+            log("token_write", "after", outcome="refused")
+            raise
+        log("token_write", "after", outcome="accepted", updated=updated)
+
+    if plan.get("seconds"):  # long work: token writes and checkpoints in turn (a zombie woken
+        deadline = time.monotonic() + float(plan["seconds"])  # here writes before it knows)
+        step = 0
+        while time.monotonic() < deadline:
+            step += 1
+            if step % 2:
+                token_write()
+            else:
+                ctx.checkpoint({"step": "long", "attempt": attempt})
+            time.sleep(0.1)
+    token_write()
+    if plan.get("fail_attempts", 0) >= attempt:
+        log("fail", "before")
+        raise RuntimeError(f"planned failure of attempt {attempt}")
+    log("commit", "before")
+    return {"job": job, "attempt": attempt}
