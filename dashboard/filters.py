@@ -4,11 +4,14 @@ Each of kind, queue and state alone is served by its `(x, id)` index (jobs migra
 0011_dashboard_indexes): the first page is one backward index scan that stops after a page,
 even when nothing matches. Several filters together could still walk every row of the first
 (`kind=a&queue=b` where no job of kind a ever ran on b), so such a page examines at most SCAN_ROWS
-rows of one index, newest first, and says so when that left it short (selectors.job_page).
+rows of one index, newest first, and says so when that left it short (selectors.job_page). The
+bound is in the statement's shape -- the other filters apply to a LIMITed subquery in FROM, which
+PostgreSQL cannot flatten -- not left to the planner's estimates.
 """
 
 from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from jobs.models import Job
@@ -47,3 +50,29 @@ def driver_of(filters: dict[str, Any]) -> tuple[QuerySet[Job], str] | None:
         return qs.filter(**{name: filters[name]}).order_by("-id"), f"{name} = {filters[name]}"
     dates = filtered({k: filters.get(k) for k in ("since", "until")}, qs)
     return dates.order_by("-created_at", "-id"), "the created-time range"
+
+
+def bounded_ids(filters: dict[str, Any]) -> list[int] | None:
+    """None when one index serves the filters exactly (`driver_of`); else the ids, newest first,
+    of the jobs passing kind/queue/state/created among at most SCAN_ROWS rows of the driver."""
+    drive = driver_of(filters)
+    if drive is None:
+        return None
+    scan = drive[0].values("id", "kind", "queue", "state", "created_at")[:SCAN_ROWS]
+    sql, params = scan.query.sql_with_params()
+    where, args = ["TRUE"], list(params)
+    for name in DRIVERS:  # column names from this fixed tuple; values are parameters
+        if filters.get(name):
+            where.append(f"{name} = %s")
+            args.append(filters[name])
+    if filters.get("since"):
+        where.append("created_at >= %s")
+        args.append(filters["since"])
+    if filters.get("until"):
+        where.append("created_at < %s")
+        args.append(filters["until"])
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT id FROM ({sql}) AS scanned WHERE {' AND '.join(where)} ORDER BY id DESC", args
+        )
+        return [row[0] for row in cur.fetchall()]

@@ -18,7 +18,7 @@ from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextFi
 from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinute
 from django.utils import timezone
 
-from dashboard.filters import SCAN_ROWS, driver_of, filtered
+from dashboard.filters import SCAN_ROWS, bounded_ids, driver_of, filtered
 from dashboard.timeline import MINOR_TYPES
 from jobs.core.states import JobState
 from jobs.models import Attempt, IdempotencyKey, Intent, Job, JobEvent, RejectedWrite, StagedOutput
@@ -61,24 +61,26 @@ class JobPage:
 def job_page(filters: dict[str, Any]) -> JobPage:
     """One page of jobs, newest first, after the `before` cursor, matching the filters. Bounded:
     one filter is served by its index; several examine at most SCAN_ROWS rows of the first."""
-    qs = filtered(filters, Job.objects.all())
-    if filters.get("before"):
-        qs = qs.filter(pk__lt=filters["before"])
-    driver = driver_of(filters)
-    if driver is not None:
-        qs = qs.filter(pk__in=driver[0].values("pk")[:SCAN_ROWS])
+    ids = bounded_ids(filters)
+    if ids is None:
+        qs = filtered(filters, Job.objects.all())
+        if filters.get("before"):
+            qs = qs.filter(pk__lt=filters["before"])
+    else:  # the search still needs every candidate; without one, a page of them is enough
+        qs = Job.objects.filter(pk__in=ids if filters.get("q") else ids[: PAGE_SIZE + 1])
     if filters.get("q"):
         qs = _search(qs, filters["q"])
     rows = list(qs.order_by("-id").defer("payload", "result", "progress", "error")[: PAGE_SIZE + 1])
     more = len(rows) > PAGE_SIZE
-    if more or driver is None:
+    if more or ids is None:
         return JobPage(rows[:PAGE_SIZE], rows[PAGE_SIZE - 1].pk if more else None)
-    floor = driver[0].values_list("pk", flat=True)[SCAN_ROWS - 1 : SCAN_ROWS]
-    if not floor:  # the driver held fewer rows than the bound: the page is complete
+    drive = driver_of(filters)
+    assert drive is not None
+    beyond = drive[0].values_list("pk", flat=True)[SCAN_ROWS : SCAN_ROWS + 1]
+    if not beyond:  # the driver held no more rows than the bound: the page is complete
         return JobPage(rows, None)
-    return JobPage(  # the next page goes on below the lowest id examined
-        rows, floor[0], f"the newest {SCAN_ROWS:,} jobs with {driver[1]} (older ones: next page)"
-    )
+    searched = f"the newest {SCAN_ROWS:,} jobs with {drive[1]} (older ones: next page)"
+    return JobPage(rows, beyond[0] + 1, searched)  # the next page: the first row not examined
 
 
 def any_on_list(filters: dict[str, Any], ids: list[int]) -> bool:
