@@ -56,7 +56,7 @@ ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(ROOT))
 
-from run import RESULTS_DIR, median, spawn, stop, stop_all, summarize  # noqa: E402
+from bench.protocol import RESULTS_DIR, median, spawn, stop, stop_all, summarize  # noqa: E402
 
 # A measurement never reads a developer's .env (bin/setup --dev): DEBUG there logs every query.
 os.environ.setdefault("PALISADE_ENV_FILE", "none")

@@ -11,6 +11,7 @@ permissions), so the consumer re-checks and closes. `SameOriginValidator` refuse
 handshake whose Origin is not this site's scheme, host and port (or a CSRF_TRUSTED_ORIGINS entry).
 """
 
+import asyncio
 import logging
 from collections.abc import Callable
 from functools import wraps
@@ -115,9 +116,21 @@ def _tell(group: str, message: dict[str, Any]) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(group, message)
-    except Exception:  # noqa: BLE001  (the sockets' own periodic re-check is the backstop)
-        logger.warning("could not tell open sockets that access changed", exc_info=True)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    try:
+        if loop is None:  # a sync view, the admin, a shell: the usual case
+            async_to_sync(layer.group_send)(group, message)
+        else:  # sync code inside an event loop's own thread: no blocking send from here
+            task = loop.create_task(layer.group_send(group, message))
+            _SENDING.add(task)
+            task.add_done_callback(_SENDING.discard)
+    except Exception as error:  # noqa: BLE001  (the sockets' periodic re-check is the backstop)
+        logger.warning("could not tell open sockets that access changed: %r", error)
+
+
+_SENDING: set[asyncio.Task[None]] = set()  # sends scheduled on a running loop, kept referenced
 
 
 def _recheck(group: str) -> None:
@@ -134,8 +147,9 @@ def _logged_out(sender: Any, request: HttpRequest | None, user: Any, **kwargs: A
 @receiver(post_save, sender=User, dispatch_uid="dashboard.access.user_saved")
 @receiver(post_delete, sender=User, dispatch_uid="dashboard.access.user_deleted")
 def _user_changed(sender: Any, instance: User, **kwargs: Any) -> None:
-    if not kwargs.get("created"):
-        _recheck(user_group(instance.pk))
+    if kwargs.get("created") or kwargs.get("update_fields") == frozenset({"last_login"}):
+        return  # a new user has no socket; a login changes nobody's access
+    _recheck(user_group(instance.pk))
 
 
 @receiver(m2m_changed, sender=User.groups.through, dispatch_uid="dashboard.access.groups")
