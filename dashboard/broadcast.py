@@ -38,9 +38,12 @@ class ChangeNotice(TypedDict):
     facts: list[Fact]  # of the job_ids still in the table (a deleted job has none)
 
 
+Lease = tuple[int, str, str]
+
+
 class LeaseNotice(TypedDict):
     type: str  # "leases.changed"
-    leases: list[tuple[int, str, str]]  # job id, lease deadline and last heartbeat (epoch ms)
+    leases: list[Lease]  # job id, lease deadline and last heartbeat (epoch ms)
 
 
 async def publish(message: ChangeNotice | LeaseNotice) -> None:
@@ -152,6 +155,18 @@ def affects(screen: Screen, pending: Pending) -> bool | None:
     return None if filters.get("q") else True
 
 
+def leases_for(screen: Screen, leases: list[Lease]) -> list[Lease]:
+    """The lease updates `screen` can show: a jobs list's rows, a job page's job, every one on
+    the other screens with countdowns (workers), none on the overview and the feed."""
+    if screen.page in {"overview", "rejected"}:
+        return []
+    if screen.page == "job":
+        return [lease for lease in leases if lease[0] == screen.job]
+    if screen.page == "jobs":
+        return [lease for lease in leases if lease[0] in screen.visible]
+    return leases
+
+
 def _jobs_swaps(screen: Screen, pending: Pending) -> list[Swap]:
     if screen.first_page:  # new jobs appear at the top: the whole first page
         filters = screen.jobs_filters()
@@ -163,6 +178,7 @@ def _jobs_swaps(screen: Screen, pending: Pending) -> list[Swap]:
         ):
             return []  # none of the changed jobs is found by the search: nothing to redraw
         context = screens.jobs_context(QueryDict(screen.query))
+        screen.visible = {job.pk for job in context["page"].jobs}  # what the browser now shows
         return [_swap("jobs-table", "dashboard/jobs.html#table", context)]
     changed = screen.visible if pending.everything else screen.visible & pending.job_ids
     return [

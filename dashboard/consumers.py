@@ -142,8 +142,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             self.flushing = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def leases_changed(self, notice: broadcast.LeaseNotice) -> None:
-        if await self.allowed():
-            await self.send_json({"leases": notice["leases"]})
+        leases = broadcast.leases_for(self.screen, notice["leases"])
+        if leases and await self.allowed():  # none this screen shows: nothing is sent
+            await self.send_json({"leases": leases})
 
     async def _flush_later(self) -> None:
         interval = (

@@ -10,6 +10,7 @@ from urllib.parse import urlencode
 import pytest
 import pytest_asyncio
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.db import connections
@@ -145,3 +146,28 @@ async def test_open_overviews_in_one_process_share_one_computation(
     assert len(calls) == 1
     for communicator in overviews:
         await communicator.disconnect()
+
+
+async def test_lease_updates_go_only_to_screens_that_show_the_job(operator: User) -> None:
+    narrow = await open_socket(operator, page="jobs", query="kind=nope")
+    showing = await open_socket(operator, page="jobs", query="", ids="41")
+    layer = get_channel_layer()
+    assert layer is not None
+    for job in (40, 41):
+        await layer.group_send(
+            broadcast.GROUP, {"type": "leases.changed", "leases": [(job, "1000", "900")]}
+        )
+    everything = {
+        "type": "events.changed",
+        "last_event_id": 0,
+        "job_ids": [],
+        "rejected": False,
+        "overflow": True,
+        "facts": [],
+    }
+    await layer.group_send(broadcast.GROUP, everything)  # a push every screen makes
+    assert (await showing.receive_json_from(timeout=10))["leases"] == [[41, "1000", "900"]]
+    first = await narrow.receive_json_from(timeout=10)
+    assert "leases" not in first and first["swaps"][0]["id"] == "jobs-table"
+    await narrow.disconnect()
+    await showing.disconnect()
