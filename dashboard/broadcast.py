@@ -142,7 +142,7 @@ def affects(screen: Screen, pending: Pending) -> bool | None:
     if screen.page == "job":
         return screen.job is not None and screen.job in pending.job_ids
     if screen.page != "jobs":
-        return False
+        return True  # a screen this does not know: render_swaps decides
     if screen.visible & pending.job_ids:
         return True  # a row it shows changed (or left the filter)
     if not screen.first_page:
