@@ -1,11 +1,15 @@
 #!/usr/bin/env python
-"""The live dashboard's benchmark: server time at a million jobs, commit -> browser latency, and
-what five open dashboards cost the workers' drain.
+"""The live dashboard's benchmark: server time at a million jobs (every screen and every jobs-list
+filter, matching or not), commit -> browser latency with and without 12 narrow-filter sockets
+open, and what open dashboards (five screens, or the 12 narrow sockets) cost the workers' drain.
 
     .venv/bin/python bench/dashboard.py [--rows 1000000] [--samples 200] [--latency 100]
-                                        [--drain-jobs 4000] [--repeat 3]
+                                        [--drain-jobs 4000] [--repeat 3] [--narrow 12]
+                                        [--drain-with narrow|five] [--db NAME] [--reuse]
+                                        [--phases server,latency,drain]
 
-Phases, against a fresh database `palisade_bench_dash` (dropped, recreated, migrated):
+Phases, against a fresh database `palisade_bench_dash` (--db; dropped, recreated, migrated --
+or, with --reuse, the one a previous run seeded):
 
   seed     --rows jobs inserted by SQL (kinds, queues, states, payloads, every tenth keyed), one
            attempt and two events per finished job, plus one job with 50 attempts, 5,000 events
@@ -16,11 +20,17 @@ Phases, against a fresh database `palisade_bench_dash` (dropped, recreated, migr
   latency  daphne + Debian chromium (Playwright) showing the jobs list's first page; Python
            enqueues one job at a time (a transition writing an event) and notes the wall clock
            after COMMIT; the page notes the wall clock after applying the push that carries an
-           event id >= that event's ("palisade:applied"). Same machine, same clock.
+           event id >= that event's ("palisade:applied"). Same machine, same clock. Measured
+           alone, then with --narrow websockets (opened by one more page) showing jobs-list
+           first pages filtered to nothing (`kind=nope`, `until=2000-01-01`, ...) -- the
+           hostile reader of issue 18.
   drain    --drain-jobs demo.noop jobs drained by `manage.py qcluster` (2 workers, batch 8)
-           with no dashboard open, then with five open (overview, jobs, a job, rejected,
-           workers) -- alternating, --repeat times each; rate = N / (last finish - first claim),
-           database clock. The five browsers, daphne and the workers share the two cores.
+           with no dashboard open, then with the --narrow sockets open (--drain-with narrow) or
+           five screens (overview, jobs, a job, rejected, workers) -- alternating, --repeat
+           times each; rate = N / (last finish - first claim), database clock. Browsers,
+           daphne and the workers share the two cores.
+
+The load average at each phase goes into the JSON: on a shared machine, read the figures beside it.
 
 Results: bench/results/dashboard-<timestamp>.json and a table on stdout.
 """
@@ -35,7 +45,7 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +56,7 @@ ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(ROOT))
 
-from run import RESULTS_DIR, median, spawn, stop, stop_all, summarize  # noqa: E402
+from bench.protocol import RESULTS_DIR, median, spawn, stop, stop_all, summarize  # noqa: E402
 
 # A measurement never reads a developer's .env (bin/setup --dev): DEBUG there logs every query.
 os.environ.setdefault("PALISADE_ENV_FILE", "none")
@@ -57,6 +67,13 @@ DB_URL = f"{SERVER}/{DB_NAME}"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+NARROW_FILTERS = [
+    "kind=nope", "queue=nope", "state=cancelled", "until=2000-01-01T00:00",
+    "since=2999-01-01T00:00", "kind=nope&queue=mail", "kind=demo.flaky&queue=nope",
+    "state=cancelled&kind=demo.noop", "queue=reports&until=2000-01-01T00:00",
+    "kind=mail.send&state=cancelled", "queue=nope&state=failed", "kind=report.render&queue=nope",
 ]  # fmt: skip
 
 ENV = {
@@ -191,6 +208,13 @@ def server_times(big: int, rows: int, samples: int) -> dict[str, Any]:
         "jobs list, keyset page in the middle": f"/jobs/?before={mid}",
         "jobs list, state=failed": "/jobs/?state=failed",
         "jobs list, kind + queue": "/jobs/?kind=demo.flaky&queue=mail",
+        "jobs list, kind=demo.noop": "/jobs/?kind=demo.noop",
+        "jobs list, queue=reports": "/jobs/?queue=reports",
+        "jobs list, since an hour ago": "/jobs/?since="
+        + (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
+        "jobs list, until the middle": "/jobs/?until="
+        + (datetime.now(UTC) - timedelta(seconds=rows * 0.025)).strftime("%Y-%m-%dT%H:%M"),
+        **{f"jobs list, nothing: {q}": f"/jobs/?{q}" for q in NARROW_FILTERS},
         "jobs list, search by id": f"/jobs/?q={mid}",
         "jobs list, search by unique key": f"/jobs/?q=key-{mid - mid % 10}",
         "jobs list, payload text search": f"/jobs/?q=cust-{rows % 5000 - 7}",
@@ -276,13 +300,34 @@ def open_pages(browser: Any, base: str, paths: list[str]) -> list[Any]:
     return pages
 
 
-def latency(browser: Any, base: str, samples: int) -> dict[str, Any]:
+def open_narrow(browser: Any, base: str, count: int) -> Any:
+    """One page holding `count` websockets, each a jobs-list first page filtered to nothing."""
+    from dashboard import selectors
+
+    (page,) = open_pages(browser, base, ["/jobs/?kind=nope"])
+    page.evaluate(
+        """([n, queries, since]) => { window.__narrow = []; window.__narrowPushes = 0;
+          for (let i = 0; i < n; i++) {
+            const q = new URLSearchParams({page: "jobs", query: queries[i % queries.length],
+                                           first: "1", since: since});
+            const ws = new WebSocket("ws://" + location.host + "/ws/live/?" + q);
+            ws.onmessage = () => { window.__narrowPushes += 1; };
+            window.__narrow.push(ws);
+          } }""",
+        [count, NARROW_FILTERS, selectors.latest_event_id()],
+    )
+    page.wait_for_function(f"window.__narrow.filter(w => w.readyState === 1).length === {count}")
+    return page
+
+
+def latency(browser: Any, base: str, samples: int, narrow: int = 0) -> dict[str, Any]:
     """Commit of an enqueue -> the jobs list page has applied the push carrying its event."""
     from django.db import transaction
 
     import jobs
     from jobs.models import JobEvent
 
+    hostile = open_narrow(browser, base, narrow) if narrow else None
     (page,) = open_pages(browser, base, ["/jobs/"])
     rng = random.Random(7)
     marks: list[tuple[int, float]] = []
@@ -300,7 +345,11 @@ def latency(browser: Any, base: str, samples: int) -> dict[str, Any]:
         if arrival is not None:
             lat.append(arrival - committed)
     page.context.close()
-    return {"samples": len(marks), "matched": len(lat), **summarize(lat)}
+    out = {"samples": len(marks), "matched": len(lat), "narrow_sockets": narrow, **summarize(lat)}
+    if hostile is not None:
+        out["narrow_messages"] = hostile.evaluate("window.__narrowPushes")
+        hostile.context.close()
+    return out | {"loadavg": os.getloadavg()}
 
 
 def drain_once(conn: psycopg.Connection[Any], n: int, label: str) -> float:
@@ -340,28 +389,69 @@ def drain_once(conn: psycopg.Connection[Any], n: int, label: str) -> float:
 
 
 def drains(
-    conn: psycopg.Connection[Any], browser: Any, base: str, n: int, repeat: int, big: int
+    conn: psycopg.Connection[Any],
+    browser: Any,
+    base: str,
+    n: int,
+    repeat: int,
+    big: int,
+    narrow: int,
+    kind: str,
 ) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {"none": [], "five": []}
+    rates: dict[str, list[float]] = {"none": [], kind: []}
     for rep in range(repeat):
         rates["none"].append(drain_once(conn, n, f"none-{rep}"))
-        pages = open_pages(
-            browser, base, ["/", "/jobs/", f"/jobs/{big}/", "/rejected/", "/workers/"]
-        )
-        pages[0].wait_for_timeout(2000)  # let the five initial page loads finish first
-        rates["five"].append(drain_once(conn, n, f"five-{rep}"))
+        if kind == "narrow":
+            pages = [open_narrow(browser, base, narrow)]
+        else:
+            pages = open_pages(
+                browser, base, ["/", "/jobs/", f"/jobs/{big}/", "/rejected/", "/workers/"]
+            )
+        pages[0].wait_for_timeout(2000)  # let the initial page loads finish first
+        rates[kind].append(drain_once(conn, n, f"{kind}-{rep}"))
         pushes = sum(len(p.evaluate("window.__applied")) for p in pages)
+        if kind == "narrow":
+            pushes = pages[0].evaluate("window.__narrowPushes")
         pages[0].context.close()
         log(
-            f"drain rep {rep + 1}: no dashboard {rates['none'][-1]:.0f}/s, five dashboards "
-            f"{rates['five'][-1]:.0f}/s ({pushes} pushes applied)"
+            f"drain rep {rep + 1}: no dashboard {rates['none'][-1]:.0f}/s, {kind} "
+            f"{rates[kind][-1]:.0f}/s ({pushes} messages) load {os.getloadavg()[0]:.1f}"
         )
     return {
         "jobs": n,
         "runs": rates,
+        "with": kind,
+        "narrow_sockets": narrow if kind == "narrow" else 0,
         "median_none": median(rates["none"]),
-        "median_five": median(rates["five"]),
+        "median_with": median(rates[kind]),
+        "loadavg": os.getloadavg(),
     }
+
+
+def use_database(name: str) -> None:
+    global DB_NAME, DB_URL
+    DB_NAME, DB_URL = name, f"{SERVER}/{name}"
+    ENV["DATABASE_URL"] = DB_URL
+
+
+def reuse(rows: int) -> tuple[psycopg.Connection[Any], int] | None:
+    """The database a previous run seeded with `rows` jobs (migrated again), or None."""
+    try:
+        conn = psycopg.connect(DB_URL, autocommit=True)
+    except psycopg.OperationalError:
+        return None
+    found = conn.execute(
+        "SELECT (SELECT count(*) FROM jobs_job WHERE kind <> 'demo.noop' OR payload ? 'order'), "
+        "(SELECT id FROM jobs_job WHERE attempt = 50 LIMIT 1)"
+    ).fetchone()
+    if not found or found[0] < rows or found[1] is None:
+        conn.close()
+        return None
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT, env=ENV, check=True, timeout=600,
+    )  # fmt: skip
+    return conn, int(found[1])
 
 
 def main() -> int:
@@ -371,35 +461,57 @@ def main() -> int:
     parser.add_argument("--latency", type=int, default=100)
     parser.add_argument("--drain-jobs", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--narrow", type=int, default=12)
+    parser.add_argument("--drain-with", choices=["narrow", "five"], default="narrow")
+    parser.add_argument("--db", default=DB_NAME)
+    parser.add_argument("--reuse", action="store_true", help="keep a database already seeded")
+    parser.add_argument("--phases", default="server,latency,drain")
     args = parser.parse_args()
+    phases = set(args.phases.split(","))
+    use_database(args.db)
     (RESULTS_DIR / "logs").mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # ORM calls beside Playwright's event loop
-    conn = create_database()
-    log(f"seeding {args.rows:,} jobs")
-    big = seed(conn, args.rows)
+    found = reuse(args.rows) if args.reuse else None
+    if found:
+        conn, big = found
+        log(f"reusing {DB_NAME}")
+    else:
+        conn = create_database()
+        log(f"seeding {args.rows:,} jobs")
+        big = seed(conn, args.rows)
     setup_django()
     out: dict[str, Any] = {"rows": args.rows, "started": datetime.now(UTC).isoformat()}
-    out["server"] = server_times(big, args.rows, args.samples)
+    out["loadavg_at_start"] = os.getloadavg()
+    if "server" in phases:
+        out["server"] = server_times(big, args.rows, args.samples)
     proc, base = start_daphne()
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-            out["latency"] = latency(browser, base, args.latency)
-            log(f"commit -> browser: {out['latency']}")
-            out["drain"] = drains(conn, browser, base, args.drain_jobs, args.repeat, big)
+            if "latency" in phases:
+                out["latency"] = latency(browser, base, args.latency)
+                log(f"commit -> browser: {out['latency']}")
+                if args.narrow:
+                    out["latency_narrow"] = latency(browser, base, args.latency, args.narrow)
+                    log(f"commit -> browser, {args.narrow} narrow: {out['latency_narrow']}")
+            if "drain" in phases:
+                out["drain"] = drains(
+                    conn, browser, base, args.drain_jobs, args.repeat, big, args.narrow,
+                    args.drain_with,
+                )  # fmt: skip
+                d = out["drain"]
+                log(
+                    f"drain medians: no dashboard {d['median_none']:.0f}/s, "
+                    f"{d['with']} {d['median_with']:.0f}/s"
+                )
             browser.close()
     finally:
         stop(proc)
         stop_all()
     path = RESULTS_DIR / f"dashboard-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     path.write_text(json.dumps(out, indent=2, default=str))
-    d = out["drain"]
-    log(
-        f"drain medians: no dashboard {d['median_none']:.0f}/s, "
-        f"five dashboards {d['median_five']:.0f}/s"
-    )
     log(f"results: {path}")
     return 0
 

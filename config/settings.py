@@ -10,6 +10,7 @@ DJANGO_DEBUG=1 and a generated SECRET_KEY); see `read_env_file`. Production has 
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "channels",
     "django_q",
+    "axes",  # login throttling: see "Security" below
 ]
 
 MIDDLEWARE = [
@@ -91,6 +93,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a lockout into the page below
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -195,6 +198,58 @@ DEMO_WEBHOOK_URL = os.environ.get("DEMO_WEBHOOK_URL", "http://127.0.0.1:8000/dem
 
 LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:overview"
+
+# -- Security (docs/operations.md, "Running it in production") ---------------------------------
+# Behind a TLS-terminating proxy: DJANGO_SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https
+# (only if the proxy always sets that header), DJANGO_HTTPS=1 (secure cookies, redirect to HTTPS,
+# HSTS), DJANGO_CSRF_TRUSTED_ORIGINS=https://ops.example.com. The dashboard's websocket accepts
+# the same origins as a POST (dashboard.access.SameOriginValidator).
+HTTPS = env_bool("DJANGO_HTTPS", False)
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", HTTPS)
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", HTTPS)
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", HTTPS)
+# HSTS starts at an hour: raise it (and opt into subdomains/preload) once HTTPS is known good.
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "3600" if HTTPS else "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", False)
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+
+
+def proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """`HTTP_X_FORWARDED_PROTO,https` -> the pair Django expects; empty -> None."""
+    if not value.strip():
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) != 2 or not all(parts) or not parts[0].startswith("HTTP_"):
+        raise ValueError(
+            f"DJANGO_SECURE_PROXY_SSL_HEADER={value!r}: expected 'HTTP_<HEADER>,<value>', "
+            "e.g. HTTP_X_FORWARDED_PROTO,https"
+        )
+    return parts[0], parts[1]
+
+
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER", ""))
+
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one username from
+# one address, that pair is refused -- before any password is hashed -- for LOGIN_COOLOFF_MINUTES.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login unhashed
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("LOGIN_COOLOFF_MINUTES", "15")))
+# "username+ip_address" (the default: one account from one address), or e.g. "ip_address",
+# comma-separated alternatives; see django-axes' AXES_LOCKOUT_PARAMETERS.
+AXES_LOCKOUT_PARAMETERS = [
+    part.strip().split("+")
+    for part in os.environ.get("LOGIN_LOCKOUT_BY", "username+ip_address").split(",")
+    if part.strip()
+]
+AXES_LOCKOUT_TEMPLATE = "dashboard/locked.html"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
 
 JOBS_WORKERS = int(os.environ.get("JOBS_WORKERS", "2"))
 

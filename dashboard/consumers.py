@@ -5,6 +5,16 @@ catching a reconnecting browser up, and coalescing change notices into at most o
 COALESCE_SECONDS (overview and workers: per AGGREGATE_SECONDS, their queries are heavier).
 Never: queries or renders itself (broadcast.render_swaps does, in a worker thread) or writes.
 
+Access is re-checked while the socket lives (dashboard.access.socket_still_allowed: session and
+user read afresh): on every message from the browser, before a push when the last check is older
+than RECHECK_SECONDS, and at once when dashboard.access signals that the user's session ended or
+access changed. A socket that lost access is closed (4403) and sends nothing more.
+
+Renders only what a notice can change: `broadcast.affects` decides in this process, from the
+facts the notice carries (kind, queue, state, created of each changed job), whether the screen's
+filter can include one of them; a notice that cannot affect the screen costs no query and no
+render.
+
 Catch-up: the browser sends the last event id it has seen (`since`). If the database holds newer
 events, the consumer re-renders every live region of the screen at once -- partials render
 current state, so no event is lost however many were missed.
@@ -18,7 +28,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from dashboard import broadcast, selectors
+from dashboard import access, broadcast, selectors
 from dashboard.access import can_view
 from dashboard.live import COALESCE_SECONDS, tail
 
@@ -63,8 +73,16 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         since = query.get("since", ["0"])[0]
         self.pending = broadcast.Pending()
         self.last_push = 0.0
+        self.checked_at = time.monotonic()
+        self.closed = False
         self.flushing: asyncio.Task[None] | None = None
-        await self.channel_layer.group_add(broadcast.GROUP, self.channel_name)
+        self.groups_joined = [
+            broadcast.GROUP,
+            access.EVERYONE,
+            access.user_group(self.scope["user"].pk),
+        ]
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
         latest = self.latest = await database_sync_to_async(selectors.latest_event_id)()
         tail.ensure_started(from_id=latest)
         await self.accept()
@@ -76,24 +94,57 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"last_event_id": latest, "swaps": []})
 
     async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(broadcast.GROUP, self.channel_name)
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
         flushing = getattr(self, "flushing", None)
         if flushing is not None and not flushing.done():
             flushing.cancel()
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The browser swapped its list (a filter, another page): follow what it now shows."""
+        """The browser swapped its list (a filter, another page): follow what it now shows --
+        if it may still see anything at all."""
+        if not await self.allowed(force=True):
+            return
         if isinstance(content, dict) and "screen" in content:
             self.screen = screen_from(content["screen"])
 
+    async def allowed(self, force: bool = False) -> bool:
+        """Whether this socket's session and user may still see the dashboard; closes it if
+        not. Read from the database when `force`d or after RECHECK_SECONDS, else cached."""
+        if self.closed:
+            return False
+        if force or time.monotonic() - self.checked_at >= access.RECHECK_SECONDS:
+            ok = await database_sync_to_async(access.socket_still_allowed)(self.scope)
+            self.checked_at = time.monotonic()
+            if not ok:
+                await self.revoke()
+        return not self.closed
+
+    async def revoke(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pending = broadcast.Pending()
+            await self.close(code=4403)
+
+    async def access_changed(self, message: dict[str, Any]) -> None:
+        """dashboard.access says a session ended (named) or the user's access may have changed."""
+        if message.get("session") and message["session"] == access.session_key(self.scope):
+            await self.revoke()
+        else:
+            await self.allowed(force=True)
+
     async def events_changed(self, notice: broadcast.ChangeNotice) -> None:
+        if self.closed:
+            return
         self.pending.add(notice)
         self.latest = notice["last_event_id"]
         if self.flushing is None or self.flushing.done():
             self.flushing = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def leases_changed(self, notice: broadcast.LeaseNotice) -> None:
-        await self.send_json({"leases": notice["leases"]})
+        leases = broadcast.leases_for(self.screen, notice["leases"])
+        if leases and await self.allowed():  # none this screen shows: nothing is sent
+            await self.send_json({"leases": leases})
 
     async def _flush_later(self) -> None:
         interval = (
@@ -107,6 +158,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def push(self, last_event_id: int) -> None:
         pending, self.pending = self.pending, broadcast.Pending()
+        if broadcast.affects(self.screen, pending) is False:
+            return  # nothing this screen shows can have changed: no query, no render, no push
+        if not await self.allowed():
+            return
         self.last_push = time.monotonic()
         swaps = await database_sync_to_async(broadcast.render_swaps)(self.screen, pending)
-        await self.send_json({"last_event_id": last_event_id, "swaps": swaps})
+        if not self.closed:
+            await self.send_json({"last_event_id": last_event_id, "swaps": swaps})

@@ -52,6 +52,12 @@ PUBLISHER_LOCK = 0x5041_4C49  # pg advisory lock key: the one publisher when the
 # walk of the whole primary key (seconds at millions of events), each range scan is a few pages.
 EVENTS_SQL = "SELECT id, job_id, type FROM jobs_jobevent WHERE id > %s ORDER BY id LIMIT %s"
 GAPS_SQL = "SELECT id, job_id, type FROM jobs_jobevent WHERE id = ANY(%s)"
+# What a jobs-list screen needs to decide without a query whether a changed job can be on its
+# filtered first page (broadcast.Fact): one primary-key probe per changed job, per notice.
+FACTS_SQL = (
+    "SELECT id, kind, queue, state, extract(epoch FROM created_at)::float8 FROM jobs_job "
+    "WHERE id = ANY(%s)"
+)
 # Overlapping windows: a beat written (clock_timestamp) just before a read commits just after it;
 # sending a lease twice is harmless, missing one leaves a countdown wrong until the next beat.
 BEATS_SINCE_SQL = "SELECT clock_timestamp() - interval '2 seconds'"
@@ -138,7 +144,11 @@ class EventTail:
         if self.gaps:
             cur = await conn.execute(GAPS_SQL, [list(self.gaps)])
             rows += await cur.fetchall()
-        self._handle(rows, now)
+        facts: list[broadcast.Fact] = []
+        if rows:
+            cur = await conn.execute(FACTS_SQL, [_changed(rows)])
+            facts = await cur.fetchall()
+        self._handle(rows, now, facts)
 
     async def _read_leases(self, conn: psycopg.AsyncConnection) -> None:
         since, self.beats_since = (
@@ -156,6 +166,7 @@ class EventTail:
     async def _tail_polling(self) -> None:
         read = sync_to_async(_read_events_orm, thread_sensitive=True)
         leases = sync_to_async(_read_leases_orm, thread_sensitive=True)
+        facts = sync_to_async(_read_facts_orm, thread_sensitive=True)
         if self.last_id is None:
             self.last_id = (await read(None))[1]
         next_leases = 0.0
@@ -163,7 +174,7 @@ class EventTail:
             await asyncio.sleep(POLL_SECONDS)  # the tail's poll interval
             await self._coalesce()
             rows, _ = await read(self.last_id)
-            self._handle(rows, time.monotonic())
+            self._handle(rows, time.monotonic(), await facts(_changed(rows)))
             if time.monotonic() >= next_leases:
                 changed = await leases()
                 if changed:
@@ -172,7 +183,12 @@ class EventTail:
 
     # -- both --------------------------------------------------------------------------------
 
-    def _handle(self, rows: list[tuple[int, int, str]], now: float) -> None:
+    def _handle(
+        self,
+        rows: list[tuple[int, int, str]],
+        now: float,
+        facts: list[broadcast.Fact] | None = None,
+    ) -> None:
         if not rows:
             return
         assert self.last_id is not None
@@ -184,16 +200,29 @@ class EventTail:
             if missing not in seen and len(self.gaps) < 10_000:
                 self.gaps[missing] = now
         self.last_id = max(self.last_id, top)
-        job_ids = list(dict.fromkeys(r[1] for r in rows))
+        job_ids = _changed(rows)
         notice: broadcast.ChangeNotice = {
             "type": "events.changed",
             "last_event_id": self.last_id,
             "job_ids": job_ids[: broadcast.MAX_JOB_IDS],
             "rejected": any(r[2] == "rejected" for r in rows),
             "overflow": len(job_ids) > broadcast.MAX_JOB_IDS or len(rows) >= BATCH,
+            "facts": list(facts or []),
         }
         self.last_publish = time.monotonic()
         asyncio.get_running_loop().create_task(broadcast.publish(notice))
+
+
+def _changed(rows: list[tuple[int, int, str]]) -> list[int]:
+    """The jobs these events changed, each once, as many as a notice names."""
+    return list(dict.fromkeys(r[1] for r in rows))[: broadcast.MAX_JOB_IDS + 1]
+
+
+def _read_facts_orm(ids: list[int]) -> list[broadcast.Fact]:
+    from jobs.models import Job
+
+    rows = Job.objects.filter(pk__in=ids).values_list("id", "kind", "queue", "state", "created_at")
+    return [(i, k, q, s, at.timestamp()) for i, k, q, s, at in rows] if ids else []
 
 
 def _read_events_orm(after: int | None) -> tuple[list[tuple[int, int, str]], int]:

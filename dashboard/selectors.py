@@ -18,6 +18,7 @@ from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextFi
 from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinute
 from django.utils import timezone
 
+from dashboard.filters import SCAN_ROWS, bounded_ids, driver_of, filtered
 from dashboard.timeline import MINOR_TYPES
 from jobs.core.states import JobState
 from jobs.models import Attempt, IdempotencyKey, Intent, Job, JobEvent, RejectedWrite, StagedOutput
@@ -29,12 +30,6 @@ PAGE_SIZE = 50
 SEARCH_WINDOW = 50_000
 HISTORY_EVENTS = 50_000  # sparklines read at most this many of the newest events
 SPARK_MINUTES = 30
-
-
-@dataclass(frozen=True)
-class JobPage:
-    jobs: list[Job]
-    next_before: int | None  # the keyset cursor of the next (older) page, None on the last
 
 
 def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
@@ -55,23 +50,45 @@ def _search(qs: QuerySet[Job], q: str) -> QuerySet[Job]:
     return text.filter(pk__gt=floor, payload_text__icontains=q)
 
 
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[Job]
+    next_before: int | None  # the keyset cursor of the next (older) page, None on the last
+    # A bounded scan stopped before the page filled: what it searched, and where to go on.
+    scanned: str = ""
+
+
 def job_page(filters: dict[str, Any]) -> JobPage:
-    """One page of jobs, newest first, after the `before` cursor, matching the filters."""
-    qs = Job.objects.all()
-    for name in ("state", "queue", "kind"):
-        if filters.get(name):
-            qs = qs.filter(**{name: filters[name]})
-    if filters.get("since"):
-        qs = qs.filter(created_at__gte=filters["since"])
-    if filters.get("until"):
-        qs = qs.filter(created_at__lt=filters["until"])
-    if filters.get("before"):
-        qs = qs.filter(pk__lt=filters["before"])
+    """One page of jobs, newest first, after the `before` cursor, matching the filters. Bounded:
+    one filter is served by its index; several examine at most SCAN_ROWS rows of the first."""
+    ids = bounded_ids(filters)
+    if ids is None:
+        qs = filtered(filters, Job.objects.all())
+        if filters.get("before"):
+            qs = qs.filter(pk__lt=filters["before"])
+    else:  # the search still needs every candidate; without one, a page of them is enough
+        qs = Job.objects.filter(pk__in=ids if filters.get("q") else ids[: PAGE_SIZE + 1])
     if filters.get("q"):
         qs = _search(qs, filters["q"])
     rows = list(qs.order_by("-id").defer("payload", "result", "progress", "error")[: PAGE_SIZE + 1])
     more = len(rows) > PAGE_SIZE
-    return JobPage(rows[:PAGE_SIZE], rows[PAGE_SIZE - 1].pk if more else None)
+    if more or ids is None:
+        return JobPage(rows[:PAGE_SIZE], rows[PAGE_SIZE - 1].pk if more else None)
+    drive = driver_of(filters)
+    assert drive is not None
+    beyond = drive[0].values_list("pk", flat=True)[SCAN_ROWS : SCAN_ROWS + 1]
+    if not beyond:  # the driver held no more rows than the bound: the page is complete
+        return JobPage(rows, None)
+    searched = f"the newest {SCAN_ROWS:,} jobs with {drive[1]} (older ones: next page)"
+    return JobPage(rows, beyond[0] + 1, searched)  # the next page: the first row not examined
+
+
+def any_on_list(filters: dict[str, Any], ids: list[int]) -> bool:
+    """Whether any of these jobs passes the list's filters and search (one query over them)."""
+    if not ids:
+        return False
+    qs = filtered(filters, Job.objects.filter(pk__in=ids))
+    return (_search(qs, filters["q"]) if filters.get("q") else qs).exists()
 
 
 def jobs_by_id(ids: list[int]) -> list[Job]:

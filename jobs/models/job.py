@@ -181,6 +181,11 @@ class Job(models.Model):
                 condition=Q(state=JobState.QUEUED),
                 name="jobs_job_queue_depth_idx",
             ),
+            # The dashboard's jobs-list filters, newest first (migration 0011_dashboard_indexes).
+            models.Index(fields=["kind", "id"], name="jobs_job_kind_id_idx"),
+            models.Index(fields=["queue", "id"], name="jobs_job_queue_id_idx"),
+            models.Index(fields=["state", "id"], name="jobs_job_state_id_idx"),
+            models.Index(fields=["created_at", "id"], name="jobs_job_created_id_idx"),
         ]
 
     def __str__(self) -> str:

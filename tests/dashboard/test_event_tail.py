@@ -33,6 +33,7 @@ async def test_one_read_makes_one_notice_naming_each_changed_job_once(notices: l
             "job_ids": [1, 2],
             "rejected": True,
             "overflow": False,
+            "facts": [],
         }
     ]
 

@@ -2,8 +2,11 @@
 fast at a million rows. Sequential scans are disabled: on a tiny test table the planner would
 rightly prefer them, and what is checked here is that an index path exists."""
 
+from datetime import UTC, datetime
+
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from dashboard import selectors
 from jobs.models import Job
@@ -33,3 +36,47 @@ def test_unique_key_search_uses_its_index(make_job) -> None:  # type: ignore[no-
 def test_payload_text_search_is_bounded_to_the_newest_window() -> None:
     text = plan(selectors._search(Job.objects.all(), "acme").order_by("-id")[:51])
     assert "jobs_job_pkey" in text
+
+
+# -- every filter's first page is bounded ------------------------------------------------------
+
+
+def plans_of_page(filters: dict) -> list[str]:  # type: ignore[type-arg]
+    """EXPLAIN of every query `job_page(filters)` ran against jobs_job."""
+    with CaptureQueriesContext(connection) as ran:
+        selectors.job_page(filters)
+    plans = []
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        for query in ran.captured_queries:
+            if "jobs_job" in query["sql"]:
+                cur.execute(f"EXPLAIN {query['sql']}")
+                plans.append("\n".join(row[0] for row in cur.fetchall()))
+    return plans
+
+
+@pytest.mark.parametrize(
+    ("filters", "index"),
+    [
+        ({"kind": "nope"}, "jobs_job_kind_id_idx"),
+        ({"queue": "nope"}, "jobs_job_queue_id_idx"),
+        ({"state": "cancelled"}, "jobs_job_state_id_idx"),
+        ({"until": datetime(2000, 1, 1, tzinfo=UTC)}, "jobs_job_created_id_idx"),
+        ({"since": datetime(2999, 1, 1, tzinfo=UTC)}, "jobs_job_created_id_idx"),
+    ],
+    ids=["kind", "queue", "state", "until", "since"],
+)
+def test_a_single_filter_reads_its_own_index(filters: dict, index: str) -> None:  # type: ignore[type-arg]
+    plans = plans_of_page(filters)
+    assert plans and all(index in p for p in plans), plans
+    assert not any("Seq Scan" in p for p in plans)
+
+
+def test_several_filters_examine_a_bounded_slice_of_one_index() -> None:
+    until = datetime(2000, 1, 1, tzinfo=UTC)
+    plans = plans_of_page({"kind": "a", "queue": "b", "state": "failed", "until": until})
+    assert plans and all("jobs_job_kind_id_idx" in p for p in plans), plans
+    # The other filters apply above a LIMITed scan of the driving index, whatever they match.
+    scan = plans[0].split("Subquery Scan on scanned", 1)[1]
+    assert "Limit" in scan and "Index Scan Backward using jobs_job_kind_id_idx" in scan
+    assert not any("Seq Scan" in p for p in plans)

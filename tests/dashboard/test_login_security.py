@@ -1,0 +1,152 @@
+"""Logins are throttled (django-axes) and production security is switched on from the
+environment: `check --deploy` is clean with the documented variables set."""
+
+import os
+import secrets
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.hashers import MD5PasswordHasher
+from django.contrib.auth.models import User
+from django.db.models import F
+from django.test import Client
+from django.urls import reverse
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def log_in(client: Client, password: str) -> int:
+    url = reverse("dashboard:login")
+    return client.post(url, {"username": "operator", "password": password}).status_code
+
+
+def test_wrong_passwords_past_the_limit_are_refused_without_hashing(operator: User) -> None:
+    client = Client()
+    limit = settings.AXES_FAILURE_LIMIT
+    assert [log_in(client, "wrong") for _ in range(limit - 1)] == [200] * (limit - 1)
+    assert log_in(client, "wrong") == 429  # the limit-th failure locks
+    with (
+        mock.patch.object(
+            MD5PasswordHasher, "verify", autospec=True, side_effect=MD5PasswordHasher.verify
+        ) as verify,
+        mock.patch.object(
+            MD5PasswordHasher, "encode", autospec=True, side_effect=MD5PasswordHasher.encode
+        ) as encode,
+    ):
+        response = client.post(
+            reverse("dashboard:login"), {"username": "operator", "password": "wrong"}
+        )
+        assert response.status_code == 429
+        assert "Too many failed logins" in response.content.decode()
+        assert log_in(client, "pw") == 429  # even the right password, until the cool-off
+    assert verify.call_count == 0 and encode.call_count == 0  # no CPU spent on a password
+    assert "_auth_user_id" not in client.session
+
+
+def test_a_correct_login_succeeds_again_after_the_cool_off(operator: User) -> None:
+    from axes.models import AccessAttempt  # an installed app only with the throttling on
+
+    client = Client()
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        log_in(client, "wrong")
+    assert log_in(client, "pw") == 429
+    # The cool-off passes (the attempts age; no sleeping).
+    AccessAttempt.objects.update(
+        attempt_time=F("attempt_time") - settings.AXES_COOLOFF_TIME - timedelta(seconds=1)
+    )
+    assert log_in(client, "pw") == 302
+    assert client.session["_auth_user_id"] == str(operator.pk)
+
+
+def test_the_lockout_is_per_username_and_address(operator: User) -> None:
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        log_in(Client(), "wrong")
+    other = Client(REMOTE_ADDR="10.0.0.9")
+    assert log_in(other, "pw") == 302  # the same account from another address still logs in
+
+
+def _check_deploy(**env: str) -> subprocess.CompletedProcess[str]:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "SECRET_KEY", "ALLOWED_HOSTS"))
+    }
+    base |= {
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PALISADE_ENV_FILE": "none",
+        "SECRET_KEY": secrets.token_urlsafe(64),
+        "DATABASE_URL": os.environ["DATABASE_URL"],
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+PRODUCTION = {
+    "ALLOWED_HOSTS": "ops.example.com",
+    "DJANGO_HTTPS": "1",
+    "DJANGO_SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+    "DJANGO_CSRF_TRUSTED_ORIGINS": "https://ops.example.com",
+    "DJANGO_HSTS_INCLUDE_SUBDOMAINS": "1",
+    "DJANGO_HSTS_PRELOAD": "1",
+}
+
+
+def test_check_deploy_is_clean_with_the_production_variables_set() -> None:
+    result = _check_deploy(**PRODUCTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_check_deploy_without_them_names_what_is_missing() -> None:
+    result = _check_deploy(ALLOWED_HOSTS="ops.example.com")
+    assert result.returncode != 0
+    for warning in ("W004", "W008", "W012", "W016"):
+        assert warning in result.stderr
+
+
+def test_a_malformed_proxy_header_stops_start_up_with_a_clear_error() -> None:
+    result = _check_deploy(**PRODUCTION | {"DJANGO_SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto"})
+    assert result.returncode != 0
+    assert "expected 'HTTP_<HEADER>,<value>'" in result.stderr
+
+
+def test_the_proxy_settings_reach_django() -> None:
+    script = (
+        "from django.conf import settings as s; "
+        "print(s.SECURE_PROXY_SSL_HEADER, s.CSRF_TRUSTED_ORIGINS, s.SESSION_COOKIE_SECURE, "
+        "s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0)"
+    )
+    env = {**os.environ, **PRODUCTION, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    env |= {"PALISADE_ENV_FILE": "none", "SECRET_KEY": secrets.token_urlsafe(64)}
+    out = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {script}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert out.split() == [
+        "('HTTP_X_FORWARDED_PROTO',",
+        "'https')",
+        "['https://ops.example.com']",
+        "True",
+        "True",
+        "True",
+        "True",
+    ]

@@ -1,0 +1,182 @@
+"""A websocket lives no longer than its access: logout, deactivation, removal from `operators`
+or a vanished session close it before it sends anything more, and it cannot re-point itself
+afterwards; the handshake's Origin must be this site's scheme, host *and* port."""
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group, User
+from django.contrib.sessions.models import Session
+from django.db import connections
+from django.test import Client
+from django.urls import reverse
+
+import jobs
+from config.asgi import application
+from dashboard import access, selectors
+from dashboard.live import tail
+from jobs.core import transitions
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+HOST = "localhost"
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def stop_event_tail() -> Any:
+    yield
+    if tail.task is not None and not tail.task.done():
+        tail.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tail.task
+    await sync_to_async(connections.close_all)()
+
+
+def logged_in(user: User) -> Client:
+    client = Client(HTTP_HOST=HOST)
+    client.force_login(user)
+    return client
+
+
+def socket(client: Client | None, query: str, **headers: str) -> WebsocketCommunicator:
+    """A browser's socket through the whole ASGI stack: origin check, cookie, session."""
+    sent = {"origin": f"http://{HOST}", "host": HOST, **headers}
+    if client is not None:
+        sent["cookie"] = f"sessionid={client.cookies['sessionid'].value}"
+    return WebsocketCommunicator(
+        application,
+        f"/ws/live/?{query}",
+        headers=[(k.encode(), v.encode()) for k, v in sent.items()],
+    )
+
+
+async def opened_on_job(user: User) -> tuple[Client, WebsocketCommunicator, int]:
+    """The user's browser with a job page open and its hello received."""
+    client = await sync_to_async(logged_in)(user)
+    job = await sync_to_async(jobs.enqueue)("test.echo", {"secret": "s3"})
+    since = await sync_to_async(selectors.latest_event_id)()
+    communicator = socket(client, f"page=job&job={job.pk}&since={since}")
+    assert (await communicator.connect(timeout=5))[0]
+    assert (await communicator.receive_json_from(timeout=5))["swaps"] == []
+    return client, communicator, job.pk
+
+
+async def closed_before_any_push(communicator: WebsocketCommunicator, timeout: float = 10) -> int:
+    """The socket's next output is its close (code returned): no partial, no lease, no data."""
+    output = await communicator.receive_output(timeout=timeout)
+    assert output["type"] == "websocket.close", f"sent after access ended: {output}"
+    return int(output.get("code", 0))
+
+
+async def then_the_job_changes() -> None:
+    await sync_to_async(transitions.claim)("host:1", limit=1, lease_seconds=30)
+
+
+async def test_logout_closes_the_socket_before_it_pushes_again(operator: User) -> None:
+    client, communicator, _ = await opened_on_job(operator)
+    response = await sync_to_async(client.post)(reverse("dashboard:logout"))
+    assert response.status_code == 302
+    await then_the_job_changes()
+    assert await closed_before_any_push(communicator) == 4403
+
+
+async def test_deactivation_closes_the_socket(operator: User) -> None:
+    _, communicator, _ = await opened_on_job(operator)
+    operator.is_active = False
+    await sync_to_async(operator.save)()
+    await then_the_job_changes()
+    assert await closed_before_any_push(communicator) == 4403
+
+
+async def test_removal_from_operators_closes_the_socket(operator: User) -> None:
+    _, communicator, _ = await opened_on_job(operator)
+    group = await sync_to_async(Group.objects.get)(name="operators")
+    await sync_to_async(operator.groups.remove)(group)
+    await then_the_job_changes()
+    assert await closed_before_any_push(communicator) == 4403
+
+
+async def test_the_operators_group_losing_its_permission_closes_its_sockets(
+    operator: User,
+) -> None:
+    _, communicator, _ = await opened_on_job(operator)
+    group = await sync_to_async(Group.objects.get)(name="operators")
+    await sync_to_async(group.permissions.clear)()
+    await then_the_job_changes()
+    assert await closed_before_any_push(communicator) == 4403
+
+
+async def test_a_socket_whose_session_is_gone_cannot_re_point_itself(operator: User) -> None:
+    """No signal here (the session row just vanishes, as an expired one does): the re-check on
+    every message from the browser refuses the new screen and closes the socket."""
+    client, communicator, _ = await opened_on_job(operator)
+    other = await sync_to_async(jobs.enqueue)("test.echo", {"secret": "other"})
+    key = client.cookies["sessionid"].value
+    await sync_to_async(Session.objects.filter(session_key=key).delete)()
+    await communicator.send_json_to({"screen": {"page": "job", "job": str(other.pk)}})
+    await then_the_job_changes()
+    assert await closed_before_any_push(communicator) == 4403
+
+
+async def test_a_change_no_signal_announced_is_caught_before_the_next_push(
+    operator: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queryset update sends no signal (another process without the channel layer, SQL by
+    hand): the cached re-check before a push still finds it."""
+    monkeypatch.setattr(access, "RECHECK_SECONDS", 0.0)
+    _, communicator, _ = await opened_on_job(operator)
+    await sync_to_async(User.objects.filter(pk=operator.pk).update)(is_active=False)
+    await then_the_job_changes()
+    assert await closed_before_any_push(communicator) == 4403
+
+
+async def test_a_socket_that_keeps_its_access_keeps_receiving(operator: User) -> None:
+    _, communicator, job_id = await opened_on_job(operator)
+    await then_the_job_changes()
+    message = await communicator.receive_json_from(timeout=10)
+    assert [s["id"] for s in message["swaps"]] == ["job-live"]
+    await communicator.disconnect()
+
+
+# -- Origin ------------------------------------------------------------------------------------
+
+
+async def connects(client: Client, **headers: str) -> bool:
+    communicator = socket(client, "page=overview&since=0", **headers)
+    connected, _ = await communicator.connect(timeout=5)
+    if connected:
+        await communicator.disconnect()
+    return connected
+
+
+async def test_an_origin_on_another_port_is_refused(operator: User) -> None:
+    client = await sync_to_async(logged_in)(operator)
+    assert not await connects(client, origin=f"http://{HOST}:6666")
+    assert not await connects(client, origin=f"https://{HOST}")  # another scheme
+    assert not await connects(client, origin="http://evil.example")
+    assert await connects(client)  # the site itself, as the browser reached it
+
+
+async def test_the_port_of_the_host_is_part_of_the_origin(operator: User) -> None:
+    client = await sync_to_async(logged_in)(operator)
+    assert await connects(client, host=f"{HOST}:8000", origin=f"http://{HOST}:8000")
+    assert not await connects(client, host=f"{HOST}:8000", origin=f"http://{HOST}")
+
+
+async def test_behind_a_tls_proxy_the_https_origin_and_trusted_origins_are_accepted(
+    operator: User, settings: Any
+) -> None:
+    settings.ALLOWED_HOSTS = ["ops.example.com"]
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.CSRF_TRUSTED_ORIGINS = ["https://console.example.com"]
+    client = await sync_to_async(logged_in)(operator)
+    proxied = {"host": "ops.example.com", "x-forwarded-proto": "https"}
+    assert await connects(client, origin="https://ops.example.com", **proxied)
+    assert await connects(client, origin="https://console.example.com", **proxied)
+    assert not await connects(client, origin="http://ops.example.com", **proxied)
+    assert not await connects(client, origin="https://ops.example.com:8443", **proxied)
