@@ -3,10 +3,12 @@
 Durations come from the arguments, per attempt, so a test decides how long an attempt runs.
 """
 
+import os
 import time
 from typing import Any
 
 from django.tasks import TaskContext, task
+from django.tasks.signals import task_finished, task_started
 
 from jobs.tasks import job_context
 
@@ -93,3 +95,21 @@ async def async_add(a: int, b: int) -> int:
 @task(backend="immediate")
 def on_immediate(x: int) -> int:
     return x
+
+
+def _log_signal(name: str) -> Any:
+    """In a qcluster started with PALISADE_TEST_TASK_SIGNALS=<file>, each task signal appends a
+    line `<name> <id> <status> <attempts>` to that file (acceptance tests read it)."""
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        path = os.environ.get("PALISADE_TEST_TASK_SIGNALS")
+        if path:
+            line = f"{name} {task_result.id} {task_result.status} {task_result.attempts}\n"
+            with open(path, "a") as log:
+                log.write(line)
+
+    return receiver
+
+
+for _name, _signal in (("started", task_started), ("finished", task_finished)):
+    _signal.connect(_log_signal(_name), weak=False, dispatch_uid=f"tests.app.tasks.{_name}")
