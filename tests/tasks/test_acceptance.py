@@ -8,12 +8,15 @@ imported by nothing in the qcluster before the first claim). Signals are read fr
 test receivers in tests/app/tasks.py append to in the qcluster processes.
 """
 
+from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.tasks import TaskResultStatus
 
-from jobs.models import Attempt, RejectedWrite
+from demo.tasks import drill as drill_task
+from jobs.models import Attempt, Job, RejectedWrite
 from jobs.tasks import LeaseExpired
 from tests.acceptance.cluster import (
     pause_first_attempt_until_reclaimed,
@@ -103,3 +106,17 @@ def test_a_stopped_workers_stale_commit_is_rejected_and_the_result_is_the_winner
         ("started", "RUNNING", 2),
     ]
     assert [s for s in heard if s[0] == "finished"] == [("finished", "SUCCESSFUL", 2)]
+
+
+def test_the_zombie_drill_works_on_a_task(start_qcluster):
+    start_qcluster()
+    out = StringIO()
+    call_command("drill", "--task", "--timeout", "40", stdout=out)
+    job = Job.objects.get(kind="demo.tasks.drill")
+    assert (job.state, job.attempt) == ("succeeded", 2)
+    refused = RejectedWrite.objects.get(job=job, attempt_presented=1)
+    assert refused.attempt_current == 2
+    result = drill_task.get_result(str(job.pk))
+    second = Attempt.objects.get(job=job, number=2)
+    assert result.return_value == {"attempt": 2, "worker": second.worker}
+    assert f"job {job.pk}:" in out.getvalue() and "was rejected" in out.getvalue()
