@@ -18,3 +18,9 @@ def drill(context: TaskContext, seconds: float = 3.0) -> dict[str, Any]:
     lands inside it and the resumed process goes straight to its stale commit."""
     time.sleep(seconds)
     return {"attempt": context.attempt, "worker": job_context(context).worker}
+
+
+@task
+def noop() -> None:
+    """A task that does nothing: what bench/run.py's `tasks` row drains."""
+    return None

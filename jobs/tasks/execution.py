@@ -161,6 +161,7 @@ def send_robustly(signal: Any, backend: Any, result: Any) -> None:
 # -- task_finished, after the final write landed ---------------------------------------------
 
 _finished_queue: "queue.Queue[int]" = queue.Queue()
+FINISHED_BATCH = 200  # jobs read (in two queries) and announced together
 _thread_lock = threading.Lock()
 _thread: threading.Thread | None = None
 
@@ -177,28 +178,32 @@ def _finished(job_id: int, attempt: int, succeeded: bool) -> None:
 
 def _notify() -> None:
     while True:
-        job_id = _finished_queue.get()
+        batch = [_finished_queue.get()]
+        while len(batch) < FINISHED_BATCH and not _finished_queue.empty():
+            batch.append(_finished_queue.get_nowait())
         try:
-            _send_finished(job_id)
+            _send_finished(batch)
         except Exception:  # noqa: BLE001  a notice lost is logged; the thread must live on
-            logger.exception("job %s: could not send task_finished", job_id)
+            logger.exception("jobs %s: could not send task_finished", batch)
         finally:
-            _finished_queue.task_done()
+            for _ in batch:
+                _finished_queue.task_done()
             if _finished_queue.empty():
                 connection.close()  # this thread's own connection, reopened on the next burst
 
 
-def _send_finished(job_id: int) -> None:
-    read = results.read(job_id)
-    if read is None:
-        return
-    job, attempts = read
-    task = task_for(job["kind"])
-    if task is None:
-        return
-    payload = job["payload"] if isinstance(job["payload"], dict) else {}
-    backend = _backend(str(payload.get("backend", task.backend)))
-    send_robustly(task_finished, backend, results.build(task, job, attempts))
+def _send_finished(job_ids: list[int]) -> None:
+    found = results.read_many(job_ids)
+    for job_id in job_ids:
+        if job_id not in found:
+            continue  # deleted meanwhile
+        job, attempts = found[job_id]
+        task = task_for(job["kind"])
+        if task is None:
+            continue
+        payload = job["payload"] if isinstance(job["payload"], dict) else {}
+        backend = _backend(str(payload.get("backend", task.backend)))
+        send_robustly(task_finished, backend, results.build(task, job, attempts))
 
 
 def wait_for_finished_notices(timeout: float) -> bool:
