@@ -8,6 +8,8 @@ imported by nothing in the qcluster before the first claim). Signals are read fr
 test receivers in tests/app/tasks.py append to in the qcluster processes.
 """
 
+import os
+import signal
 from io import StringIO
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from tests.acceptance.cluster import (
     pause_first_attempt_until_reclaimed,
     wait_for_attempt,
     wait_for_db_clock_past,
+    wait_for_outcome,
     wait_for_rejection,
     wait_for_state,
     wait_until,
@@ -120,3 +123,24 @@ def test_the_zombie_drill_works_on_a_task(start_qcluster):
     second = Attempt.objects.get(job=job, number=2)
     assert result.return_value == {"attempt": 2, "worker": second.worker}
     assert f"job {job.pk}:" in out.getvalue() and "was rejected" in out.getvalue()
+
+
+def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_qcluster):
+    """SIGTERM with a task running past the grace period: the attempt is handed back (fenced
+    release, uncharged), another cluster finishes the task, and the hand-back is no error."""
+    leaving = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS="1")
+    result = tasks.sleepy.enqueue(seconds_by_attempt={"1": 60})
+    job_id = int(result.id)
+    first = wait_for_attempt(job_id, 1)
+    wait_for_state(job_id, "running")
+
+    os.kill(leaving.proc.pid, signal.SIGTERM)
+    wait_for_outcome(job_id, 1, {"released"}, timeout=15)
+    start_qcluster()
+
+    committed = wait_for_state(job_id, "succeeded", timeout=30)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value["attempt"] == committed.attempt == result.attempts == 2
+    assert result.worker_ids[0] == first.worker
+    assert result.errors == []  # handed back unstarted-or-abandoned: not a failure of the task

@@ -5,6 +5,7 @@ import pytest
 from django.tasks import TaskResultStatus
 from django.test import override_settings
 
+from jobs.core.exceptions import LeaseLost
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.tasks import LeaseExpired, TaskCancelled
@@ -174,6 +175,7 @@ def test_a_zombie_commit_of_a_task_is_rejected_and_reports_nothing(second_connec
     assert RejectedWrite.objects.filter(job_id=int(result.id), write="commit").exists()
     result.refresh()
     assert result.status == TaskResultStatus.RUNNING  # the thief's attempt owns it now
+    assert [e.exception_class for e in result.errors] == [LeaseLost]  # attempt 1: rejected
 
 
 # -- what the worker agrees to run ---------------------------------------------------------
