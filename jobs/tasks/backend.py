@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.core.checks import CheckMessage, Error, Warning
 from django.db import transaction
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult
@@ -28,6 +29,8 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 
 from jobs.core import bounds
+from jobs.core.conf import jobs_settings
+from jobs.core.enqueue import QUEUE_NAME
 from jobs.core.exceptions import InvalidOption, InvalidPayload
 from jobs.core.registry import KIND
 from jobs.models import Job
@@ -139,6 +142,29 @@ class PalisadeBackend(BaseTaskBackend):
         result = results.build(task, _row(job), [])
         transaction.on_commit(lambda: execution.send_robustly(task_enqueued, self, result))
         return result
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """Queue names a job can carry (jobs.E030), and served by this process's workers when
+        JOBS["QUEUES"] limits them (jobs.W031: such a task would wait for ever here)."""
+        messages: list[CheckMessage] = []
+        served = jobs_settings().QUEUES
+        for queue in sorted(self.queues):
+            if not QUEUE_NAME.match(queue):
+                messages.append(
+                    Error(
+                        f"TASKS[{self.alias!r}] queue {queue!r} must match {QUEUE_NAME.pattern}",
+                        id="jobs.E030",
+                    )
+                )
+            elif served is not None and queue not in served:
+                messages.append(
+                    Warning(
+                        f"TASKS[{self.alias!r}] queue {queue!r} is not in JOBS['QUEUES'] "
+                        f"{list(served)}: this process's workers never run its tasks",
+                        id="jobs.W031",
+                    )
+                )
+        return messages
 
     def get_result(self, result_id: Any) -> TaskResult:
         """The task's result as the job tables say now; TaskResultDoesNotExist otherwise."""

@@ -233,3 +233,22 @@ def test_aenqueue_and_aget_result():
 
 def test_a_coroutine_task_is_accepted():
     assert tasks.async_add.enqueue(1, 2).status == TaskResultStatus.READY
+
+
+# -- system checks -------------------------------------------------------------------------
+
+
+def test_a_queue_name_no_job_can_carry_is_an_error(settings):
+    settings.TASKS = {"default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": ["bad name"]}}
+    assert [m.id for m in task_backends["default"].check()] == ["jobs.E030"]
+
+
+def test_a_queue_the_workers_do_not_serve_is_a_warning(settings):
+    settings.TASKS = {"default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": ["x", "y"]}}
+    settings.JOBS = {"QUEUES": ["x"]}
+    messages = task_backends["default"].check()
+    assert [(m.id, "'y'" in m.msg) for m in messages] == [("jobs.W031", True)]
+
+
+def test_the_configured_backend_passes_its_checks():
+    assert task_backends["default"].check() == []
