@@ -9,6 +9,7 @@ installed from the package index on first use and cached, see bench/peers.py):
   palisade       Palisade's qcluster, claim batch 8 (default)      bench/systems/palisade.py
   batch1         the same with JOBS_CLAIM_BATCH=1
   effects        the same drain of jobs that each stage one small output and record one effect
+  tasks          the same drain of a django.tasks @task no-op (jobs.tasks.PalisadeBackend)
   sql            Palisade's own claim + batch commit SQL in a raw loop: its SQL floor
   runner         jobs.worker.runner.drain() in plain processes: no django-q2, no scheduler
   bare           a minimal fenced claim/commit loop on a table of its own
@@ -55,6 +56,7 @@ from bench.systems.palisade import (  # noqa: E402
     PalisadeBatch1,
     PalisadeDB,
     PalisadeEffects,
+    PalisadeTasks,
 )
 from bench.systems.procrastinate import Procrastinate  # noqa: E402
 
@@ -62,6 +64,7 @@ SYSTEMS: list[Any] = [
     Palisade(),
     PalisadeBatch1(),
     PalisadeEffects(),
+    PalisadeTasks(),
     Decomposition("sql", "Palisade SQL floor (raw loop, batch 8)", "sql_worker"),
     Decomposition("runner", "runner.drain(), no django-q2", "runner_worker"),
     Bare(),

@@ -83,6 +83,9 @@ INSTALLED_APPS = [
     "axes",  # login throttling: see "Security" below
 ]
 
+# Django's task framework (`@task`, django.tasks) on the fenced engine: docs/tasks.md.
+TASKS = {"default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": ["default"]}}
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

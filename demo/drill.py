@@ -29,6 +29,7 @@ from django.db import close_old_connections, transaction
 
 import jobs
 from demo.handlers import DRILL_KIND, DRILL_LEASE_SECONDS
+from demo.tasks import drill as drill_task
 from jobs.models import Attempt, Job, RejectedWrite
 
 logger = logging.getLogger("demo.drill")
@@ -90,6 +91,14 @@ def enqueue_drill_job(seconds: float = 3.0) -> Job:
             priority=100,
             lease_seconds=DRILL_LEASE_SECONDS,
         )
+
+
+def enqueue_drill_task(seconds: float = 3.0) -> Job:
+    """The same slow work as a django.tasks `@task` (demo.tasks.drill): the drill then shows the
+    fence refusing a task's stale commit, by the task's module path."""
+    with transaction.atomic():
+        result = drill_task.enqueue(seconds=seconds)
+    return Job.objects.get(pk=int(result.id))
 
 
 def run(job_id: int, timeout: float = 60.0) -> DrillResult:

@@ -110,11 +110,12 @@ def second_connection(transactional_db: None) -> Iterator[psycopg.Connection]:
 
 @pytest.fixture
 def swap_handler(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[..., Any]], None]:
-    """Replace the function behind a registered kind for one test."""
-    from jobs.core.registry import Handler, _handlers
+    """Replace the function behind a registered kind for one test (its options and hooks stay)."""
+    from dataclasses import replace
+
+    from jobs.core.registry import _handlers
 
     def swap(kind: str, fn: Callable[..., Any]) -> None:
-        old = _handlers[kind]
-        monkeypatch.setitem(_handlers, kind, Handler(kind, fn, old.lease_seconds, old.max_attempts))
+        monkeypatch.setitem(_handlers, kind, replace(_handlers[kind], fn=fn))
 
     return swap

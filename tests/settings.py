@@ -12,6 +12,11 @@ from config.settings import *  # noqa: E402,F403
 from config.settings import INSTALLED_APPS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.app"]
+# django.tasks on Palisade (jobs.tasks); the test tasks live in tests/app/tasks.py.
+TASKS = {
+    "default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": ["default", "tasks"]},
+    "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Cron schedules for acceptance tests that start qcluster subprocesses (JSON, see jobs.ops.cron).

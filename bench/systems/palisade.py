@@ -6,6 +6,7 @@ batch1    the same drain with JOBS_CLAIM_BATCH=1.
 bare      2 raw-psycopg processes: one-statement claim + fenced commit per job, own table.
 sql       2 raw-psycopg processes running Palisade's own claim (batch 8) and batch commit SQL
           (jobs.core.sql.PostgresDriver) against jobs_job, autocommit: the SQL floor of Palisade.
+tasks     the palisade drain of a django.tasks @task no-op through jobs.tasks.PalisadeBackend.
 runner    2 plain Django processes calling jobs.worker.runner.drain() in a loop (batch 8): the
 runner
           without django-q2 and without the embedded scheduler.
@@ -136,13 +137,13 @@ class PalisadeDB:
         return info
 
     @classmethod
-    def insert_jobs(cls, n: int, kind: str = "demo.noop") -> float:
+    def insert_jobs(cls, n: int, kind: str = "demo.noop", payload: Any = None) -> float:
         """N jobs in one bulk_create (Palisade's bulk enqueue); returns seconds."""
         from jobs.models import Job
 
         cls.reset()
         t0 = time.perf_counter()
-        Job.objects.bulk_create([Job(kind=kind, payload={}) for _ in range(n)])
+        Job.objects.bulk_create([Job(kind=kind, payload=payload or {}) for _ in range(n)])
         took = time.perf_counter() - t0
         cls.settle(["jobs_job", "jobs_attempt", "jobs_jobevent"])
         return took
@@ -154,6 +155,7 @@ class Palisade:
     batch = 8
     latency = True
     kind = "demo.noop"
+    payload: Any = None
 
     def setup(self, ctx: Context) -> None:
         PalisadeDB.setup(ctx)
@@ -179,7 +181,7 @@ class Palisade:
         if self.latency:
             result["enqueue"] = self.enqueue_rates(ctx)  # leaves N queued jobs behind
         else:
-            PalisadeDB.insert_jobs(n, self.kind)
+            PalisadeDB.insert_jobs(n, self.kind, self.payload)
         env = {**PalisadeDB.env(ctx), "JOBS_CLAIM_BATCH": str(self.batch)}
         if ctx.args.q_poll is not None:
             env["Q_POLL"] = str(ctx.args.q_poll)
@@ -260,6 +262,18 @@ class PalisadeEffects(Palisade):
     label = "Palisade, stage 1 output + 1 effect"
     latency = False
     kind = "demo.staged_effect"
+
+
+class PalisadeTasks(Palisade):
+    """The batch-8 drain of a django.tasks `@task` no-op (demo.tasks.noop) on jobs.tasks'
+    backend: the rows `noop.enqueue()` writes, bulk-inserted; each run reads its job and attempts
+    for task_started and again for task_finished (sent on a thread of its own)."""
+
+    key = "tasks"
+    label = "Palisade via @task (django.tasks)"
+    latency = False
+    kind = "demo.tasks.noop"
+    payload = {"args": [], "kwargs": {}, "backend": "default", "run_after": None}
 
 
 class PalisadeBatch1(Palisade):

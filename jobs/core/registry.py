@@ -2,6 +2,12 @@
 
 Owns: `@handler` and lookup. Handlers live in `handlers.py` of any installed app and are imported
 by autodiscover() from JobsConfig.ready(), like admin.py. Never: touches the database.
+
+Two hooks for kinds registered by a layer above (jobs.tasks registers each `@task` as the kind
+named by its module path): `on_finished(job_id, attempt, succeeded)`, which the worker calls once
+a kind's final write (commit, or the failure that ends the job) has landed; and resolvers, which
+`get_handler` asks about a kind it does not know yet (a task whose module this process has not
+imported) before it raises UnknownKind.
 """
 
 import re
@@ -17,6 +23,8 @@ from jobs.core.exceptions import HandlerAlreadyRegistered, InvalidOption, Unknow
 # fn(ctx) -> JSON-able result. `ctx` is a jobs.context.JobContext; it is left untyped here
 # so the core never imports the worker, which builds it (checked by import-linter).
 HandlerFn = Callable[[Any], Any]
+# on_finished(job_id, attempt, succeeded): called once the final write of such a job landed.
+FinishedHook = Callable[[int, int, bool], None]
 KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 
 
@@ -28,9 +36,11 @@ class Handler:
     max_attempts: int | None = None
     cron: str | None = None  # a recurring schedule named after the kind (jobs.ops.cron)
     timezone: str = "UTC"
+    on_finished: FinishedHook | None = None
 
 
 _handlers: dict[str, Handler] = {}
+_resolvers: list[Callable[[str], None]] = []
 
 
 def handler(
@@ -40,6 +50,7 @@ def handler(
     max_attempts: int | None = None,
     cron: str | None = None,
     timezone: str = "UTC",
+    on_finished: FinishedHook | None = None,
 ) -> Callable[[HandlerFn], HandlerFn]:
     """Register `fn(ctx) -> JSON-able result` as the handler for `kind`."""
     if not isinstance(kind, str) or not KIND.match(kind):
@@ -57,7 +68,7 @@ def handler(
             qualname = f"{existing.fn.__module__}.{existing.fn.__qualname__}"
             raise HandlerAlreadyRegistered(f"kind {kind!r} is already handled by {qualname}")
         lease = float(lease_seconds) if lease_seconds is not None else None
-        _handlers[kind] = Handler(kind, fn, lease, max_attempts, cron, timezone)
+        _handlers[kind] = Handler(kind, fn, lease, max_attempts, cron, timezone, on_finished)
         return fn
 
     return register
@@ -77,10 +88,28 @@ def _check_schedule(cron: object, timezone: object) -> None:
 
 
 def get_handler(kind: str) -> Handler:
-    try:
-        return _handlers[kind]
-    except KeyError:
-        raise UnknownKind(f"no handler is registered for kind {kind!r}") from None
+    found = _handlers.get(kind)
+    if found is None:
+        for resolve in _resolvers:  # may register `kind` (e.g. by importing a task's module)
+            resolve(kind)
+        found = _handlers.get(kind)
+    if found is None:
+        raise UnknownKind(f"no handler is registered for kind {kind!r}")
+    return found
+
+
+def add_resolver(resolve: Callable[[str], None]) -> None:
+    """`resolve(kind)` is asked about an unknown kind and may register it; never raises."""
+    if resolve not in _resolvers:
+        _resolvers.append(resolve)
+
+
+def finished(kind: str, job_id: int, attempt: int, succeeded: bool) -> None:
+    """Tell the kind's `on_finished` hook, if any, that a final write landed (the worker calls
+    this after the write, never for a rejected one)."""
+    found = _handlers.get(kind)
+    if found is not None and found.on_finished is not None:
+        found.on_finished(job_id, attempt, succeeded)
 
 
 def handler_leases() -> dict[str, float]:

@@ -29,7 +29,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from jobs.context import record_unrecorded_rejection
-from jobs.core import policy, transitions
+from jobs.core import policy, registry, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import bounded
 from jobs.core.exceptions import LeaseLost, UnknownKind
@@ -66,6 +66,7 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
     if not items:
         return
     results = {i.held.fence.job_id: i.result for i in items}
+    kinds = {i.held.fence.job_id: i.claimed.kind for i in items}
 
     def write(fences: Sequence[Fence]) -> None:
         refs, intents = _promotions(fences)
@@ -76,6 +77,8 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
             _settle_unpromoted(fence)
         for fence in fences:
             pending.forget(fence)
+            if fence not in rejected:
+                _tell_finished(kinds[fence.job_id], fence, succeeded=True)
 
     try:
         present_until_decided([i.held.fence for i in items], write, AttemptOutcome.SUCCEEDED)
@@ -138,6 +141,8 @@ def fail(claimed: Claimed, error: str) -> None:
         _settle_unpromoted(fence)
         return
     _settle_unpromoted(fence)
+    if retry_in is None:
+        _tell_finished(claimed.kind, fence, succeeded=False)
     if retry_in is not None:
         logger.info(
             "job %s (%s) attempt %s failed, retry in %.1f s: %s",
@@ -206,6 +211,15 @@ def discard(fence: Fence) -> None:
     with bounded(f"end of job {fence.job_id} attempt {fence.attempt} as lost"):
         transitions.mark_lost(fence)
     _settle_unpromoted(fence)
+
+
+def _tell_finished(kind: str, fence: Fence, *, succeeded: bool) -> None:
+    """The job's final write landed: its kind's hook hears of it (jobs.tasks sends
+    task_finished). Never for a rejected write; a hook's failure never changes the outcome."""
+    try:
+        registry.finished(kind, fence.job_id, fence.attempt, succeeded)
+    except Exception:  # noqa: BLE001  the write has landed; a hook cannot undo or redo it
+        logger.exception("job %s attempt %s: the on_finished hook failed", *_ids(fence))
 
 
 def _handler(kind: str) -> Handler | None:

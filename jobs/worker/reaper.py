@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from jobs.core import policy, transitions
+from jobs.core import policy, registry, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import UnknownKind
 from jobs.core.registry import Handler, get_handler
@@ -84,6 +84,11 @@ def _reclaim(row: ExpiredRow, worker: str) -> int:
         return 0
     stats.reclaimed += 1
     stats.uncharged += not row.confirmed
+    if terminal:
+        try:  # the failure landed: the kind's hook hears of it (jobs.tasks: task_finished)
+            registry.finished(row.kind, row.id, row.attempt, False)
+        except Exception:  # noqa: BLE001  the reclaim has landed; a hook cannot change it
+            logger.exception("job %s: the on_finished hook failed", row.id)
     # The operator's line is transitions.reclaim_expired's (structured, with the evidence).
     logger.debug(
         "job %s attempt %s: lease expired (worker %s, %s), %s",

@@ -16,9 +16,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--seconds", type=float, default=3.0, help="the slow job's duration")
         parser.add_argument("--timeout", type=float, default=60.0, help="deadline of each wait")
+        parser.add_argument(
+            "--task", action="store_true", help="drill a django.tasks @task (demo.tasks.drill)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        job = drill.enqueue_drill_job(options["seconds"])
+        enqueue = drill.enqueue_drill_task if options["task"] else drill.enqueue_drill_job
+        job = enqueue(options["seconds"])
         self.stdout.write(f"drill job {job.pk} enqueued; waiting for a worker to claim it")
         try:
             result = drill.run(job.pk, timeout=options["timeout"])

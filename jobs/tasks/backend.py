@@ -1,0 +1,194 @@
+"""`PalisadeBackend`: Django's `django.tasks` API (6.1) on Palisade's fenced engine.
+
+Owns: validating a Task (`validate_task`), enqueueing it as a job (`enqueue`, `aenqueue`) and
+reading its result back (`get_result`, `aget_result`), and `PalisadeTask`, the task class whose
+extra `@task(...)` options carry Palisade's per-task settings.
+
+A task is the job of the kind named by its module path (`myapp.tasks.send_report`), payload
+`{"args": [...], "kwargs": {...}, "backend": alias, "run_after": iso | null}`; its TaskResult id
+is the job's id. Enqueue is `jobs.enqueue()`: it joins the caller's transaction (nothing is
+visible, and task_enqueued is not sent, until the caller commits; a rollback enqueues nothing).
+
+Never: stores a result anywhere but the job tables, or runs a task (jobs.tasks.execution does,
+inside a worker). Bad input raises before anything is written: InvalidTask from validate_task,
+and enqueue's ValueError family (jobs.InvalidPayload, jobs.PayloadTooLarge, ...) for arguments.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Warning
+from django.db import transaction
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import Task, TaskResult
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+from django.utils.json import normalize_json
+
+from jobs.core import bounds
+from jobs.core.conf import jobs_settings
+from jobs.core.enqueue import QUEUE_NAME
+from jobs.core.exceptions import InvalidOption, InvalidPayload
+from jobs.core.registry import KIND
+from jobs.models import Job
+from jobs.tasks import execution, results
+
+UniqueKey = str | Callable[[list[Any], dict[str, Any]], str] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PalisadeTask(Task):
+    """A Task with Palisade's options, given to `@task(...)` beside Django's own:
+
+    lease_seconds, max_attempts: as `@handler`'s (bounded the same way);
+    unique_key: a string, or `fn(args, kwargs) -> str`: enqueueing while a job with that key is
+    queued or running returns that job's result instead of a second job;
+    timeout: accepted, validated and stored -- NOT enforced yet (docs/tasks.md).
+    """
+
+    lease_seconds: float | None = None
+    max_attempts: int | None = None
+    unique_key: UniqueKey = None
+    timeout: float | None = None
+
+
+def _options(task: Task) -> tuple[float | None, int | None, UniqueKey, float | None]:
+    return (
+        getattr(task, "lease_seconds", None),
+        getattr(task, "max_attempts", None),
+        getattr(task, "unique_key", None),
+        getattr(task, "timeout", None),
+    )
+
+
+class PalisadeBackend(BaseTaskBackend):
+    """TASKS = {"default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": [...]}}."""
+
+    task_class = PalisadeTask
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    # Coroutine tasks run in the worker through Task.call (asgiref's async_to_sync), with the
+    # same lease, heartbeats and fenced commit (tests/tasks/test_execution.py).
+    supports_async_task = True
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks (module-level function, context argument, priority -100..100, queue
+        in QUEUES, aware run_after), then Palisade's: the module path is a storable kind, and
+        the options are within the bounds `@handler` enforces."""
+        super().validate_task(task)
+        if task.run_after is not None:
+            if not timezone.is_aware(task.run_after):
+                raise InvalidTask("run_after must be an aware datetime.")
+            try:
+                bounds.run_at(task.run_after)
+            except InvalidOption as exc:
+                raise InvalidTask(f"run_after: {exc}") from None
+        if not KIND.match(task.module_path):
+            raise InvalidTask(
+                f"the task's module path {task.module_path!r} must match {KIND.pattern} "
+                "(it names the job kind)"
+            )
+        lease_seconds, max_attempts, unique_key, timeout = _options(task)
+        try:
+            if lease_seconds is not None:
+                bounds.lease_seconds(lease_seconds)
+            if max_attempts is not None:
+                bounds.max_attempts(max_attempts)
+            if timeout is not None:
+                bounds.lease_seconds(timeout, name="timeout")
+        except InvalidOption as exc:
+            raise InvalidTask(str(exc)) from None
+        if unique_key is not None and not isinstance(unique_key, str) and not callable(unique_key):
+            raise InvalidTask("unique_key must be a string or a function of (args, kwargs)")
+        execution.register(task, lease_seconds, max_attempts)
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Insert the task's job inside the caller's transaction; return its READY result.
+
+        task_enqueued is sent once the caller's transaction commits (at once in autocommit); a
+        duplicate (`unique_key` held by a live job) returns that job's result and sends nothing.
+        """
+        self.validate_task(task)
+        try:
+            args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        except (TypeError, ValueError) as exc:
+            raise InvalidPayload(f"task arguments must be JSON: {exc}") from None
+        lease_seconds, max_attempts, unique_key, _ = _options(task)
+        if callable(unique_key):
+            unique_key = unique_key(args, kwargs)
+        run_after = task.run_after
+        payload = {
+            "args": args,
+            "kwargs": kwargs,
+            "backend": self.alias,
+            "run_after": run_after.isoformat() if run_after is not None else None,
+        }
+        job = Job.objects.enqueue(
+            task.module_path,
+            payload,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_at=run_after,
+            max_attempts=max_attempts,
+            lease_seconds=lease_seconds,
+            unique_key=unique_key,
+        )
+        if getattr(job, "duplicate", False):
+            return self.get_result(str(job.pk))
+        result = results.build(task, _row(job), [])
+        transaction.on_commit(lambda: execution.send_robustly(task_enqueued, self, result))
+        return result
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """Queue names a job can carry (jobs.E030), and served by this process's workers when
+        JOBS["QUEUES"] limits them (jobs.W031: such a task would wait for ever here)."""
+        messages: list[CheckMessage] = []
+        served = jobs_settings().QUEUES
+        for queue in sorted(self.queues):
+            if not QUEUE_NAME.match(queue):
+                messages.append(
+                    Error(
+                        f"TASKS[{self.alias!r}] queue {queue!r} must match {QUEUE_NAME.pattern}",
+                        id="jobs.E030",
+                    )
+                )
+            elif served is not None and queue not in served:
+                messages.append(
+                    Warning(
+                        f"TASKS[{self.alias!r}] queue {queue!r} is not in JOBS['QUEUES'] "
+                        f"{list(served)}: this process's workers never run its tasks",
+                        id="jobs.W031",
+                    )
+                )
+        return messages
+
+    def get_result(self, result_id: Any) -> TaskResult:
+        """The task's result as the job tables say now; TaskResultDoesNotExist otherwise."""
+        try:
+            job_id = int(result_id)
+        except (TypeError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        read = results.read(job_id) if 0 < job_id < 2**63 else None
+        if read is None:
+            raise TaskResultDoesNotExist(result_id)
+        job, attempts = read
+        task = execution.task_for(job["kind"])
+        payload = job["payload"] if isinstance(job["payload"], dict) else {}
+        if task is None or payload.get("backend") != self.alias:
+            raise TaskResultDoesNotExist(f"job {job_id} is not a task of backend {self.alias!r}")
+        return results.build(task, job, attempts)
+
+
+def _row(job: Job) -> dict[str, Any]:
+    row = {name: getattr(job, name) for name in results.JOB_FIELDS}
+    row["id"] = job.pk
+    row["created_at"] = job.created_at if isinstance(job.created_at, datetime) else None
+    row["finished_at"] = None
+    return row
+
+
+execution.backend_classes.add(PalisadeBackend)

@@ -1,0 +1,221 @@
+"""How a `@task` runs: as the handler of the kind named by its module path, on the fenced runner.
+
+Owns: the kinds of tasks (module path -> the Task a Palisade backend validated), the handler that
+runs one (`fn(ctx)`: task_started, then the task's function with its args, kwargs and -- with
+takes_context -- a TaskContext carrying the JobContext), the resolver that lets a worker learn a
+kind whose module it has not imported yet, and the thread that sends task_finished once the
+final write has landed.
+
+Why the runner side lives here and not in jobs.worker: the worker runs any handler the registry
+holds and knows nothing of django.tasks; a task is registered as one more handler (leases,
+heartbeats, fenced commit, retries with backoff, max_attempts, hand-back at shutdown all come
+from the runner unchanged). The web process imports this module too (the backend registers a
+task when it validates it, so enqueue knows the kind), so it must not import jobs.worker
+(import-linter: jobs.tasks sits between the worker and jobs.context).
+
+Never: runs anything that is not a django.tasks `Task` validated by a Palisade backend. A kind
+read from a row is never imported and called: the resolver may import the *module* part of an
+unknown kind only when it lies inside an installed app, and only a Task that module's import
+registered (by validation through a Palisade backend) is ever run.
+
+Hazards: signal receivers are user code. task_started runs in the handler (a raising receiver is
+logged, `send_robust`); task_finished runs on a thread of its own, so a slow receiver delays
+neither a commit nor a heartbeat, and is sent only after the commit or final failure landed --
+never for a zombie's rejected write (the worker calls the hook after the write, see
+jobs.core.registry.finished). That thread is per process and daemonic: a notification still
+queued when the process dies is not sent (signals are in-process notices, never the truth;
+`get_result()` is).
+"""
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+from django.apps import apps
+from django.db import connection
+from django.tasks import task_backends
+from django.tasks.base import Task, TaskContext
+from django.tasks.signals import task_finished, task_started
+from django.utils.json import normalize_json
+
+from jobs.context import JobContext
+from jobs.core import registry
+from jobs.core.exceptions import UnknownKind
+from jobs.tasks import results
+
+logger = logging.getLogger("jobs.tasks")
+
+# module path -> the Task a Palisade backend validated (the decorated one, or a copy: one func).
+_tasks: dict[str, Task] = {}
+_adapters: dict[str, registry.HandlerFn] = {}
+_misses: set[str] = set()  # kinds the resolver looked for in vain
+# Backend classes whose tasks may run here (jobs.tasks.backend adds PalisadeBackend).
+backend_classes: set[type] = set()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PalisadeTaskContext(TaskContext):  # type: ignore[misc]
+    """Django's TaskContext, plus `job`: Palisade's JobContext of this attempt (heartbeat,
+    checkpoint, stage, effect, intent, fenced_write; `job.attempt` is the fencing token)."""
+
+    job: JobContext
+
+
+def job_context(context: TaskContext) -> JobContext:
+    """The JobContext of a task running with takes_context=True (`context.job`)."""
+    if not isinstance(context, PalisadeTaskContext):
+        raise TypeError("not the context of a task running on a Palisade backend")
+    return context.job
+
+
+def register(task: Task, lease_seconds: float | None, max_attempts: int | None) -> None:
+    """Make `task` a kind (its module path) this process can run and enqueue."""
+    kind = task.module_path
+    known = _tasks.get(kind)
+    if known is not None and known.func is task.func:
+        return
+    _tasks[kind] = task
+    _misses.discard(kind)
+    adapter = _adapters.setdefault(kind, _adapter(kind))
+    registry.handler(
+        kind, lease_seconds=lease_seconds, max_attempts=max_attempts, on_finished=_finished
+    )(adapter)
+
+
+def task_for(kind: str) -> Task | None:
+    """The Task registered for `kind`, resolving (importing its module) if need be."""
+    if kind not in _tasks:
+        resolve(kind)
+    return _tasks.get(kind)
+
+
+def resolve(kind: str) -> None:
+    """Import the module of an unknown task kind, if it lies inside an installed app.
+
+    Importing it registers its tasks (a Task is validated, hence registered, when it is made).
+    Never imports anything outside the installed apps' packages, never calls what it imports.
+    """
+    if kind in _tasks or kind in _misses or "." not in kind:
+        return
+    module = kind.rsplit(".", 1)[0]
+    inside = any(
+        module == app.name or module.startswith(app.name + ".") for app in apps.get_app_configs()
+    )
+    if inside:
+        try:
+            import_module(module)
+        except Exception:  # noqa: BLE001  a broken module is that kind's problem: unknown
+            logger.exception("could not import %s to find task %s", module, kind)
+    if kind not in _tasks:
+        _misses.add(kind)
+
+
+registry.add_resolver(resolve)
+
+
+def _backend(alias: str) -> Any:
+    backend = task_backends[alias]
+    if not isinstance(backend, tuple(backend_classes)):
+        raise UnknownKind(f"task backend {alias!r} is not a Palisade backend")
+    return backend
+
+
+def _adapter(kind: str) -> registry.HandlerFn:
+    def run_task(ctx: JobContext) -> Any:
+        task = _tasks.get(kind)
+        if task is None or not isinstance(task, Task):
+            raise UnknownKind(f"{kind} is not a django.tasks Task of a Palisade backend")
+        payload = ctx.payload if isinstance(ctx.payload, dict) else {}
+        backend = _backend(str(payload.get("backend", task.backend)))
+        read = results.read(ctx.job_id)
+        if read is None:  # deleted under us: nothing to report to
+            raise UnknownKind(f"job {ctx.job_id} no longer exists")
+        result = results.build(task, *read)
+        send_robustly(task_started, backend, result)
+        args, kwargs = result.args, result.kwargs
+        if task.takes_context:
+            value = task.call(PalisadeTaskContext(task_result=result, job=ctx), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        return normalize_json(value)
+
+    # Named after the task: the kind's code lives in the task's module, which is where the
+    # registry (HandlerAlreadyRegistered, tests/unit/test_layout.py) says a kind comes from.
+    run_task.__qualname__ = run_task.__name__ = f"task:{kind}"
+    run_task.__module__ = kind.rsplit(".", 1)[0]
+    return run_task
+
+
+def send_robustly(signal: Any, backend: Any, result: Any) -> None:
+    for _receiver, answer in signal.send_robust(sender=type(backend), task_result=result):
+        if isinstance(answer, Exception):
+            logger.error(
+                "task %s (job %s): a receiver of %s raised %r; the task's outcome is unchanged",
+                result.task.module_path,
+                result.id,
+                "task_started" if signal is task_started else "task_finished",
+                answer,
+            )
+
+
+# -- task_finished, after the final write landed ---------------------------------------------
+
+_finished_queue: "queue.Queue[int]" = queue.Queue()
+FINISHED_BATCH = 200  # jobs read (in two queries) and announced together
+_thread_lock = threading.Lock()
+_thread: threading.Thread | None = None
+
+
+def _finished(job_id: int, attempt: int, succeeded: bool) -> None:
+    """registry's on_finished hook: called by the worker after the final write landed."""
+    global _thread
+    _finished_queue.put(job_id)
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_notify, name="jobs-task-finished", daemon=True)
+            _thread.start()
+
+
+def _notify() -> None:
+    while True:
+        batch = [_finished_queue.get()]
+        while len(batch) < FINISHED_BATCH and not _finished_queue.empty():
+            batch.append(_finished_queue.get_nowait())
+        try:
+            _send_finished(batch)
+        except Exception:  # noqa: BLE001  a notice lost is logged; the thread must live on
+            logger.exception("jobs %s: could not send task_finished", batch)
+        finally:
+            for _ in batch:
+                _finished_queue.task_done()
+            if _finished_queue.empty():
+                connection.close()  # this thread's own connection, reopened on the next burst
+
+
+def _send_finished(job_ids: list[int]) -> None:
+    found = results.read_many(job_ids)
+    for job_id in job_ids:
+        if job_id not in found:
+            continue  # deleted meanwhile
+        job, attempts = found[job_id]
+        task = task_for(job["kind"])
+        if task is None:
+            continue
+        payload = job["payload"] if isinstance(job["payload"], dict) else {}
+        backend = _backend(str(payload.get("backend", task.backend)))
+        send_robustly(task_finished, backend, results.build(task, job, attempts))
+
+
+def wait_for_finished_notices(timeout: float) -> bool:
+    """True once every task_finished queued in this process was sent (tests, shutdown)."""
+    done = threading.Event()
+
+    def joined() -> None:
+        _finished_queue.join()
+        done.set()
+
+    threading.Thread(target=joined, daemon=True).start()
+    return done.wait(timeout)

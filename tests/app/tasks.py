@@ -1,0 +1,115 @@
+"""`@task` functions the tests drive (django.tasks on jobs.tasks.PalisadeBackend, tests/settings).
+
+Durations come from the arguments, per attempt, so a test decides how long an attempt runs.
+"""
+
+import os
+import time
+from typing import Any
+
+from django.tasks import TaskContext, task
+from django.tasks.signals import task_finished, task_started
+
+from jobs.tasks import job_context
+
+
+def _seconds(context: TaskContext, seconds_by_attempt: dict[str, float], default: float) -> float:
+    return float(seconds_by_attempt.get(str(context.attempt), default))
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(queue_name="tasks", priority=5)
+def shout(text: str) -> str:
+    return text.upper()
+
+
+@task(takes_context=True)
+def introspect(context: TaskContext, tag: str = "") -> dict[str, Any]:
+    """What the task sees of itself: Django's context and Palisade's JobContext behind it."""
+    ctx = job_context(context)
+    ctx.checkpoint({"tag": tag})  # a fenced write through the JobContext
+    return {
+        "tag": tag,
+        "attempt": context.attempt,
+        "fencing_attempt": ctx.attempt,
+        "job_id": ctx.job_id,
+        "result_id": context.task_result.id,
+        "status": context.task_result.status,
+        "worker_ids": context.task_result.worker_ids,
+        "worker": context.job.worker,
+    }
+
+
+@task(takes_context=True, max_attempts=3)
+def flaky(context: TaskContext, succeed_on: int) -> dict[str, int]:
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"flaky on attempt {context.attempt}")
+    return {"attempt": context.attempt}
+
+
+class Refused(Exception):
+    pass
+
+
+@task(max_attempts=2)
+def always_fails(text: str) -> None:
+    raise Refused(text)
+
+
+@task
+def unjsonable() -> Any:
+    return {1, 2, 3}
+
+
+@task(takes_context=True, lease_seconds=600, max_attempts=7, timeout=30)
+def long_lease(context: TaskContext) -> float:
+    return context.job._held.lease_seconds
+
+
+@task(unique_key="the-only-one")
+def singleton(n: int) -> int:
+    return n
+
+
+@task(unique_key=lambda args, kwargs: f"report-{kwargs['day']}")
+def report(*, day: str) -> str:
+    return day
+
+
+@task(takes_context=True)
+def sleepy(context: TaskContext, seconds_by_attempt: dict[str, float]) -> dict[str, Any]:
+    """Sleeps (the runner's background heartbeat still runs) as long as this attempt is told."""
+    time.sleep(_seconds(context, seconds_by_attempt, 0.0))
+    return {"attempt": context.attempt, "worker": job_context(context).worker}
+
+
+@task
+async def async_add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(backend="immediate")
+def on_immediate(x: int) -> int:
+    return x
+
+
+def _log_signal(name: str) -> Any:
+    """In a qcluster started with PALISADE_TEST_TASK_SIGNALS=<file>, each task signal appends a
+    line `<name> <id> <status> <attempts>` to that file (acceptance tests read it)."""
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        path = os.environ.get("PALISADE_TEST_TASK_SIGNALS")
+        if path:
+            line = f"{name} {task_result.id} {task_result.status} {task_result.attempts}\n"
+            with open(path, "a") as log:
+                log.write(line)
+
+    return receiver
+
+
+for _name, _signal in (("started", task_started), ("finished", task_finished)):
+    _signal.connect(_log_signal(_name), weak=False, dispatch_uid=f"tests.app.tasks.{_name}")

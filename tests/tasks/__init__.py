@@ -1,0 +1,1 @@
+"""django.tasks on Palisade (jobs.tasks): the backend, results, execution, signals."""

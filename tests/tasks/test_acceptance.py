@@ -1,0 +1,146 @@
+"""@task functions against real `manage.py qcluster` processes: what django-tasks-db cannot do.
+
+A task whose worker is SIGKILLed mid-run is reclaimed once its lease runs out and finishes on
+another worker; a task whose worker is SIGSTOPped past its lease is reclaimed, and when the
+stopped worker resumes its stale commit is rejected while `get_result()` reports the winner's
+return value. The clusters resolve the tasks' kind from its module path (tests.app.tasks is
+imported by nothing in the qcluster before the first claim). Signals are read from the file the
+test receivers in tests/app/tasks.py append to in the qcluster processes.
+"""
+
+import os
+import signal
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.tasks import TaskResultStatus
+
+from demo.tasks import drill as drill_task
+from jobs.models import Attempt, Job, RejectedWrite
+from jobs.tasks import LeaseExpired
+from tests.acceptance.cluster import (
+    pause_first_attempt_until_reclaimed,
+    wait_for_attempt,
+    wait_for_db_clock_past,
+    wait_for_outcome,
+    wait_for_rejection,
+    wait_for_state,
+    wait_until,
+    worker_pid,
+)
+from tests.app import tasks
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+FIRST_SECONDS = 1.5  # attempt 1's sleep: shorter than a lease, so it has run out when resumed
+
+
+def _signals(path: Path, result_id: str) -> list[tuple[str, str, int]]:
+    if not path.exists():
+        return []
+    lines = [line.split() for line in path.read_text().splitlines()]
+    return [(name, status, int(n)) for name, rid, status, n in lines if rid == result_id]
+
+
+def test_a_task_whose_worker_is_killed_is_reclaimed_and_finishes(start_qcluster, tmp_path):
+    log = tmp_path / "signals.log"
+    cluster = start_qcluster(PALISADE_TEST_TASK_SIGNALS=str(log))
+    result = tasks.sleepy.enqueue(seconds_by_attempt={"1": 60})
+    job_id = int(result.id)
+    first = wait_for_attempt(job_id, 1)
+    cluster.kill(worker_pid(first.worker))
+
+    committed = wait_for_state(job_id, "succeeded")
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    last = Attempt.objects.get(job_id=job_id, number=committed.attempt)
+    assert result.return_value == {"attempt": committed.attempt, "worker": last.worker}
+    assert result.attempts == committed.attempt >= 2
+    assert result.worker_ids[0] == first.worker and result.worker_ids[-1] == last.worker
+    assert result.errors[0].exception_class is LeaseExpired
+    assert result.started_at == first.claimed_at < result.last_attempted_at == last.claimed_at
+    wait_until(
+        lambda: ("finished", "SUCCESSFUL", committed.attempt) in _signals(log, result.id),
+        timeout=10,
+        what="task_finished from the worker that committed",
+        job_id=job_id,
+    )
+    assert [s for s in _signals(log, result.id) if s[0] == "finished"] == [
+        ("finished", "SUCCESSFUL", committed.attempt)
+    ]
+
+
+def test_a_stopped_workers_stale_commit_is_rejected_and_the_result_is_the_winners(
+    start_qcluster, tmp_path
+):
+    log = tmp_path / "signals.log"
+    cluster = start_qcluster(PALISADE_TEST_TASK_SIGNALS=str(log))
+    result = tasks.sleepy.enqueue(seconds_by_attempt={"1": FIRST_SECONDS, "2": 0.2})
+    job_id = int(result.id)
+    reclaimed = pause_first_attempt_until_reclaimed(cluster, job_id)
+
+    wait_for_state(job_id, "succeeded")
+    wait_for_db_clock_past(job_id, reclaimed.paused_at, FIRST_SECONDS)
+    cluster.resume(reclaimed.zombie)
+
+    rejected = wait_for_rejection(job_id, 1, {"commit"})
+    assert (rejected.attempt_current, rejected.state_current) == (2, "succeeded")
+    assert worker_pid(rejected.worker) == reclaimed.zombie
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 2, "worker": reclaimed.second.worker}
+    assert result.worker_ids == [reclaimed.first.worker, reclaimed.second.worker]
+    assert [e.exception_class for e in result.errors] == [LeaseExpired]
+    assert RejectedWrite.objects.filter(job_id=job_id, attempt_presented=1).count() >= 1
+    # Both attempts started; only the winner's commit was announced, never the zombie's.
+    wait_until(
+        lambda: ("finished", "SUCCESSFUL", 2) in _signals(log, result.id),
+        timeout=10,
+        what="task_finished of attempt 2",
+        job_id=job_id,
+    )
+    heard = _signals(log, result.id)
+    assert [s for s in heard if s[0] == "started"] == [
+        ("started", "RUNNING", 1),
+        ("started", "RUNNING", 2),
+    ]
+    assert [s for s in heard if s[0] == "finished"] == [("finished", "SUCCESSFUL", 2)]
+
+
+def test_the_zombie_drill_works_on_a_task(start_qcluster):
+    start_qcluster()
+    out = StringIO()
+    call_command("drill", "--task", "--timeout", "40", stdout=out)
+    job = Job.objects.get(kind="demo.tasks.drill")
+    assert (job.state, job.attempt) == ("succeeded", 2)
+    refused = RejectedWrite.objects.get(job=job, attempt_presented=1)
+    assert refused.attempt_current == 2
+    result = drill_task.get_result(str(job.pk))
+    second = Attempt.objects.get(job=job, number=2)
+    assert result.return_value == {"attempt": 2, "worker": second.worker}
+    assert f"job {job.pk}:" in out.getvalue() and "was rejected" in out.getvalue()
+
+
+def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_qcluster):
+    """SIGTERM with a task running past the grace period: the attempt is handed back (fenced
+    release, uncharged), another cluster finishes the task, and the hand-back is no error."""
+    leaving = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS="1")
+    result = tasks.sleepy.enqueue(seconds_by_attempt={"1": 60})
+    job_id = int(result.id)
+    first = wait_for_attempt(job_id, 1)
+    wait_for_state(job_id, "running")
+
+    os.kill(leaving.proc.pid, signal.SIGTERM)
+    wait_for_outcome(job_id, 1, {"released"}, timeout=15)
+    start_qcluster()
+
+    committed = wait_for_state(job_id, "succeeded", timeout=30)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value["attempt"] == committed.attempt == result.attempts == 2
+    assert result.worker_ids[0] == first.worker
+    assert result.errors == []  # handed back unstarted-or-abandoned: not a failure of the task

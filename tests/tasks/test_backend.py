@@ -1,0 +1,254 @@
+"""The backend as Django's task API sees it: flags, validate_task, enqueue, get_result."""
+
+import datetime as dt
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import transaction
+from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+
+import jobs
+from jobs.models import Job
+from jobs.tasks import PalisadeBackend, PalisadeTask
+from tests.app import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_backend_declares_what_it_supports():
+    backend = task_backends["default"]
+    assert isinstance(backend, PalisadeBackend)
+    assert backend.supports_defer is True
+    assert backend.supports_priority is True
+    assert backend.supports_get_result is True
+    assert backend.supports_async_task is True
+    assert backend.task_class is PalisadeTask
+    assert backend.queues == {"default", "tasks"}
+
+
+def test_enqueue_inserts_a_job_named_by_the_module_path():
+    result = tasks.add.enqueue(2, b=3)
+    job = Job.objects.get(pk=int(result.id))
+    assert job.kind == "tests.app.tasks.add" == tasks.add.module_path
+    assert job.state == "queued"
+    assert job.payload == {"args": [2], "kwargs": {"b": 3}, "backend": "default", "run_after": None}
+    assert (job.queue, job.priority) == ("default", 0)
+    assert result.status == TaskResultStatus.READY
+    assert result.args == [2] and result.kwargs == {"b": 3}
+    assert result.backend == "default" and result.task.func is tasks.add.func
+    assert result.enqueued_at == job.created_at
+    assert (result.started_at, result.last_attempted_at, result.finished_at) == (None,) * 3
+    assert (result.errors, result.worker_ids, result.attempts) == ([], [], 0)
+    assert not result.is_finished
+    with pytest.raises(ValueError, match="not finished"):
+        _ = result.return_value
+
+
+def test_priority_queue_and_run_after_map_onto_the_job():
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    result = tasks.shout.using(priority=-7, run_after=later).enqueue("hi")
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.queue, job.priority, job.run_at) == ("tasks", -7, later)
+    assert result.task.priority == -7 and result.task.queue_name == "tasks"
+    fetched = tasks.shout.get_result(result.id)
+    assert fetched.task.run_after == later and fetched.task.priority == -7
+
+
+def test_task_options_carry_lease_max_attempts_and_timeout():
+    result = tasks.long_lease.enqueue()
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.lease_seconds, job.max_attempts) == (600.0, 7)
+    assert tasks.long_lease.timeout == 30  # stored; not enforced yet (docs/tasks.md)
+
+
+def test_a_static_unique_key_returns_the_live_job_instead_of_a_second():
+    first = tasks.singleton.enqueue(1)
+    second = tasks.singleton.enqueue(2)
+    assert second.id == first.id and second.args == [1]
+    assert Job.objects.filter(kind=tasks.singleton.module_path).count() == 1
+
+
+def test_a_unique_key_function_sees_the_arguments():
+    a = tasks.report.enqueue(day="2026-12-01")
+    b = tasks.report.enqueue(day="2026-12-01")
+    c = tasks.report.enqueue(day="2026-12-02")
+    assert a.id == b.id != c.id
+    assert Job.objects.get(pk=int(c.id)).unique_key == "report-2026-12-02"
+
+
+def test_enqueue_joins_the_callers_transaction_and_a_rollback_enqueues_nothing():
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic():
+        tasks.add.enqueue(1, 1)
+        assert Job.objects.count() == 1  # visible to the caller's own transaction
+        raise Boom
+    assert Job.objects.count() == 0
+
+
+def test_enqueue_is_invisible_to_others_until_the_caller_commits(second_connection):
+    with transaction.atomic():
+        result = tasks.add.enqueue(1, 1)
+        seen = second_connection.execute(
+            "SELECT count(*) FROM jobs_job WHERE id = %s", [int(result.id)]
+        ).fetchone()[0]
+        assert seen == 0
+    seen = second_connection.execute(
+        "SELECT count(*) FROM jobs_job WHERE id = %s", [int(result.id)]
+    ).fetchone()[0]
+    assert seen == 1
+
+
+def test_arguments_must_be_json_and_are_bounded_like_a_payload(settings):
+    with pytest.raises(jobs.InvalidPayload, match="JSON"):
+        tasks.add.enqueue({1, 2}, 3)
+    with pytest.raises(jobs.InvalidPayload):
+        tasks.add.enqueue(float("nan"), 1)
+    with pytest.raises(jobs.InvalidPayload):
+        tasks.add.enqueue("a\x00b", 1)
+    settings.JOBS = {"MAX_PAYLOAD_BYTES": 1024}
+    with pytest.raises(jobs.PayloadTooLarge):
+        tasks.add.enqueue("x" * 2000, 1)
+    assert Job.objects.count() == 0
+
+
+def test_tuples_and_bytes_are_normalised_as_django_does():
+    result = tasks.add.enqueue((1, 2), b"3")
+    assert result.args == [[1, 2], "3"]
+    assert Job.objects.get(pk=int(result.id)).payload["args"] == [[1, 2], "3"]
+
+
+# -- validate_task -------------------------------------------------------------------------
+
+
+def _nested():
+    @task
+    def inner():
+        return None
+
+    return inner
+
+
+async def _coroutine_task():
+    return 1
+
+
+def _no_context(x):
+    return x
+
+
+def _refused(**changes):
+    base = {"func": tasks.add.func}
+    return PalisadeTask(**{**base, **changes})
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (_nested, "module level"),
+        (lambda: _refused(func=_no_context, takes_context=True), "first argument of 'context'"),
+        (lambda: _refused(priority=101), "priority must be a whole number"),
+        (lambda: _refused(priority=-101), "priority must be a whole number"),
+        (lambda: _refused(priority=1.5), "priority must be a whole number"),
+        (lambda: _refused(queue_name="nowhere"), "Queue 'nowhere' is not valid"),
+        (lambda: _refused(run_after=dt.datetime(2030, 1, 1)), "aware"),
+        (lambda: _refused(run_after=dt.datetime(1990, 1, 1, tzinfo=dt.UTC)), "run_after"),
+        (lambda: _refused(lease_seconds=0.01), "lease_seconds"),
+        (lambda: _refused(max_attempts=0), "max_attempts"),
+        (lambda: _refused(timeout=-1), "timeout"),
+        (lambda: _refused(unique_key=42), "unique_key"),
+    ],
+)
+def test_validate_task_refuses(make, message):
+    with pytest.raises(InvalidTask, match=message):
+        make()
+
+
+def test_validate_task_refuses_a_module_path_too_long_to_be_a_kind():
+    def f():
+        return None
+
+    f.__module__ = "tests.app." + "m" * 100
+    f.__qualname__ = "f"
+    with pytest.raises(InvalidTask, match="names the job kind"):
+        PalisadeTask(func=f)
+
+
+def test_using_a_queue_outside_queues_is_refused_before_anything_is_written():
+    with pytest.raises(InvalidTask):
+        tasks.add.using(queue_name="elsewhere").enqueue(1, 2)
+    assert Job.objects.count() == 0
+
+
+# -- get_result ----------------------------------------------------------------------------
+
+
+def test_get_result_of_an_unknown_id_raises_does_not_exist():
+    for bad in ("999999", "nope", "-1", "99999999999999999999999"):
+        with pytest.raises(TaskResultDoesNotExist):
+            default_task_backend.get_result(bad)
+
+
+def test_get_result_refuses_a_plain_job_that_is_not_a_task():
+    job = jobs.enqueue("test.echo", {"n": 1})
+    with pytest.raises(TaskResultDoesNotExist, match="not a task"):
+        default_task_backend.get_result(str(job.pk))
+
+
+def test_task_get_result_refuses_another_tasks_result():
+    result = tasks.add.enqueue(1, 2)
+    assert tasks.add.get_result(result.id).id == result.id
+    with pytest.raises(TaskResultMismatch):
+        tasks.shout.get_result(result.id)
+
+
+def test_refresh_rereads_the_job():
+    result = tasks.add.enqueue(1, 2)
+    now = dt.datetime.now(dt.UTC)
+    Job.objects.filter(pk=int(result.id)).update(state="cancelled", finished_at=now)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path == "jobs.tasks.results.TaskCancelled"
+
+
+# -- async variants ------------------------------------------------------------------------
+
+
+def test_aenqueue_and_aget_result():
+    async def scenario():
+        result = await tasks.add.aenqueue(4, 5)
+        fetched = await tasks.add.aget_result(result.id)
+        again = await default_task_backend.aget_result(result.id)
+        await fetched.arefresh()
+        return result, fetched, again
+
+    # As Django's async tests run: thread-sensitive database calls come back to this thread.
+    result, fetched, again = async_to_sync(scenario)()
+    assert fetched.id == again.id == result.id
+    assert fetched.status == TaskResultStatus.READY and fetched.args == [4, 5]
+    assert Job.objects.filter(pk=int(result.id), kind=tasks.add.module_path).exists()
+
+
+def test_a_coroutine_task_is_accepted():
+    assert tasks.async_add.enqueue(1, 2).status == TaskResultStatus.READY
+
+
+# -- system checks -------------------------------------------------------------------------
+
+
+def test_a_queue_name_no_job_can_carry_is_an_error(settings):
+    settings.TASKS = {"default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": ["bad name"]}}
+    assert [m.id for m in task_backends["default"].check()] == ["jobs.E030"]
+
+
+def test_a_queue_the_workers_do_not_serve_is_a_warning(settings):
+    settings.TASKS = {"default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": ["x", "y"]}}
+    settings.JOBS = {"QUEUES": ["x"]}
+    messages = task_backends["default"].check()
+    assert [(m.id, "'y'" in m.msg) for m in messages] == [("jobs.W031", True)]
+
+
+def test_the_configured_backend_passes_its_checks():
+    assert task_backends["default"].check() == []

@@ -1,0 +1,205 @@
+"""Tasks run by the fenced runner in this process: statuses, retries, errors, worker_ids, the
+context, and which Task the worker agrees to run."""
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.test import override_settings
+
+from jobs.core.exceptions import LeaseLost
+from jobs.core.states import AttemptOutcome, JobState
+from jobs.models import Attempt, Job, RejectedWrite
+from jobs.tasks import LeaseExpired, TaskCancelled
+from jobs.tasks.execution import wait_for_finished_notices
+from jobs.worker import runner
+from tests.app import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NO_BACKOFF = {"RETRY_BASE_SECONDS": 0.0}
+
+
+def test_a_task_runs_in_the_worker_and_its_return_value_is_committed():
+    result = tasks.add.enqueue(2, 3)
+    assert runner.drain() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.is_finished
+    assert result.worker_ids == [runner.worker_identity()]
+    assert result.attempts == 1 and result.errors == []
+    assert result.enqueued_at <= result.started_at == result.last_attempted_at
+    assert result.last_attempted_at <= result.finished_at
+    assert Job.objects.get(pk=int(result.id)).result == 5
+
+
+def test_the_status_is_running_while_the_task_runs(swap_handler):
+    from jobs.core.registry import get_handler
+
+    result = tasks.add.enqueue(1, 1)
+    seen = []
+    real = get_handler(tasks.add.module_path).fn
+
+    def observing(ctx):
+        seen.append(tasks.add.get_result(result.id))
+        return real(ctx)
+
+    swap_handler(tasks.add.module_path, observing)
+    runner.drain()
+    during = seen[0]
+    assert during.status == TaskResultStatus.RUNNING
+    assert during.started_at is not None and during.finished_at is None
+    assert during.worker_ids == [runner.worker_identity()]
+    with pytest.raises(ValueError, match="not finished"):
+        _ = during.return_value
+
+
+def test_a_context_task_sees_django_and_palisade_attempts_agree():
+    result = tasks.introspect.enqueue(tag="t")
+    runner.drain()
+    result.refresh()
+    value = result.return_value
+    assert value["attempt"] == value["fencing_attempt"] == 1
+    assert value["job_id"] == int(result.id) and value["result_id"] == result.id
+    assert value["status"] == TaskResultStatus.RUNNING
+    assert value["worker_ids"] == [runner.worker_identity()] == [value["worker"]]
+    assert Job.objects.get(pk=int(result.id)).progress == {"tag": "t"}  # the fenced checkpoint
+
+
+def test_between_attempts_a_task_is_ready_again_with_its_error():
+    result = tasks.flaky.enqueue(succeed_on=2)
+    runner.drain()  # attempt 1 fails; the retry waits for its backoff
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert len(result.errors) == 1 and result.attempts == 1
+    assert result.finished_at is None and not result.is_finished
+
+
+@override_settings(JOBS=NO_BACKOFF)
+def test_a_failing_attempt_is_retried_and_each_failure_is_one_task_error():
+    result = tasks.flaky.enqueue(succeed_on=3)
+    runner.drain()  # no backoff: the retries are due at once, in this drain
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 3}
+    assert result.attempts == 3 == Job.objects.get(pk=int(result.id)).attempt
+    assert result.worker_ids == [runner.worker_identity()] * 3
+    assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"] * 2
+    assert "flaky on attempt 1" in result.errors[0].traceback
+    assert "flaky on attempt 2" in result.errors[1].traceback
+    assert result.errors[0].exception_class is RuntimeError
+    assert result.started_at < result.last_attempted_at
+
+
+@override_settings(JOBS=NO_BACKOFF)
+def test_a_task_failing_every_attempt_ends_failed_after_max_attempts():
+    result = tasks.always_fails.enqueue("no")
+    runner.drain()
+    runner.drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.is_finished
+    assert result.attempts == 2 and len(result.errors) == 2
+    assert {e.exception_class_path for e in result.errors} == {"tests.app.tasks.Refused"}
+    assert result.errors[-1].exception_class is tasks.Refused
+    assert result.finished_at is not None
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+
+
+def test_a_return_value_that_is_not_json_fails_the_attempt():
+    result = tasks.unjsonable.using().enqueue()
+    Job.objects.filter(pk=int(result.id)).update(max_attempts=1)
+    runner.drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "builtins.TypeError"
+
+
+def test_a_coroutine_task_runs_and_commits():
+    result = tasks.async_add.enqueue(20, 22)
+    runner.drain()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+
+
+def test_the_lease_option_reaches_the_running_attempt():
+    result = tasks.long_lease.enqueue()
+    runner.drain()
+    assert tasks.long_lease.get_result(result.id).return_value == 600.0
+
+
+def test_a_cancelled_task_is_failed_with_a_clear_error():
+    from jobs.core import transitions
+
+    result = tasks.add.enqueue(1, 2)
+    transitions.cancel(int(result.id), actor="test")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class is TaskCancelled
+    assert "cancelled by an operator" in result.errors[-1].traceback
+
+
+def test_an_expired_attempt_is_an_error_and_a_worker_id(make_job):
+    result = tasks.add.enqueue(1, 2)
+    job_id = int(result.id)
+    Job.objects.filter(pk=job_id).update(attempt=1)
+    from django.utils import timezone
+
+    Attempt.objects.create(
+        job_id=job_id,
+        number=1,
+        worker="gone:1",
+        claimed_at=timezone.now(),
+        outcome=AttemptOutcome.EXPIRED,
+    )
+    runner.drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.worker_ids == ["gone:1", runner.worker_identity()]
+    assert [e.exception_class for e in result.errors] == [LeaseExpired]
+
+
+def test_a_zombie_commit_of_a_task_is_rejected_and_reports_nothing(second_connection, swap_handler):
+    from jobs.core.registry import get_handler
+
+    result = tasks.add.enqueue(1, 2)
+    real = get_handler(tasks.add.module_path).fn
+
+    def stolen(ctx):
+        second_connection.execute(
+            "UPDATE jobs_job SET attempt = attempt + 1 WHERE id = %s", [ctx.job_id]
+        )
+        return real(ctx)
+
+    swap_handler(tasks.add.module_path, stolen)
+    runner.drain()
+    assert RejectedWrite.objects.filter(job_id=int(result.id), write="commit").exists()
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING  # the thief's attempt owns it now
+    assert [e.exception_class for e in result.errors] == [LeaseLost]  # attempt 1: rejected
+
+
+# -- what the worker agrees to run ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "tests.app.tasks.on_immediate",  # a Task, but of another backend
+        "tests.app.tasks.Refused",  # importable, not a Task
+        "os.system",  # outside the installed apps: never imported
+        "tests.app.tasks.missing",
+    ],
+)
+def test_the_worker_runs_only_tasks_of_a_palisade_backend(kind):
+    job = Job.objects.create(kind=kind, payload={"args": ["true"], "kwargs": {}}, max_attempts=1)
+    runner.drain()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert "no handler is registered" in job.error
+
+
+def test_tasks_do_not_wait_for_finished_notices_to_be_committed():
+    result = tasks.add.enqueue(1, 1)
+    runner.drain()
+    assert Job.objects.get(pk=int(result.id)).state == JobState.SUCCEEDED
+    assert wait_for_finished_notices(10)

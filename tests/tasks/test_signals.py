@@ -1,0 +1,157 @@
+"""task_enqueued, task_started, task_finished: Django's sender and arguments, sent after the
+write they announce landed, never for a rejected one, and powerless over the task's outcome."""
+
+from collections.abc import Iterator
+
+import pytest
+from django.db import transaction
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.test import override_settings
+
+from jobs.models import Job, RejectedWrite
+from jobs.tasks import LeaseExpired, PalisadeBackend
+from jobs.tasks.execution import wait_for_finished_notices
+from jobs.worker import reaper, runner
+from tests.app import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SIGNALS = {"enqueued": task_enqueued, "started": task_started, "finished": task_finished}
+
+
+@pytest.fixture
+def heard() -> Iterator[list[tuple[str, type, object]]]:
+    """Every task signal this process sends during the test: (name, sender, task_result)."""
+    events: list[tuple[str, type, object]] = []
+    receivers = {}
+    for name, signal in SIGNALS.items():
+
+        def receiver(sender, task_result, _name=name, **kwargs):
+            events.append((_name, sender, task_result))
+
+        receivers[name] = receiver
+        signal.connect(receiver, weak=False)
+    yield events
+    for name, signal in SIGNALS.items():
+        signal.disconnect(receivers[name])
+
+
+def _of(heard, job_id: str) -> list[tuple[str, TaskResultStatus]]:
+    return [(name, result.status) for name, _, result in heard if result.id == job_id]
+
+
+def test_signals_come_in_order_with_djangos_sender_and_arguments(heard):
+    result = tasks.add.enqueue(1, 2)
+    runner.drain()
+    assert wait_for_finished_notices(10)
+    assert _of(heard, result.id) == [
+        ("enqueued", TaskResultStatus.READY),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.SUCCESSFUL),
+    ]
+    assert {sender for _, sender, _ in heard} == {PalisadeBackend}
+    finished = heard[-1][2]
+    assert finished.return_value == 3 and finished.finished_at is not None
+    assert finished.worker_ids == [runner.worker_identity()]
+
+
+def test_task_enqueued_waits_for_the_callers_commit(heard):
+    with transaction.atomic():
+        result = tasks.add.enqueue(1, 2)
+        assert heard == []
+    assert _of(heard, result.id) == [("enqueued", TaskResultStatus.READY)]
+
+
+def test_a_rolled_back_enqueue_sends_nothing(heard):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.add.enqueue(1, 2)
+        raise RuntimeError("roll back")
+    assert heard == [] and Job.objects.count() == 0
+
+
+def test_a_duplicate_enqueue_sends_nothing(heard):
+    first = tasks.singleton.enqueue(1)
+    tasks.singleton.enqueue(2)
+    assert _of(heard, first.id) == [("enqueued", TaskResultStatus.READY)]
+
+
+@override_settings(JOBS={"RETRY_BASE_SECONDS": 0.0})
+def test_retries_start_again_and_finish_once(heard):
+    result = tasks.flaky.enqueue(succeed_on=2)
+    runner.drain()
+    assert wait_for_finished_notices(10)
+    assert _of(heard, result.id) == [
+        ("enqueued", TaskResultStatus.READY),
+        ("started", TaskResultStatus.RUNNING),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.SUCCESSFUL),
+    ]
+    started = [r for name, _, r in heard if name == "started"]
+    assert [r.attempts for r in started] == [1, 2]
+
+
+@override_settings(JOBS={"RETRY_BASE_SECONDS": 0.0})
+def test_the_failure_that_ends_a_task_is_finished_failed(heard):
+    result = tasks.always_fails.enqueue("x")
+    runner.drain()
+    assert wait_for_finished_notices(10)
+    names = _of(heard, result.id)
+    assert names[-1] == ("finished", TaskResultStatus.FAILED)
+    assert [n for n, _ in names].count("finished") == 1
+    assert len(heard[-1][2].errors) == 2
+
+
+def test_a_zombies_rejected_commit_sends_no_task_finished(heard, second_connection, swap_handler):
+    from jobs.core.registry import get_handler
+
+    result = tasks.add.enqueue(1, 2)
+    real = get_handler(tasks.add.module_path).fn
+
+    def stolen(ctx):
+        second_connection.execute(
+            "UPDATE jobs_job SET attempt = attempt + 1 WHERE id = %s", [ctx.job_id]
+        )
+        return real(ctx)
+
+    swap_handler(tasks.add.module_path, stolen)
+    runner.drain()
+    assert wait_for_finished_notices(10)
+    assert RejectedWrite.objects.filter(job_id=int(result.id), write="commit").exists()
+    assert [name for name, _ in _of(heard, result.id)] == ["enqueued", "started"]
+
+
+def test_the_reapers_final_expiry_is_finished_failed(heard, make_job):
+    job = make_job(
+        kind=tasks.add.module_path,
+        state="running",
+        attempt=1,
+        lease_in=-5,
+        max_attempts=1,
+        payload={"args": [1, 2], "kwargs": {}, "backend": "default"},
+    )
+    assert reaper.reap("test-reaper") == 1
+    assert wait_for_finished_notices(10)
+    assert _of(heard, str(job.pk)) == [("finished", TaskResultStatus.FAILED)]
+    assert [e.exception_class for e in heard[-1][2].errors] == [LeaseExpired]
+
+
+@pytest.mark.parametrize("name", ["enqueued", "started", "finished"])
+def test_a_raising_receiver_never_changes_the_outcome(name, heard):
+    def bad(sender, **kwargs):
+        raise RuntimeError(f"receiver of {name} is broken")
+
+    SIGNALS[name].connect(bad, weak=False)
+    try:
+        result = tasks.add.enqueue(20, 22)
+        runner.drain()
+        assert wait_for_finished_notices(10)
+    finally:
+        SIGNALS[name].disconnect(bad)
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == (
+        TaskResultStatus.SUCCESSFUL,
+        42,
+        1,
+    )
+    assert [n for n, _ in _of(heard, result.id)] == ["enqueued", "started", "finished"]
