@@ -35,7 +35,7 @@ from bench.chaos.pgserver import PrivatePostgres
 
 KINDS = ("zombie", "kill_worker", "term_cluster", "terminate_backend", "pg_crash",
          "partition", "proxy_reset", "commit_cut", "pooler_restart")  # fmt: skip
-WEIGHTS = {"zombie": 5, "kill_worker": 3, "term_cluster": 1, "terminate_backend": 3,
+WEIGHTS = {"zombie": 8, "kill_worker": 3, "term_cluster": 1, "terminate_backend": 3,
            "pg_crash": 1, "partition": 2, "proxy_reset": 1, "commit_cut": 2,
            "pooler_restart": 1}  # fmt: skip
 
