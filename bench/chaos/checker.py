@@ -101,7 +101,13 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         if job_attempt != attempt or job_state != "running":
             zero["token_write_accepted_from_stale_attempt"].append((row, job, attempt, job_attempt))
 
-    performed = Counter(k for k, verdict, _ in receiver_calls if verdict == "performed")
+    # Per (job, step) from the body, not per key: an effect performed again under another key
+    # (say, a key that wrongly carried the attempt) is a duplicate the receiver cannot see.
+    performed = Counter(
+        (body.get("job"), body.get("step"))
+        for _, verdict, body in receiver_calls
+        if verdict == "performed" and isinstance(body, dict)
+    )
     zero["effect_performed_twice_at_deduplicating_receiver"] = [
         k for k, n in performed.items() if n > 1
     ]

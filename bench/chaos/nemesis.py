@@ -35,7 +35,7 @@ from bench.chaos.pgserver import PrivatePostgres
 
 KINDS = ("zombie", "kill_worker", "term_cluster", "terminate_backend", "pg_crash",
          "partition", "proxy_reset", "commit_cut", "pooler_restart")  # fmt: skip
-WEIGHTS = {"zombie": 5, "kill_worker": 3, "term_cluster": 1, "terminate_backend": 3,
+WEIGHTS = {"zombie": 8, "kill_worker": 3, "term_cluster": 1, "terminate_backend": 3,
            "pg_crash": 1, "partition": 2, "proxy_reset": 1, "commit_cut": 2,
            "pooler_restart": 1}  # fmt: skip
 
@@ -64,13 +64,11 @@ class World:
             cur = c.execute(query, params)  # type: ignore[arg-type]
             return cur.fetchall() if cur.description else []
 
-    def running(self, long_only: bool = False) -> list[tuple[int, int, int, Cluster]]:
+    def running(self, where: str = "true") -> list[tuple[int, int, int, Cluster]]:
         """(job, attempt, pid, cluster) of attempts running now in a cluster of ours."""
         rows = self.sql(
             "SELECT j.id, j.attempt, a.worker FROM jobs_job j JOIN jobs_attempt a "
-            "ON a.job_id = j.id AND a.number = j.attempt WHERE j.state = 'running' "
-            "AND (NOT %s OR (j.payload->>'seconds')::float > 0)",
-            long_only,
+            f"ON a.job_id = j.id AND a.number = j.attempt WHERE j.state = 'running' AND {where}"
         )
         found = []
         for job, attempt, worker in rows:
@@ -103,9 +101,19 @@ def inject(world: World, kind: str, rng: random.Random) -> dict[str, Any]:
     return done
 
 
-def _victim(world: World, rng: random.Random, done: dict[str, Any], prefer_long: bool = False
+# Where a zombie is most telling: in a long job's loop of token writes (it writes before it
+# knows), or after its last fenced write with only its commit left.
+PHASES = {
+    "long": "(j.payload->>'seconds')::float > 0",
+    "finishing": "j.progress->>'step' = 'finishing' AND j.progress->>'attempt' = j.attempt::text",
+}
+
+
+def _victim(world: World, rng: random.Random, done: dict[str, Any], prefer: str = ""
             ) -> tuple[int, int, int, Cluster] | None:  # fmt: skip
-    running = (prefer_long and world.running(long_only=True)) or world.running()
+    running = (prefer and world.running(PHASES[prefer])) or world.running()
+    if prefer and running:
+        done["phase"] = prefer
     if not running:
         done["skipped"] = "nothing running"
         return None
@@ -115,8 +123,7 @@ def _victim(world: World, rng: random.Random, done: dict[str, Any], prefer_long:
 
 
 def _zombie(world: World, rng: random.Random, done: dict[str, Any]) -> None:
-    # Long jobs write their rows in a loop: a zombie woken there presents a token write.
-    victim = _victim(world, rng, done, prefer_long=rng.random() < 0.7)
+    victim = _victim(world, rng, done, prefer=rng.choice(["long", "finishing", "finishing", ""]))
     if victim is None:
         return
     job, attempt, pid, _ = victim

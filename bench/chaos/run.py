@@ -62,6 +62,7 @@ def plan(rng: random.Random, rows: int) -> dict[str, Any]:
         "rows": sorted(rng.sample(range(1, rows + 1), rng.randint(1, 2))),
         "seconds": round(rng.uniform(0.5, 3.0), 2) if rng.random() < 0.15 else 0,
         "fail_attempts": 1 if rng.random() < 0.1 else 0,
+        "linger": round(rng.uniform(0.5, 1.5), 2) if rng.random() < 0.3 else 0,
     }
 
 

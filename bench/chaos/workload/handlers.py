@@ -48,7 +48,7 @@ def work(ctx: JobContext) -> dict[str, Any]:
 
         def call(key: str) -> str:
             log("effect", "before", key=key)
-            verdict = _post(url, key, {"job": job, "attempt": attempt})
+            verdict = _post(url, key, {"job": job, "attempt": attempt, "step": "notify"})
             log("effect", "after", key=key, verdict=verdict)
             return verdict
 
@@ -75,6 +75,9 @@ def work(ctx: JobContext) -> dict[str, Any]:
                 ctx.checkpoint({"step": "long", "attempt": attempt})
             time.sleep(0.1)
     token_write()
+    if plan.get("linger"):  # work after the last fenced write: a zombie stopped here has
+        ctx.checkpoint({"step": "finishing", "attempt": attempt})  # only its commit left
+        time.sleep(float(plan["linger"]))
     if plan.get("fail_attempts", 0) >= attempt:
         log("fail", "before")
         raise RuntimeError(f"planned failure of attempt {attempt}")
