@@ -147,6 +147,15 @@ class EveryTransition(RuleBasedStateMachine):
             self.lease_runs_out()
         reaper.reap("reaper:0")
 
+    @precondition(lambda self: self.fences)
+    @rule(data=st.data())
+    def another_worker_takes_over(self, data: st.DataObject) -> None:
+        """How a zombie is born: its lease runs out, the job is reclaimed and claimed by
+        another worker, while the first still holds its fence."""
+        holder = self._pick(data)
+        self.reclaim(expire_first=True)
+        self.claim(next(w for w in WORKERS if w != holder))
+
     @rule(data=st.data(), action=st.sampled_from(["requeue", "cancel"]))
     def operator(self, data: st.DataObject, action: str) -> None:
         ids = list(Job.objects.values_list("id", flat=True))
