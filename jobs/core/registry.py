@@ -28,6 +28,12 @@ class Handler:
     max_attempts: int | None = None
     cron: str | None = None  # a recurring schedule named after the kind (jobs.ops.cron)
     timezone: str = "UTC"
+    # Longest one attempt's handler may run before the attempt fails ("exceeded the task
+    # timeout of N s") and its worker process is replaced; None: django-q2's Q_TIMEOUT.
+    timeout: float | None = None
+
+
+TIMEOUT_SECONDS = (0.5, 7 * 24 * 3600.0)  # the range of @handler(timeout=...)
 
 
 _handlers: dict[str, Handler] = {}
@@ -40,6 +46,7 @@ def handler(
     max_attempts: int | None = None,
     cron: str | None = None,
     timezone: str = "UTC",
+    timeout: float | None = None,
 ) -> Callable[[HandlerFn], HandlerFn]:
     """Register `fn(ctx) -> JSON-able result` as the handler for `kind`."""
     if not isinstance(kind, str) or not KIND.match(kind):
@@ -50,6 +57,8 @@ def handler(
         bounds.max_attempts(max_attempts)
     if cron is not None:
         _check_schedule(cron, timezone)
+    if timeout is not None:
+        bounds.number_in("timeout", timeout, TIMEOUT_SECONDS, integer=False)
 
     def register(fn: HandlerFn) -> HandlerFn:
         existing = _handlers.get(kind)
@@ -57,7 +66,8 @@ def handler(
             qualname = f"{existing.fn.__module__}.{existing.fn.__qualname__}"
             raise HandlerAlreadyRegistered(f"kind {kind!r} is already handled by {qualname}")
         lease = float(lease_seconds) if lease_seconds is not None else None
-        _handlers[kind] = Handler(kind, fn, lease, max_attempts, cron, timezone)
+        limit = float(timeout) if timeout is not None else None
+        _handlers[kind] = Handler(kind, fn, lease, max_attempts, cron, timezone, timeout=limit)
         return fn
 
     return register

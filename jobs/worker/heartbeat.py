@@ -9,6 +9,9 @@ Never: decides a job's outcome. A heartbeat that changes zero rows is recorded b
 transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
+Also watches the running handler's execution timeout: once it has run that long, the thread calls
+the runner's `on_timeout` (which fails the attempt and ends the worker process).
+
 Also watches for a stop (jobs.worker.shutdown) on behalf of the drain it serves: when one is
 requested it calls the drain's `on_stop` once (the runner hands back the jobs not started), and
 when its grace period is over, `on_grace_over` once (the runner hands back the rest and ends the
@@ -81,6 +84,9 @@ class Heartbeater:
         self._held: dict[int, Held] = {}
         self._finished: list[Finished] = []
         self._running: Held | None = None
+        self._timeout_at: float | None = None  # time.monotonic() when the running one overruns
+        self._on_timeout: Callable[[], None] | None = None
+        self._timed_out: set[int] = set()  # job ids taken by a timeout
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
@@ -135,13 +141,35 @@ class Heartbeater:
                 del self._held[h.fence.job_id]
         return taken
 
-    def running(self, held: Held | None) -> None:
+    def running(
+        self,
+        held: Held | None,
+        timeout: float | None = None,
+        on_timeout: Callable[[], None] | None = None,
+    ) -> None:
         """Name the job whose handler runs now (None between handlers).
 
-        A plain assignment (atomic): beat_now reads it once, under its lock, per beat.
+        A plain assignment (atomic): beat_now reads it once, under its lock, per beat. With a
+        `timeout`, the thread calls `on_timeout` once if the handler is still running then.
         """
         self._running_since = time.monotonic()
+        self._on_timeout = on_timeout if held is not None and timeout is not None else None
+        self._timeout_at = (
+            self._running_since + timeout if self._on_timeout and timeout is not None else None
+        )
         self._running = held
+        if self._on_timeout is not None:
+            self._wake.set()  # plan the next wake-up with the deadline in it
+
+    def take_timed_out(self, held: Held) -> None:
+        """The running handler overran its timeout: take its job (the runner leaves it)."""
+        with self._lock:
+            self._timed_out.add(held.fence.job_id)
+            self._held.pop(held.fence.job_id, None)
+
+    def timed_out(self, held: Held) -> bool:
+        with self._lock:
+            return held.fence.job_id in self._timed_out
 
     def _hand_off_due(self, now: float) -> list[Held]:
         """Batch-mates not started while the running handler is past HANDOFF_SECONDS: taken
@@ -237,7 +265,17 @@ class Heartbeater:
         beat_at = last_beat + self.interval
         look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
         look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
-        return min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
+        due = min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
+        timeout_at = self._timeout_at
+        return due if timeout_at is None else min(due, timeout_at)
+
+    def _timeout_due(self, now: float) -> Callable[[], None] | None:
+        """The running handler's `on_timeout`, once, when its deadline has passed."""
+        timeout_at, on_timeout = self._timeout_at, self._on_timeout
+        if self._running is None or timeout_at is None or on_timeout is None or now < timeout_at:
+            return None
+        self._on_timeout = None
+        return on_timeout
 
     def _flush_due(self, now: float) -> bool:
         with self._lock:
@@ -277,6 +315,13 @@ class Heartbeater:
                     self._call(self._on_grace_over)  # may end the process
                     continue
                 now = time.monotonic()
+                on_timeout = self._timeout_due(now)
+                if on_timeout is not None:
+                    try:
+                        on_timeout()  # ends the process
+                    except Exception:  # noqa: BLE001  the thread must outlive a failed step
+                        logger.exception("execution timeout: could not end the attempt")
+                    continue
                 try:
                     handed = self._hand_off_due(now)
                     if handed and self._on_hand_off is not None:

@@ -41,7 +41,7 @@ from django_q.management.commands.qcluster import Command as DjangoQClusterComma
 
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import cut_waits_of_this_thread
-from jobs.worker import shutdown
+from jobs.worker import shutdown, watchdog
 from jobs.worker.scheduler import EmbeddedScheduler, limit_statements_of_this_process
 
 logger = logging.getLogger("jobs.scheduler")
@@ -72,6 +72,8 @@ class Command(DjangoQClusterCommand):
             return
         limit_statements_of_this_process()  # after the fork: never in a process running handlers
         connection.close()  # the next connection gets the limits
+        timeouts = watchdog.Watchdog()  # logs timed-out workers, kills one stuck in C code
+        timeouts.start()
 
         stop_requested = threading.Event()
         grace = jobs_settings().SHUTDOWN_GRACE_SECONDS
@@ -104,6 +106,7 @@ class Command(DjangoQClusterCommand):
                 max(0.0, ends - time.monotonic()),
             )
             stop_cluster(cluster, ends + SHUTDOWN_MARGIN_SECONDS, family)
+            timeouts.stop()
 
 
 def stop_cluster(cluster: Cluster, deadline: float, family: set[int]) -> None:
