@@ -72,7 +72,7 @@ class Heartbeater:
         commit: Commit,
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
         on_stop: Callable[["Heartbeater"], None] | None = None,
-        on_hand_off: Callable[[list[Held]], None] | None = None,
+        on_hand_off: Callable[[list[Held]], list[Held]] | None = None,
     ) -> None:
         self.interval = interval
         self._commit = commit
@@ -88,6 +88,10 @@ class Heartbeater:
         self._on_timeout: Callable[[], None] | None = None
         self._timed_out: set[int] = set()  # job ids taken by a timeout
         self._lock = threading.Lock()
+        self._handing: set[int] = set()  # job ids whose hand-off is in flight
+        self._hand_offs_settled = threading.Condition(self._lock)
+        self._hand_off_failures = 0  # in a row: the next try waits a backoff
+        self._hand_off_not_before = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
         self._last_ok = time.monotonic()
@@ -122,8 +126,13 @@ class Heartbeater:
             self._held.pop(fence.job_id, None)
 
     def start(self, held: Held) -> bool:
-        """The runner is about to run this job; False if it was handed back meanwhile."""
+        """The runner is about to run this job; False if it was handed back meanwhile.
+
+        While its hand-off is in flight, waits for it (its round trips are bounded): a hand-off
+        that failed leaves the job held, and the runner runs it after all."""
         with self._lock:
+            while held.fence.job_id in self._handing:
+                self._hand_offs_settled.wait(1.0)
             if self._held.get(held.fence.job_id) is not held:
                 return False
             held.started = True
@@ -172,21 +181,47 @@ class Heartbeater:
             return held.fence.job_id in self._timed_out
 
     def _hand_off_due(self, now: float) -> list[Held]:
-        """Batch-mates not started while the running handler is past HANDOFF_SECONDS: taken
-        out of this drain's hands, for `on_hand_off` to give back (the runner skips them)."""
-        if not self._waiting or self._on_hand_off is None:
+        """Batch-mates not started while the running handler is past HANDOFF_SECONDS, for
+        `on_hand_off` to give back. They stay held (and beaten) until that hand-back is decided:
+        a failed one leaves them here, tried again after a backoff, or run by the runner."""
+        if not self._waiting or self._on_hand_off is None or now < self._hand_off_not_before:
             return []
         with self._lock:
-            waiting = [h for h in self._held.values() if not h.started]
+            waiting = [
+                h
+                for h in self._held.values()
+                if not h.started and h.fence.job_id not in self._handing
+            ]
             self._waiting = bool(waiting)
             if not waiting or self._running is None:
                 return []
             if now - self._running_since < HANDOFF_SECONDS:
                 return []
-            for h in waiting:
-                del self._held[h.fence.job_id]
-            self._waiting = False
+            self._handing.update(h.fence.job_id for h in waiting)
         return waiting
+
+    def _hand_off(self, waiting: list[Held]) -> None:
+        """Give `waiting` back; let go of those whose hand-back was decided, keep the rest."""
+        decided: list[Held] = []
+        try:
+            if self._on_hand_off is not None:
+                decided = self._on_hand_off(waiting)
+        finally:
+            gone = {h.fence.job_id for h in decided}
+            with self._lock:
+                for h in waiting:
+                    self._handing.discard(h.fence.job_id)
+                    if h.fence.job_id in gone and self._held.get(h.fence.job_id) is h:
+                        del self._held[h.fence.job_id]
+                if len(gone) < len(waiting):
+                    self._waiting = True
+                    self._hand_off_failures += 1
+                    first, cap = RETRY_SECONDS
+                    delay = min(cap, first * 2 ** min(self._hand_off_failures - 1, 10))
+                    self._hand_off_not_before = time.monotonic() + delay
+                else:
+                    self._hand_off_failures = 0
+                self._hand_offs_settled.notify_all()
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
         """A success to commit soon; its lease stays beaten until then.
@@ -324,8 +359,8 @@ class Heartbeater:
                     continue
                 try:
                     handed = self._hand_off_due(now)
-                    if handed and self._on_hand_off is not None:
-                        self._on_hand_off(handed)
+                    if handed:
+                        self._hand_off(handed)
                     if self._flush_due(now):
                         self.flush()
                     if now >= last_beat + self.interval:

@@ -337,13 +337,17 @@ def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
     unstarted.clear()
 
 
-def _hand_off_waiting(waiting: list[Held]) -> None:
+def _hand_off_waiting(waiting: list[Held]) -> list[Held]:
     """On the drain's background thread: jobs of this batch that waited behind a handler running
     longer than HANDOFF_SECONDS go back to the queue (fenced, uncharged), so that a free worker
     -- woken by the requeue's NOTIFY -- takes them now rather than after the slow one. The
-    runner's `beats.start` then refuses them."""
-    for h in waiting:
-        completer.hand_back(h.fence, "(waited behind a slow batch-mate)", logging.INFO)
+    runner's `beats.start` then refuses them. Returns those whose hand-back was decided; the
+    others (the database did not answer) stay held, beaten, and are tried again."""
+    return [
+        h
+        for h in waiting
+        if completer.hand_back(h.fence, "(waited behind a slow batch-mate)", logging.INFO)
+    ]
 
 
 def _hand_back_unstarted(beats: Heartbeater) -> None:
