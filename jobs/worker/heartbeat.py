@@ -301,8 +301,9 @@ class Heartbeater:
         look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
         look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
         due = min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
-        timeout_at = self._timeout_at
-        return due if timeout_at is None else min(due, timeout_at)
+        for at in (self._timeout_at, shutdown.grace_ends_at()):
+            due = due if at is None else min(due, at)  # act on the moment, not a look later
+        return due
 
     def _timeout_due(self, now: float) -> Callable[[], None] | None:
         """The running handler's `on_timeout`, once, when its deadline has passed."""

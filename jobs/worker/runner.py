@@ -59,7 +59,7 @@ _LISTEN_OUTAGE = OutageLog("worker LISTEN connection", logger)
 
 # After the grace period's hand-back, how long an abandoned handler may still run (its writes
 # are rejected and recorded meanwhile) before its worker process ends.
-ABANDON_SECONDS = 0.5
+ABANDON_SECONDS = 0.25
 
 
 def worker_identity() -> str:

@@ -56,6 +56,12 @@ def requested() -> bool:
     return bool(_ends())
 
 
+def grace_ends_at() -> float | None:
+    """time.monotonic() at which the grace of a requested stop ends; None: no stop."""
+    ends = _ends()
+    return min(ends) if ends else None
+
+
 def grace_over() -> bool:
     """The grace period has ended: hand back what is still held and exit."""
     ends = _ends()

@@ -175,6 +175,19 @@ def _ours(pid: int) -> bool:
         return False
 
 
+def live_workers() -> set[int]:
+    """In the main process: the worker processes (with a slot) still running, zombies not."""
+    return {slot.pid for slot in _slots if slot.pid and _ours(slot.pid) and not _zombie(slot.pid)}
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def look(now: float) -> None:
     """In the main process: log the workers that timed out, kill those stuck past it."""
     for slot in _slots:

@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 
 from jobs import enqueue
-from jobs.models import Attempt
+from jobs.models import Attempt, Job
 from tests.acceptance.cluster import (
     POLL_SECONDS,
     subprocess_database_url,
@@ -202,3 +202,47 @@ def test_sigterm_while_the_database_is_unreachable_stops_within_a_bound(pg_proxy
     took = wait_gone(cluster, 1 + SHUTDOWN_MARGIN_SECONDS + 4)
     print(f"database unreachable: group gone {took:.2f} s after SIGTERM (grace 1 s)")
     assert took < 1 + SHUTDOWN_MARGIN_SECONDS + 2, f"group took {took:.1f} s to go"
+
+
+# -- under load: every worker busy, django-q2's task queue full -------------------------------
+
+
+def _signal_twice(cluster) -> None:
+    os.kill(cluster.proc.pid, signal.SIGTERM)
+    time.sleep(0.2)  # a supervisor's second SIGTERM, a moment later (the scenario, not a wait)
+    os.kill(cluster.proc.pid, signal.SIGTERM)
+
+
+STOPS = {
+    "sigterm": lambda cluster: os.kill(cluster.proc.pid, signal.SIGTERM),
+    "sigterm_twice": _signal_twice,
+    "sigint_to_the_group": lambda cluster: os.killpg(cluster.pgid, signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stop_under_load_ends_within_the_grace_without_killing(start_qcluster, stop):
+    """Both workers run long jobs, more drains wait in django-q2's full task queue and quick jobs
+    wait behind: the stop ends within the grace + 1 s, nothing is SIGKILLed, the long jobs are
+    handed back and nothing is lost."""
+    grace = 2.0
+    cluster = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS=str(grace))
+    long = [enqueue("test.sleep", {"seconds": 60}, lease_seconds=60) for _ in range(2)]
+    for job in long:
+        wait_for_attempt(job.pk, 1)
+    backlog = [enqueue("test.echo", {"n": n}) for n in range(20)]
+    wait_until(  # the scheduler asked for drains that no worker is free to take
+        lambda: "queued" in {j.state for j in Job.objects.filter(pk__in=[b.pk for b in backlog])},
+        timeout=5,
+        what="a backlog behind busy workers",
+        job_id=long[0].pk,
+    )
+    STOPS[stop](cluster)
+    took = wait_gone(cluster, grace + SHUTDOWN_MARGIN_SECONDS + 5)
+    print(f"{stop} under load: group gone {took:.2f} s after the signal (grace {grace} s)")
+    assert "killing" not in cluster.log(), cluster.log()
+    assert took < grace + 1.0, f"group took {took:.1f} s to go"
+    for job in long:
+        assert Attempt.objects.get(job=job, number=1).outcome == "released"
+    states = set(Job.objects.values_list("state", flat=True))
+    assert states <= {"queued", "succeeded"}, states  # nothing lost, nothing left running
