@@ -166,9 +166,9 @@ class Heartbeater:
         self._timeout_at = (
             self._running_since + timeout if self._on_timeout and timeout is not None else None
         )
+        # Not woken for it (a thread switch per job would cost the hot path): the thread looks
+        # at least every FLUSH_SECONDS and then plans its wake-up with the deadline in it.
         self._running = held
-        if self._on_timeout is not None:
-            self._wake.set()  # plan the next wake-up with the deadline in it
 
     def take_timed_out(self, held: Held) -> None:
         """The running handler overran its timeout: take its job (the runner leaves it)."""
@@ -301,8 +301,10 @@ class Heartbeater:
         look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
         look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
         due = min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
+        now = time.monotonic()
         for at in (self._timeout_at, shutdown.grace_ends_at()):
-            due = due if at is None else min(due, at)  # act on the moment, not a look later
+            if at is not None and at > now:
+                due = min(due, at)  # act on the moment, not a look later
         return due
 
     def _timeout_due(self, now: float) -> Callable[[], None] | None:
@@ -310,7 +312,7 @@ class Heartbeater:
         timeout_at, on_timeout = self._timeout_at, self._on_timeout
         if self._running is None or timeout_at is None or on_timeout is None or now < timeout_at:
             return None
-        self._on_timeout = None
+        self._on_timeout = self._timeout_at = None
         return on_timeout
 
     def _flush_due(self, now: float) -> bool:
