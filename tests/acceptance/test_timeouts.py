@@ -70,6 +70,12 @@ def test_a_job_that_overruns_q_timeout_fails_alone_while_every_other_worker_keep
         what="the main process to log the timeout",
         job_id=job.pk,
     )
+    wait_until(
+        lambda: "reincarnated worker" in cluster.log(),  # django-q2's sentinel replaced it
+        timeout=5,
+        what="the worker to be replaced",
+        job_id=job.pk,
+    )
     assert "stopping:" not in cluster.log()  # no shutdown grace anywhere
     quick_jobs_all_succeed()  # still claiming, with the replacement worker
 

@@ -21,7 +21,13 @@ signal to the whole group kills the sentinel, but each worker applies the same p
 (jobs.worker.shutdown.worker_sigterm); this process then waits for them, and kills what is left of
 its group at the same deadline. The
 scheduler's own database wait is cut when the signal arrives, so an unreachable database cannot
-hold the main process either.
+hold the main process either. Under load django-q2's ordered stop waits for a worker to empty its
+full task queue: once the grace is over and no worker is left, its helpers get SIGTERM instead
+(`stop_cluster`), and workers orphaned by the sentinel are reaped here (a subreaper), so the group
+is gone within about half a second after the grace without a SIGKILL.
+
+Also runs the execution-timeout watchdog (jobs.worker.watchdog) on a thread of this process: it
+logs each worker that timed out and kills one stuck in C code past its deadline.
 """
 
 import ctypes
