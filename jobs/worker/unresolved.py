@@ -96,6 +96,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+MAX_ENTRY_BYTES = 64 * 1024  # an entry is a few hundred bytes; anything larger is quarantined
 # The name of the last file a call looked at: the next call resumes after it (per process).
 _cursor = {"after": ""}
 
@@ -119,6 +120,8 @@ def resolve_pending(limit: int = 50) -> int:
         _cursor["after"] = name
         path = directory / name
         try:
+            if path.stat().st_size > MAX_ENTRY_BYTES:
+                raise ValueError("too large")  # not one of ours: never read whole
             entry = json.loads(path.read_text())
         except OSError:
             continue  # taken by another scheduler meanwhile

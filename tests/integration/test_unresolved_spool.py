@@ -59,6 +59,8 @@ def unresolved_events(attempt: Attempt) -> int:
         {"job_id": 10**30, "attempt": 1, "write": "succeeded"},
         {"job_id": 1, "attempt": 1, "write": {"no": "such"}},
         ["not", "an", "object"],
+        "not JSON at all",
+        {"job_id": 1, "attempt": 1, "write": "succeeded", "padding": "x" * 100_000},
     ],
 )
 def test_a_malformed_entry_is_quarantined_with_one_log_line(spool, make_job, caplog, bad):
@@ -66,6 +68,8 @@ def test_a_malformed_entry_is_quarantined_with_one_log_line(spool, make_job, cap
     if isinstance(bad, dict):
         bad = {"database": unresolved._database(), **bad}
     bad_path = write_entry(spool, "job-0-attempt-1-succeeded.json", bad)  # sorts first
+    if bad == "not JSON at all":
+        bad_path.write_text(bad)
     write_entry(spool, f"job-{attempt.job_id}-attempt-1-succeeded.json", good_entry(attempt))
     with caplog.at_level(logging.ERROR, logger="jobs.unresolved"):
         assert unresolved.resolve_pending() == 1  # the good one still resolves
