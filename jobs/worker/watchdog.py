@@ -70,7 +70,9 @@ def claim_slot(sender: object = None, **kwargs: object) -> None:
         return
     try:
         for i, slot in enumerate(_slots):
-            if slot.pid == 0 or not _alive(slot.pid):  # free, or its worker died unnoticed
+            # Free, or its worker died unnoticed -- but not one whose timeout the main process
+            # has yet to report (a replacement spawned at once would erase it).
+            if slot.pid == 0 or (slot.state != TIMED_OUT and not _alive(slot.pid)):
                 slot.state, slot.job_id, slot.attempt = IDLE, 0, 0
                 slot.pid = os.getpid()
                 _mine["index"] = i
