@@ -12,9 +12,10 @@ alive KILL_MARGIN_SECONDS after its deadline (or after its settling budget): a h
 code that holds the GIL, so that no thread of its process can run. Such an attempt then ends by
 its lease (the reaper), like any killed worker's.
 
-Never: writes to the database, and never touches another worker's job: a timeout ends only the
-process that overran. It never starts the cluster's shutdown grace (a stop of one worker is not
-a stop of the cluster).
+Never: writes to the database except through jobs.worker.completer (`time_out`: the overrun
+attempt's fenced fail, its batch-mates' fenced releases), and never touches another worker's
+job: a timeout ends only the process that overran. It never starts the cluster's shutdown grace
+(a stop of one worker is not a stop of the cluster).
 
 Hazards: the table is written without a lock except to claim a slot (a process killed inside
 that short critical section would leave the lock held: claiming gives up after a second and the
