@@ -6,6 +6,8 @@ import time
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
+from django_q.models import OrmQ
 
 from jobs import enqueue
 from jobs.models import Attempt, Job
@@ -230,11 +232,14 @@ def test_a_stop_under_load_ends_within_the_grace_without_killing(start_qcluster,
     long = [enqueue("test.sleep", {"seconds": 60}, lease_seconds=60) for _ in range(2)]
     for job in long:
         wait_for_attempt(job.pk, 1)
-    backlog = [enqueue("test.echo", {"n": n}) for n in range(20)]
-    wait_until(  # the scheduler asked for drains that no worker is free to take
-        lambda: "queued" in {j.state for j in Job.objects.filter(pk__in=[b.pk for b in backlog])},
-        timeout=5,
-        what="a backlog behind busy workers",
+    for n in range(20):
+        enqueue("test.echo", {"n": n})
+    # Drains dequeued by django-q2's pusher (their broker rows locked): 2 running, 2 filling its
+    # task queue (queue_limit = workers) and 1 more in the pusher's hand, blocked in put().
+    wait_until(
+        lambda: OrmQ.objects.filter(lock__gt=timezone.now()).count() >= 5,
+        timeout=15,
+        what="django-q2's task queue to be full",
         job_id=long[0].pk,
     )
     STOPS[stop](cluster)
