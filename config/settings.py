@@ -288,8 +288,8 @@ Q_CLUSTER = {
     # django-q2's ORM broker, made to ride out a database outage (see jobs/worker/bridge.py).
     "broker_class": "jobs.worker.bridge.ResilientORMBroker",
     "poll": float(os.environ.get("Q_POLL", "0.05")),
-    # One drain task runs many jobs; `timeout` caps a drain (and so the longest single job), and
-    # `retry` must stay above it or django-q2 redelivers a task still running (checked: jobs.E002).
+    # `timeout`: the execution timeout of an attempt whose kind sets none (jobs.worker.watchdog;
+    # django-q2's own timer is off for drains); `retry` must stay above it (checked: jobs.E002).
     "timeout": int(os.environ.get("Q_TIMEOUT", "1800")),
     "retry": int(os.environ.get("Q_RETRY", "1860")),
     "ack_failures": True,

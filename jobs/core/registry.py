@@ -37,6 +37,12 @@ class Handler:
     cron: str | None = None  # a recurring schedule named after the kind (jobs.ops.cron)
     timezone: str = "UTC"
     on_finished: FinishedHook | None = None
+    # Longest one attempt's handler may run before the attempt fails ("exceeded the task
+    # timeout of N s") and its worker process is replaced; None: django-q2's Q_TIMEOUT.
+    timeout: float | None = None
+
+
+TIMEOUT_SECONDS = (0.5, 7 * 24 * 3600.0)  # the range of @handler(timeout=...)
 
 
 _handlers: dict[str, Handler] = {}
@@ -51,6 +57,7 @@ def handler(
     cron: str | None = None,
     timezone: str = "UTC",
     on_finished: FinishedHook | None = None,
+    timeout: float | None = None,
 ) -> Callable[[HandlerFn], HandlerFn]:
     """Register `fn(ctx) -> JSON-able result` as the handler for `kind`."""
     if not isinstance(kind, str) or not KIND.match(kind):
@@ -61,6 +68,8 @@ def handler(
         bounds.max_attempts(max_attempts)
     if cron is not None:
         _check_schedule(cron, timezone)
+    if timeout is not None:
+        bounds.number_in("timeout", timeout, TIMEOUT_SECONDS, integer=False)
 
     def register(fn: HandlerFn) -> HandlerFn:
         existing = _handlers.get(kind)
@@ -68,7 +77,10 @@ def handler(
             qualname = f"{existing.fn.__module__}.{existing.fn.__qualname__}"
             raise HandlerAlreadyRegistered(f"kind {kind!r} is already handled by {qualname}")
         lease = float(lease_seconds) if lease_seconds is not None else None
-        _handlers[kind] = Handler(kind, fn, lease, max_attempts, cron, timezone, on_finished)
+        limit = float(timeout) if timeout is not None else None
+        _handlers[kind] = Handler(
+            kind, fn, lease, max_attempts, cron, timezone, on_finished, timeout=limit
+        )
         return fn
 
     return register

@@ -32,7 +32,7 @@ from jobs.core import bounds
 from jobs.core.conf import jobs_settings
 from jobs.core.enqueue import QUEUE_NAME
 from jobs.core.exceptions import InvalidOption, InvalidPayload
-from jobs.core.registry import KIND
+from jobs.core.registry import KIND, TIMEOUT_SECONDS
 from jobs.models import Job
 from jobs.tasks import execution, results
 
@@ -46,7 +46,8 @@ class PalisadeTask(Task):
     lease_seconds, max_attempts: as `@handler`'s (bounded the same way);
     unique_key: a string, or `fn(args, kwargs) -> str`: enqueueing while a job with that key is
     queued or running returns that job's result instead of a second job;
-    timeout: accepted, validated and stored -- NOT enforced yet (docs/tasks.md).
+    timeout: the attempt's execution timeout, as `@handler(timeout=...)`: past it the attempt
+    fails ("exceeded the task timeout of N s"), its worker is replaced, and the task is retried.
     """
 
     lease_seconds: float | None = None
@@ -99,12 +100,12 @@ class PalisadeBackend(BaseTaskBackend):
             if max_attempts is not None:
                 bounds.max_attempts(max_attempts)
             if timeout is not None:
-                bounds.lease_seconds(timeout, name="timeout")
+                bounds.number_in("timeout", timeout, TIMEOUT_SECONDS, integer=False)
         except InvalidOption as exc:
             raise InvalidTask(str(exc)) from None
         if unique_key is not None and not isinstance(unique_key, str) and not callable(unique_key):
             raise InvalidTask("unique_key must be a string or a function of (args, kwargs)")
-        execution.register(task, lease_seconds, max_attempts)
+        execution.register(task, lease_seconds, max_attempts, timeout)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert the task's job inside the caller's transaction; return its READY result.

@@ -71,7 +71,9 @@ def job_context(context: TaskContext) -> JobContext:
     return context.job
 
 
-def register(task: Task, lease_seconds: float | None, max_attempts: int | None) -> None:
+def register(
+    task: Task, lease_seconds: float | None, max_attempts: int | None, timeout: float | None = None
+) -> None:
     """Make `task` a kind (its module path) this process can run and enqueue."""
     kind = task.module_path
     known = _tasks.get(kind)
@@ -81,7 +83,11 @@ def register(task: Task, lease_seconds: float | None, max_attempts: int | None) 
     _misses.discard(kind)
     adapter = _adapters.setdefault(kind, _adapter(kind))
     registry.handler(
-        kind, lease_seconds=lease_seconds, max_attempts=max_attempts, on_finished=_finished
+        kind,
+        lease_seconds=lease_seconds,
+        max_attempts=max_attempts,
+        on_finished=_finished,
+        timeout=timeout,
     )(adapter)
 
 

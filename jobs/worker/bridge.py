@@ -24,7 +24,7 @@ from django_q.signals import post_spawn
 from django_q.tasks import async_task
 
 from jobs.core.connectivity import OutageLog, bounded
-from jobs.worker import runner, shutdown
+from jobs.worker import runner, shutdown, watchdog
 
 DRAIN_TASK = "jobs.worker.bridge.drain"
 
@@ -39,6 +39,7 @@ def drain(queues: Sequence[str] | None = None) -> int:
 
 
 post_spawn.connect(shutdown.install_worker_handler, dispatch_uid="jobs.shutdown.worker_sigterm")
+post_spawn.connect(watchdog.claim_slot, dispatch_uid="jobs.watchdog.claim_slot")
 
 
 def worker_count() -> int:
@@ -46,8 +47,11 @@ def worker_count() -> int:
 
 
 def request_drains(count: int, queues: Sequence[str] | None, broker: Broker) -> None:
+    # timeout=-1: no django-q2 timer on a drain. Its SIGALRM would raise anywhere in the drain
+    # (in a commit too), and its guard's SIGTERM would read as a stop; each handler's execution
+    # timeout is enforced per attempt instead (jobs.worker.watchdog).
     for _ in range(count):
-        async_task(DRAIN_TASK, list(queues) if queues else None, broker=broker)
+        async_task(DRAIN_TASK, list(queues) if queues else None, broker=broker, timeout=-1)
 
 
 def pending_drains(broker: Broker) -> int:

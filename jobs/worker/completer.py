@@ -184,10 +184,12 @@ def release(claimed: Claimed) -> None:
         logger.debug("job %s attempt %s: %s", *_ids(fence), exc)
 
 
-def hand_back(fence: Fence, why: str = "at shutdown", level: int = logging.WARNING) -> None:
+def hand_back(fence: Fence, why: str = "at shutdown", level: int = logging.WARNING) -> bool:
     """Hand back a held job from the drain's background thread: at shutdown (its handler is
     abandoned), or a batch-mate that waited behind a slow handler. A fenced release, one bounded
-    try -- the thread must not hang on it; if the database cannot be reached the lease decides."""
+    try -- the thread must not hang on it. True once decided (handed back, or the lease was
+    already gone); False if the database did not answer: the caller keeps the job held and tries
+    again (a batch-mate), or lets the lease decide (shutdown)."""
     try:
         with bounded(f"release of job {fence.job_id} attempt {fence.attempt}"):
             transitions.release(fence)
@@ -195,12 +197,16 @@ def hand_back(fence: Fence, why: str = "at shutdown", level: int = logging.WARNI
     except LeaseLost as exc:
         logger.info("job %s attempt %s: %s", *_ids(fence), exc)
     except DatabaseError as exc:
+        connection.close()  # the next try gets a fresh connection
         logger.error(
-            "job %s attempt %s: could not hand back %s (%s); its lease will expire",
+            "job %s attempt %s: could not hand back %s (%s: %s)",
             *_ids(fence),
             why,
             type(exc).__name__,
+            _one_line(str(exc)),
         )
+        return False
+    return True
 
 
 def discard(fence: Fence) -> None:

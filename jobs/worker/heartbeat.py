@@ -9,6 +9,9 @@ Never: decides a job's outcome. A heartbeat that changes zero rows is recorded b
 transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
+Also watches the running handler's execution timeout: once it has run that long, the thread calls
+the runner's `on_timeout` (which fails the attempt and ends the worker process).
+
 Also watches for a stop (jobs.worker.shutdown) on behalf of the drain it serves: when one is
 requested it calls the drain's `on_stop` once (the runner hands back the jobs not started), and
 when its grace period is over, `on_grace_over` once (the runner hands back the rest and ends the
@@ -69,7 +72,7 @@ class Heartbeater:
         commit: Commit,
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
         on_stop: Callable[["Heartbeater"], None] | None = None,
-        on_hand_off: Callable[[list[Held]], None] | None = None,
+        on_hand_off: Callable[[list[Held]], list[Held]] | None = None,
     ) -> None:
         self.interval = interval
         self._commit = commit
@@ -81,7 +84,14 @@ class Heartbeater:
         self._held: dict[int, Held] = {}
         self._finished: list[Finished] = []
         self._running: Held | None = None
+        self._timeout_at: float | None = None  # time.monotonic() when the running one overruns
+        self._on_timeout: Callable[[], None] | None = None
+        self._timed_out: set[int] = set()  # job ids taken by a timeout
         self._lock = threading.Lock()
+        self._handing: set[int] = set()  # job ids whose hand-off is in flight
+        self._hand_offs_settled = threading.Condition(self._lock)
+        self._hand_off_failures = 0  # in a row: the next try waits a backoff
+        self._hand_off_not_before = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
         self._last_ok = time.monotonic()
@@ -116,8 +126,13 @@ class Heartbeater:
             self._held.pop(fence.job_id, None)
 
     def start(self, held: Held) -> bool:
-        """The runner is about to run this job; False if it was handed back meanwhile."""
+        """The runner is about to run this job; False if it was handed back meanwhile.
+
+        While its hand-off is in flight, waits for it (its round trips are bounded): a hand-off
+        that failed leaves the job held, and the runner runs it after all."""
         with self._lock:
+            while held.fence.job_id in self._handing:
+                self._hand_offs_settled.wait(1.0)
             if self._held.get(held.fence.job_id) is not held:
                 return False
             held.started = True
@@ -135,30 +150,78 @@ class Heartbeater:
                 del self._held[h.fence.job_id]
         return taken
 
-    def running(self, held: Held | None) -> None:
+    def running(
+        self,
+        held: Held | None,
+        timeout: float | None = None,
+        on_timeout: Callable[[], None] | None = None,
+    ) -> None:
         """Name the job whose handler runs now (None between handlers).
 
-        A plain assignment (atomic): beat_now reads it once, under its lock, per beat.
+        A plain assignment (atomic): beat_now reads it once, under its lock, per beat. With a
+        `timeout`, the thread calls `on_timeout` once if the handler is still running then.
         """
         self._running_since = time.monotonic()
+        self._on_timeout = on_timeout if held is not None and timeout is not None else None
+        self._timeout_at = (
+            self._running_since + timeout if self._on_timeout and timeout is not None else None
+        )
+        # Not woken for it (a thread switch per job would cost the hot path): the thread looks
+        # at least every FLUSH_SECONDS and then plans its wake-up with the deadline in it.
         self._running = held
 
+    def take_timed_out(self, held: Held) -> None:
+        """The running handler overran its timeout: take its job (the runner leaves it)."""
+        with self._lock:
+            self._timed_out.add(held.fence.job_id)
+            self._held.pop(held.fence.job_id, None)
+
+    def timed_out(self, held: Held) -> bool:
+        with self._lock:
+            return held.fence.job_id in self._timed_out
+
     def _hand_off_due(self, now: float) -> list[Held]:
-        """Batch-mates not started while the running handler is past HANDOFF_SECONDS: taken
-        out of this drain's hands, for `on_hand_off` to give back (the runner skips them)."""
-        if not self._waiting or self._on_hand_off is None:
+        """Batch-mates not started while the running handler is past HANDOFF_SECONDS, for
+        `on_hand_off` to give back. They stay held (and beaten) until that hand-back is decided:
+        a failed one leaves them here, tried again after a backoff, or run by the runner."""
+        if not self._waiting or self._on_hand_off is None or now < self._hand_off_not_before:
             return []
         with self._lock:
-            waiting = [h for h in self._held.values() if not h.started]
+            waiting = [
+                h
+                for h in self._held.values()
+                if not h.started and h.fence.job_id not in self._handing
+            ]
             self._waiting = bool(waiting)
             if not waiting or self._running is None:
                 return []
             if now - self._running_since < HANDOFF_SECONDS:
                 return []
-            for h in waiting:
-                del self._held[h.fence.job_id]
-            self._waiting = False
+            self._handing.update(h.fence.job_id for h in waiting)
         return waiting
+
+    def _hand_off(self, waiting: list[Held]) -> None:
+        """Give `waiting` back; let go of those whose hand-back was decided, keep the rest."""
+        decided: list[Held] = []
+        try:
+            if self._on_hand_off is not None:
+                decided = self._on_hand_off(waiting)
+        finally:
+            gone = {h.fence.job_id for h in decided}
+            with self._lock:
+                for h in waiting:
+                    self._handing.discard(h.fence.job_id)
+                    if h.fence.job_id in gone and self._held.get(h.fence.job_id) is h:
+                        del self._held[h.fence.job_id]
+                if len(gone) < len(waiting):
+                    self._waiting = True
+                    self._hand_off_failures += 1
+                    first, cap = RETRY_SECONDS
+                    delay = min(cap, first * 2 ** min(self._hand_off_failures - 1, 10))
+                    self._hand_off_not_before = time.monotonic() + delay
+                else:
+                    self._hand_off_failures = 0
+                self._hand_offs_settled.notify_all()
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
         """A success to commit soon; its lease stays beaten until then.
@@ -237,7 +300,20 @@ class Heartbeater:
         beat_at = last_beat + self.interval
         look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
         look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
-        return min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
+        due = min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
+        now = time.monotonic()
+        for at in (self._timeout_at, shutdown.grace_ends_at()):
+            if at is not None and at > now:
+                due = min(due, at)  # act on the moment, not a look later
+        return due
+
+    def _timeout_due(self, now: float) -> Callable[[], None] | None:
+        """The running handler's `on_timeout`, once, when its deadline has passed."""
+        timeout_at, on_timeout = self._timeout_at, self._on_timeout
+        if self._running is None or timeout_at is None or on_timeout is None or now < timeout_at:
+            return None
+        self._on_timeout = self._timeout_at = None
+        return on_timeout
 
     def _flush_due(self, now: float) -> bool:
         with self._lock:
@@ -277,10 +353,17 @@ class Heartbeater:
                     self._call(self._on_grace_over)  # may end the process
                     continue
                 now = time.monotonic()
+                on_timeout = self._timeout_due(now)
+                if on_timeout is not None:
+                    try:
+                        on_timeout()  # ends the process
+                    except Exception:  # noqa: BLE001  the thread must outlive a failed step
+                        logger.exception("execution timeout: could not end the attempt")
+                    continue
                 try:
                     handed = self._hand_off_due(now)
-                    if handed and self._on_hand_off is not None:
-                        self._on_hand_off(handed)
+                    if handed:
+                        self._hand_off(handed)
                     if self._flush_due(now):
                         self.flush()
                     if now >= last_beat + self.interval:

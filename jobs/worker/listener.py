@@ -6,9 +6,10 @@ drain (to claim the moment work arrives). Never: claims or writes anything.
 Hazards: the LISTEN connection is its own psycopg connection (never Django's pooled one) and is
 re-opened after any error. An idle LISTEN socket cannot tell a quiet database from a dead one (a
 half-open connection: the server gone, the socket still open), so after LIVENESS_SECONDS without
-traffic a bounded `SELECT 1` probes it. Behind a transaction pooler LISTEN hears nothing:
-JOBS["LISTEN_URL"] gives the listeners a direct session, and the drains' periodic claim covers
-the rest.
+traffic a bounded `SELECT 1` probes it; a NOTIFY read with the probe's answer lands in psycopg's
+backlog, not on the socket, so the probe drains that backlog and counts it as a wake-up. Behind
+a transaction pooler LISTEN hears nothing: JOBS["LISTEN_URL"] gives the listeners a direct
+session, and the drains' periodic claim covers the rest.
 """
 
 import logging
@@ -83,6 +84,11 @@ class Waker:
             with bounded("LISTEN liveness probe", conn=self._conn):
                 self._conn.execute("SELECT 1")
             self._heard_at = time.monotonic()
+            # A NOTIFY that arrived with the probe's answer was read off the socket into
+            # psycopg's backlog, where select() in `wait` cannot see it: drain it here and
+            # wake as if notified, or the wake-up is lost until the next poll.
+            if sum(1 for _ in self._conn.notifies(timeout=0)):
+                self._fresh = True
         return self._conn
 
     def wait(self, timeout: float) -> bool:

@@ -15,6 +15,11 @@ timeout) fails that job with its own error, commits the batch's successes and re
 never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
 attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
 
+A handler that runs past its execution timeout (`@handler(timeout=...)`, else Q_TIMEOUT) fails
+alone: the background thread fails its attempt, settles its batch and ends this worker process,
+which django-q2 replaces (jobs.worker.watchdog; the main process logs it, or kills the process
+if no thread of it can run).
+
 Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands back
 the jobs it holds but has not started; when the grace period ends with a handler still running,
 the drain's background thread hands every held job back (fenced release, so another worker takes
@@ -32,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connection
 
 from jobs.context import Held, JobContext, close_side_connection
@@ -41,7 +47,7 @@ from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.transitions import Claimed
-from jobs.worker import completer, shutdown
+from jobs.worker import completer, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
 from jobs.worker.listener import Waker
 
@@ -53,7 +59,7 @@ _LISTEN_OUTAGE = OutageLog("worker LISTEN connection", logger)
 
 # After the grace period's hand-back, how long an abandoned handler may still run (its writes
 # are rejected and recorded meanwhile) before its worker process ends.
-ABANDON_SECONDS = 0.5
+ABANDON_SECONDS = 0.25
 
 
 def worker_identity() -> str:
@@ -251,11 +257,17 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
         if not _confirm_running(claimed, beats):
             return
         held.confirmed = True
-    beats.running(held)
+    seconds = _timeout_for(handler)
+    beats.running(held, seconds, lambda: watchdog.time_out(beats, claimed, held, seconds or 0.0))
+    if seconds is not None:
+        watchdog.started(claimed.fence.job_id, claimed.fence.attempt, seconds)
     try:
         outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
     finally:
         beats.running(None)
+        watchdog.ended()
+    if beats.timed_out(held):
+        return  # failed by the background thread, which is ending this process
     if outcome.succeeded and not outcome.lost:
         beats.finished(held, claimed, outcome.result)
         if held.confirmed:
@@ -268,6 +280,14 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
         completer.discard(claimed.fence)
     else:
         completer.fail(claimed, outcome.error)
+
+
+def _timeout_for(handler: Handler) -> float | None:
+    """The kind's `@handler(timeout=...)`, else django-q2's Q_TIMEOUT (the longest single job)."""
+    if handler.timeout is not None:
+        return handler.timeout
+    seconds = getattr(settings, "Q_CLUSTER", {}).get("timeout")
+    return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
 
 
 def _confirm_running(claimed: Claimed, beats: Heartbeater) -> bool:
@@ -317,13 +337,17 @@ def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
     unstarted.clear()
 
 
-def _hand_off_waiting(waiting: list[Held]) -> None:
+def _hand_off_waiting(waiting: list[Held]) -> list[Held]:
     """On the drain's background thread: jobs of this batch that waited behind a handler running
     longer than HANDOFF_SECONDS go back to the queue (fenced, uncharged), so that a free worker
     -- woken by the requeue's NOTIFY -- takes them now rather than after the slow one. The
-    runner's `beats.start` then refuses them."""
-    for h in waiting:
-        completer.hand_back(h.fence, "(waited behind a slow batch-mate)", logging.INFO)
+    runner's `beats.start` then refuses them. Returns those whose hand-back was decided; the
+    others (the database did not answer) stay held, beaten, and are tried again."""
+    return [
+        h
+        for h in waiting
+        if completer.hand_back(h.fence, "(waited behind a slow batch-mate)", logging.INFO)
+    ]
 
 
 def _hand_back_unstarted(beats: Heartbeater) -> None:

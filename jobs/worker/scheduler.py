@@ -133,8 +133,10 @@ class EmbeddedScheduler:
                     self.tick()
                     self.outage.recovered()
                 except DatabaseError as exc:
-                    self.outage.failed(exc)
                     connection.close()
+                    if should_stop():
+                        break  # a stop cut the tick's wait: no outage to report
+                    self.outage.failed(exc)
                 timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
                 self.waker.wait(timeout)
         finally:

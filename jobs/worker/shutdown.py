@@ -13,8 +13,10 @@ change zero rows and are recorded as stale.
 
 A SIGTERM to the whole process group (systemd's default KillMode=control-group) also reaches the
 worker processes: `worker_sigterm` (installed in each django-q2 worker when it spawns) starts the
-same grace period, ends an idle worker at once, and lets a draining one finish its drain (then it
-exits: the sentinel died of the same signal, so no stop message will ever come).
+same grace period for that process alone, ends an idle worker at once, and lets a draining one
+finish its drain (then it exits: the sentinel died of the same signal, so no stop message will
+ever come). A SIGTERM to one worker only never stops the others (it used to start the
+cluster-wide grace: a worker terminated for a timeout froze every drain of the cluster).
 
 Hazards: the shared value must exist before django-q2 forks (importing this module creates it;
 the qcluster command imports it before starting the cluster). It is compared with
@@ -34,6 +36,10 @@ from jobs.core.conf import jobs_settings
 _grace_ends_at = multiprocessing.RawValue("d", 0.0)
 
 
+# This process alone (a worker sent SIGTERM by itself): the same policy, for this process only.
+_own_grace_ends_at = {"value": 0.0}
+
+
 def begin(grace_seconds: float) -> float:
     """Start the grace period (once: a second signal does not extend it); return its end."""
     if _grace_ends_at.value == 0.0:
@@ -41,20 +47,31 @@ def begin(grace_seconds: float) -> float:
     return float(_grace_ends_at.value)
 
 
+def _ends() -> list[float]:
+    return [v for v in (_grace_ends_at.value, _own_grace_ends_at["value"]) if v != 0.0]
+
+
 def requested() -> bool:
-    """A stop was requested: claim nothing more."""
-    return _grace_ends_at.value != 0.0
+    """A stop was requested (of the cluster, or of this worker process): claim nothing more."""
+    return bool(_ends())
+
+
+def grace_ends_at() -> float | None:
+    """time.monotonic() at which the grace of a requested stop ends; None: no stop."""
+    ends = _ends()
+    return min(ends) if ends else None
 
 
 def grace_over() -> bool:
     """The grace period has ended: hand back what is still held and exit."""
-    ends = _grace_ends_at.value
-    return ends != 0.0 and time.monotonic() >= ends
+    ends = _ends()
+    return bool(ends) and time.monotonic() >= min(ends)
 
 
 def reset() -> None:
     """For tests running drains in-process."""
     _grace_ends_at.value = 0.0
+    _own_grace_ends_at["value"] = 0.0
 
 
 # Per process: is a drain running in this worker, and has this worker been sent SIGTERM?
@@ -76,7 +93,11 @@ def terminated() -> bool:
 
 
 def worker_sigterm(signum: int, frame: FrameType | None) -> None:
-    begin(jobs_settings().SHUTDOWN_GRACE_SECONDS)
+    # This process's grace, never the cluster's: a SIGTERM sent to one worker (an operator, a
+    # supervisor's guard) stops that worker alone. A stop of the whole group also reaches
+    # qcluster's main process, which starts the cluster's grace itself.
+    if _own_grace_ends_at["value"] == 0.0:
+        _own_grace_ends_at["value"] = time.monotonic() + jobs_settings().SHUTDOWN_GRACE_SECONDS
     _worker["terminated"] = True
     if not _worker["draining"]:
         raise SystemExit(0)  # idle (waiting for a task): nothing to finish

@@ -6,9 +6,11 @@ import time
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
+from django_q.models import OrmQ
 
 from jobs import enqueue
-from jobs.models import Attempt
+from jobs.models import Attempt, Job
 from tests.acceptance.cluster import (
     POLL_SECONDS,
     subprocess_database_url,
@@ -202,3 +204,51 @@ def test_sigterm_while_the_database_is_unreachable_stops_within_a_bound(pg_proxy
     took = wait_gone(cluster, 1 + SHUTDOWN_MARGIN_SECONDS + 4)
     print(f"database unreachable: group gone {took:.2f} s after SIGTERM (grace 1 s)")
     assert took < 1 + SHUTDOWN_MARGIN_SECONDS + 2, f"group took {took:.1f} s to go"
+
+
+# -- under load: every worker busy, django-q2's task queue full -------------------------------
+
+
+def _signal_twice(cluster) -> None:
+    os.kill(cluster.proc.pid, signal.SIGTERM)
+    time.sleep(0.2)  # a supervisor's second SIGTERM, a moment later (the scenario, not a wait)
+    os.kill(cluster.proc.pid, signal.SIGTERM)
+
+
+STOPS = {
+    "sigterm": lambda cluster: os.kill(cluster.proc.pid, signal.SIGTERM),
+    "sigterm_twice": _signal_twice,
+    "sigint_to_the_group": lambda cluster: os.killpg(cluster.pgid, signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stop_under_load_ends_within_the_grace_without_killing(start_qcluster, stop):
+    """Both workers run long jobs, more drains wait in django-q2's full task queue and quick jobs
+    wait behind: the stop ends within the grace + 1 s, nothing is SIGKILLed, the long jobs are
+    handed back and nothing is lost."""
+    grace = 2.0
+    cluster = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS=str(grace))
+    long = [enqueue("test.sleep", {"seconds": 60}, lease_seconds=60) for _ in range(2)]
+    for job in long:
+        wait_for_attempt(job.pk, 1)
+    for n in range(20):
+        enqueue("test.echo", {"n": n})
+    # Drains dequeued by django-q2's pusher (their broker rows locked): 2 running, 2 filling its
+    # task queue (queue_limit = workers) and 1 more in the pusher's hand, blocked in put().
+    wait_until(
+        lambda: OrmQ.objects.filter(lock__gt=timezone.now()).count() >= 5,
+        timeout=15,
+        what="django-q2's task queue to be full",
+        job_id=long[0].pk,
+    )
+    STOPS[stop](cluster)
+    took = wait_gone(cluster, grace + SHUTDOWN_MARGIN_SECONDS + 5)
+    print(f"{stop} under load: group gone {took:.2f} s after the signal (grace {grace} s)")
+    assert "killing" not in cluster.log(), cluster.log()
+    assert "database unreachable" not in cluster.log()  # a stop cutting a wait is no outage
+    assert took < grace + 1.0, f"group took {took:.1f} s to go"
+    for job in long:
+        assert Attempt.objects.get(job=job, number=1).outcome == "released"
+    states = set(Job.objects.values_list("state", flat=True))
+    assert states <= {"queued", "succeeded"}, states  # nothing lost, nothing left running

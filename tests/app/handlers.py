@@ -2,6 +2,7 @@
 long a handler runs -- no test waits on a fixed sleep of its own."""
 
 import asyncio
+import ctypes
 import os
 import signal
 import time
@@ -178,3 +179,31 @@ def _register_targets() -> None:
 
 
 _register_targets()
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _stuck_in_c(seconds: float, *, holding_the_gil: bool = False) -> None:
+    """Block `seconds` inside one C call that no signal interrupts: pthread_mutex_timedlock on a
+    mutex this thread already holds (glibc retries its futex wait after a signal, never EINTR),
+    so Python's signal handlers (SIGALRM, SIGTERM) run only once it returns. Through ctypes.CDLL
+    the call releases the GIL (other threads of the process run); through PyDLL it keeps it."""
+    libc = (ctypes.PyDLL if holding_the_gil else ctypes.CDLL)(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+    assert libc.pthread_mutex_lock(mutex) == 0
+    until = time.time() + seconds  # pthread_mutex_timedlock takes a CLOCK_REALTIME deadline
+    libc.pthread_mutex_timedlock(mutex, ctypes.byref(_Timespec(int(until), int((until % 1) * 1e9))))
+
+
+@handler("test.stuck_in_c", max_attempts=3)
+def stuck_in_c(ctx: JobContext) -> dict[str, Any]:
+    _stuck_in_c(_duration(ctx))
+    return {"attempt": ctx.attempt}
+
+
+@handler("test.timeout_in_c", timeout=1.5, max_attempts=3)
+def timeout_in_c(ctx: JobContext) -> dict[str, Any]:
+    _stuck_in_c(_duration(ctx), holding_the_gil=bool(ctx.payload.get("holding_the_gil")))
+    return {"attempt": ctx.attempt}

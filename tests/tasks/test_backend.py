@@ -9,6 +9,7 @@ from django.tasks import TaskResultStatus, default_task_backend, task, task_back
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
 
 import jobs
+from jobs.core import registry
 from jobs.models import Job
 from jobs.tasks import PalisadeBackend, PalisadeTask
 from tests.app import tasks
@@ -59,7 +60,10 @@ def test_task_options_carry_lease_max_attempts_and_timeout():
     result = tasks.long_lease.enqueue()
     job = Job.objects.get(pk=int(result.id))
     assert (job.lease_seconds, job.max_attempts) == (600.0, 7)
-    assert tasks.long_lease.timeout == 30  # stored; not enforced yet (docs/tasks.md)
+    assert tasks.long_lease.timeout == 30
+    # ... and handed to the runner: the task's kind carries it as @handler(timeout=...) does
+    # (enforced by the worker: tests/acceptance/test_timeouts.py).
+    assert registry.get_handler(tasks.long_lease.module_path).timeout == 30
 
 
 def test_a_static_unique_key_returns_the_live_job_instead_of_a_second():

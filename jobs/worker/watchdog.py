@@ -1,0 +1,250 @@
+"""The execution timeout: what each worker runs, shared with qcluster's main process.
+
+Owns: a table in shared memory (created on import, before django-q2 forks, like
+jobs.worker.shutdown's grace) with one slot per worker process: its pid, the job and attempt its
+handler runs, and when that attempt's timeout (`@handler(timeout=...)`, else django-q2's
+Q_TIMEOUT) runs out. The drain fills its slot when a handler starts and empties it when the
+handler returns. At the deadline the drain's background thread fails the attempt itself
+("exceeded the task timeout of N s", retried like any failure), hands its batch-mates back and
+ends the worker process, which django-q2's sentinel replaces (jobs.worker.runner). `Watchdog`,
+a thread of qcluster's main process, logs every worker that timed out, and SIGKILLs one still
+alive KILL_MARGIN_SECONDS after its deadline (or after its settling budget): a handler stuck in C
+code that holds the GIL, so that no thread of its process can run. Such an attempt then ends by
+its lease (the reaper), like any killed worker's.
+
+Never: writes to the database except through jobs.worker.completer (`time_out`: the overrun
+attempt's fenced fail, its batch-mates' fenced releases), and never touches another worker's
+job: a timeout ends only the process that overran. It never starts the cluster's shutdown grace
+(a stop of one worker is not a stop of the cluster).
+
+Hazards: the table is written without a lock except to claim a slot (a process killed inside
+that short critical section would leave the lock held: claiming gives up after a second and the
+worker runs without a watchdog, logged). A pid is SIGKILLed only while it is in the main
+process's own process group, so a pid reused by another program after the worker died is never
+hit. Deadlines compare time.monotonic(), one clock for every process on the host (Linux).
+"""
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+
+from jobs.context import Held
+from jobs.core.conf import jobs_settings
+from jobs.core.transitions import Claimed, Fence
+from jobs.worker import completer
+from jobs.worker.heartbeat import Heartbeater
+
+logger = logging.getLogger("jobs.runner")
+
+SLOTS = 256  # more worker processes than this run without a watchdog (logged)
+KILL_MARGIN_SECONDS = 5.0  # past the deadline (or the settling budget) before a SIGKILL
+LOOK_SECONDS = 0.25  # how often the main process looks
+
+FREE, IDLE, RUNNING, SETTLING, TIMED_OUT = 0, 1, 2, 3, 4
+
+
+class _Slot(ctypes.Structure):
+    _fields_ = [
+        ("pid", ctypes.c_int),
+        ("state", ctypes.c_int),
+        ("job_id", ctypes.c_longlong),
+        ("attempt", ctypes.c_int),
+        ("timeout", ctypes.c_double),
+        ("deadline", ctypes.c_double),  # time.monotonic() at which RUNNING/SETTLING overruns
+    ]
+
+
+_slots = multiprocessing.RawArray(_Slot, SLOTS)
+_claim_lock = multiprocessing.Lock()
+_mine: dict[str, int] = {}  # this process's slot index, once claimed
+
+
+def claim_slot(sender: object = None, **kwargs: object) -> None:
+    """django-q2's post_spawn, in each new worker process: take a free slot."""
+    if not _claim_lock.acquire(timeout=1.0):
+        logger.warning("worker %s runs without a timeout watchdog (slot table locked)", os.getpid())
+        return
+    try:
+        for i, slot in enumerate(_slots):
+            # Free, or its worker died unnoticed -- but not one whose timeout the main process
+            # has yet to report (a replacement spawned at once would erase it).
+            if slot.pid == 0 or (slot.state != TIMED_OUT and not _alive(slot.pid)):
+                slot.state, slot.job_id, slot.attempt = IDLE, 0, 0
+                slot.pid = os.getpid()
+                _mine["index"] = i
+                return
+    finally:
+        _claim_lock.release()
+    logger.warning("worker %s runs without a timeout watchdog (all slots taken)", os.getpid())
+
+
+def _slot() -> _Slot | None:
+    index = _mine.get("index")
+    if index is None or _slots[index].pid != os.getpid():
+        return None  # not a django-q2 worker (a drain run in-process), or no slot
+    return _slots[index]
+
+
+def started(job_id: int, attempt: int, timeout: float) -> None:
+    """A handler starts: it overruns at now + timeout."""
+    slot = _slot()
+    if slot is not None:
+        slot.job_id, slot.attempt, slot.timeout = job_id, attempt, timeout
+        slot.deadline = time.monotonic() + timeout
+        slot.state = RUNNING
+
+
+def ended() -> None:
+    """The handler returned in time."""
+    slot = _slot()
+    if slot is not None and slot.state == RUNNING:
+        slot.state = IDLE
+
+
+def settling(budget: float) -> None:
+    """The background thread is failing the overrun attempt: allow it `budget` seconds."""
+    slot = _slot()
+    if slot is not None:
+        slot.deadline = time.monotonic() + budget
+        slot.state = SETTLING
+
+
+def timed_out() -> None:
+    """The overrun attempt is settled; this process exits now (the main process logs it)."""
+    slot = _slot()
+    if slot is not None:
+        slot.state = TIMED_OUT
+
+
+def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -> None:
+    """On the drain's background thread: the running handler overran its timeout.
+
+    Its attempt fails with its own error (retried like any failure), the batch's finished
+    successes commit and its unstarted jobs go back; then this worker process ends -- the handler
+    cannot be interrupted safely (it may be inside C code) -- and django-q2 replaces it. Nothing
+    here stops any other worker: no shutdown grace begins.
+    """
+    fence, cfg = claimed.fence, jobs_settings()
+    error = f"exceeded the task timeout of {seconds:g} s"
+    settling(cfg.UNKNOWN_OUTCOME_SECONDS + 2 * cfg.DB_TIMEOUT_SECONDS)
+    logger.error(
+        "job %s (%s) attempt %s %s: failing it; worker process %s exits and is replaced",
+        fence.job_id,
+        claimed.kind,
+        fence.attempt,
+        error,
+        os.getpid(),
+    )
+    beats.take_timed_out(held)
+
+    def hand_back_unstarted() -> None:
+        for h in beats.take_unstarted():
+            completer.hand_back(h.fence, "(a batch-mate timed out)", logging.INFO)
+
+    for step in (beats.flush, hand_back_unstarted, lambda: completer.fail(claimed, error)):
+        try:
+            step()
+        except Exception:  # noqa: BLE001  best effort: what is not settled here, its lease decides
+            logger.exception("job %s attempt %s: could not settle part of a timeout", *_ids(fence))
+    timed_out()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(1)
+
+
+def _ids(fence: Fence) -> tuple[int, int]:
+    return fence.job_id, fence.attempt
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ours(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except ProcessLookupError:
+        return False
+
+
+def live_workers() -> set[int]:
+    """In the main process: the worker processes (with a slot) still running, zombies not."""
+    return {slot.pid for slot in _slots if slot.pid and _ours(slot.pid) and not _zombie(slot.pid)}
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def look(now: float) -> None:
+    """In the main process: log the workers that timed out, kill those stuck past it."""
+    for slot in _slots:
+        pid, state = slot.pid, slot.state
+        if pid == 0:
+            continue
+        if state == TIMED_OUT:
+            logger.error(
+                "worker %s: job %s attempt %s exceeded the task timeout of %g s; the attempt "
+                "failed (retried like any failure) and django-q2 replaces the worker",
+                pid,
+                slot.job_id,
+                slot.attempt,
+                slot.timeout,
+            )
+            slot.pid = 0
+        elif state in (RUNNING, SETTLING) and now > slot.deadline + KILL_MARGIN_SECONDS:
+            if _ours(pid):
+                logger.error(
+                    "worker %s: job %s attempt %s is still running %.0f s past its task timeout "
+                    "of %g s and its process does not answer (stuck in C code?): killed; the "
+                    "job's lease decides it",
+                    pid,
+                    slot.job_id,
+                    slot.attempt,
+                    now - slot.deadline,
+                    slot.timeout,
+                )
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            slot.pid = 0
+        elif not _ours(pid):
+            slot.pid = 0  # gone (killed, recycled): the slot is free again
+
+
+class Watchdog:
+    """The main process's thread that calls `look` every LOOK_SECONDS until stopped."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobs-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOOK_SECONDS):
+            try:
+                look(time.monotonic())
+            except Exception:  # noqa: BLE001  the watchdog must outlive any one error
+                logger.exception("timeout watchdog: look failed")
