@@ -181,6 +181,20 @@ class Job(models.Model):
                 condition=Q(state=JobState.QUEUED),
                 name="jobs_job_queue_depth_idx",
             ),
+            # The last hour of the queues page and the overview (dashboard/queues.py): jobs that
+            # finished since a moment, by queue and state, read by an index-only scan.
+            models.Index(
+                fields=["finished_at", "queue", "state"],
+                condition=Q(finished_at__isnull=False),
+                name="jobs_job_finished_idx",
+            ),
+            # A cron schedule's last runs (dashboard/cron.py): its jobs, newest first, without
+            # reading any job that no schedule enqueued.
+            models.Index(
+                fields=["kind", "-id"],
+                condition=Q(unique_key__startswith="schedule:"),
+                name="jobs_job_schedule_runs_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,0 +1,154 @@
+"""The queues page's numbers: per queue, what waits, what runs and what finished in the last hour.
+
+Owns: read-only queries for /queues/ and the per-minute charts of the last hour. Never writes
+(the pause/resume and limit controls write through jobs.ops.queues, called by dashboard/operate.py).
+
+Every query is bounded at a million jobs: queued jobs are counted on their partial index
+(jobs_job_queue_depth_idx: queue, run_at WHERE queued), running ones on jobs_job_lease_idx, and
+the last hour reads only jobs that finished in it, on jobs_job_finished_idx (finished_at, queue,
+state WHERE finished), so the cost follows the last hour's throughput, never the table's size.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Now, TruncMinute
+
+from dashboard.charts import Chart, Series, minutes_until
+from jobs.core.sql.operator import database_clock
+from jobs.core.states import JobState
+from jobs.models import Job
+
+HOUR_MINUTES = 60
+
+
+@dataclass
+class QueueRow:
+    name: str
+    queued: int = 0  # due + scheduled
+    due: int = 0  # queued with run_at <= now: waiting for a worker
+    scheduled: int = 0  # queued with run_at in the future (retries, run_at)
+    running: int = 0
+    oldest_due: datetime | None = None
+    succeeded_hour: int = 0
+    failed_hour: int = 0
+    cancelled_hour: int = 0
+    paused: bool = False
+    limit: int | None = None  # concurrency limit; None: unlimited
+    succeeded_per_min: list[int] = field(default_factory=list)
+    failed_per_min: list[int] = field(default_factory=list)
+    charts: list[Chart] = field(default_factory=list)
+
+    def oldest_due_age(self, now: datetime) -> float | None:
+        return None if self.oldest_due is None else max((now - self.oldest_due).total_seconds(), 0)
+
+
+@dataclass
+class QueuesPage:
+    now: datetime
+    minutes: list[datetime]  # the last hour's minute buckets, oldest first
+    queues: list[QueueRow]
+
+
+def _waiting(rows: dict[str, QueueRow]) -> None:
+    """Queued jobs per queue, split at the database clock: an index-only scan of the partial
+    queue-depth index (queued rows only)."""
+    counts = (
+        Job.objects.queued()
+        .values("queue")
+        .annotate(
+            due=Count("id", filter=Q(run_at__lte=Now())),
+            scheduled=Count("id", filter=Q(run_at__gt=Now())),
+            oldest_due=Min("run_at", filter=Q(run_at__lte=Now())),
+        )
+        .order_by()
+    )
+    for c in counts:
+        row = rows.setdefault(c["queue"], QueueRow(c["queue"]))
+        row.due, row.scheduled, row.oldest_due = c["due"], c["scheduled"], c["oldest_due"]
+        row.queued = row.due + row.scheduled
+
+
+def _running(rows: dict[str, QueueRow]) -> None:
+    for queue, n in Job.objects.running().values_list("queue").annotate(n=Count("id")).order_by():
+        rows.setdefault(queue, QueueRow(queue)).running = n
+
+
+def finished_since(since: datetime) -> list[dict[str, Any]]:
+    """Jobs that finished at or after `since`, by queue, minute and terminal state."""
+    return list(
+        Job.objects.filter(finished_at__gte=since)
+        .values("queue", "state", minute=TruncMinute("finished_at"))
+        .annotate(n=Count("*"))  # not Count("id"): the index holds no id, the scan stays index-only
+        .order_by()
+    )
+
+
+def _last_hour(rows: dict[str, QueueRow], minutes: list[datetime]) -> None:
+    index = {m: i for i, m in enumerate(minutes)}
+    per: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * len(minutes))
+    for r in finished_since(minutes[0]):
+        i = index.get(r["minute"])
+        if i is not None:
+            per[(r["queue"], r["state"])][i] += r["n"]
+    for (queue, state), values in per.items():
+        row = rows.setdefault(queue, QueueRow(queue))
+        if state == JobState.SUCCEEDED:
+            row.succeeded_per_min, row.succeeded_hour = values, sum(values)
+        elif state == JobState.FAILED:
+            row.failed_per_min, row.failed_hour = values, sum(values)
+        elif state == JobState.CANCELLED:
+            row.cancelled_hour = sum(values)
+
+
+def hour_minutes(now: datetime) -> list[datetime]:
+    """The starts of the last HOUR_MINUTES minutes, the current (partial) minute last."""
+    return minutes_until(now, HOUR_MINUTES)
+
+
+def failure_rate(succeeded: list[int], failed: list[int]) -> list[float]:
+    """Failed jobs as a percentage of finished (succeeded + failed) jobs, per minute (0 if none)."""
+    return [100.0 * f / (s + f) if s + f else 0.0 for s, f in zip(succeeded, failed, strict=True)]
+
+
+def charts_for(row: QueueRow, minutes: list[datetime]) -> list[Chart]:
+    zeros = [0] * len(minutes)
+    ok = row.succeeded_per_min or zeros
+    bad = row.failed_per_min or zeros
+    slug = "".join(c if c.isalnum() else "-" for c in row.name)
+    return [
+        Chart(
+            "Throughput",
+            "jobs/min",
+            minutes,
+            [Series("succeeded", list(ok), "ok"), Series("failed", list(bad), "bad")],
+            chart_id=f"throughput-{slug}",
+        ),
+        Chart(
+            "Failure rate",
+            "%",
+            minutes,
+            [Series("failed", failure_rate(ok, bad), "bad")],
+            fixed_max=100.0,
+            chart_id=f"failure-rate-{slug}",
+        ),
+    ]
+
+
+def queues_page(controls: dict[str, Any] | None = None) -> QueuesPage:
+    """Every queue with queued, running or last-hour jobs, or a control (pause, limit) set."""
+    now = database_clock()
+    minutes = hour_minutes(now)
+    rows: dict[str, QueueRow] = {}
+    for name, control in (controls or {}).items():
+        row = rows.setdefault(name, QueueRow(name))
+        row.paused, row.limit = bool(control.paused), control.limit
+    _waiting(rows)
+    _running(rows)
+    _last_hour(rows, minutes)
+    for row in rows.values():
+        row.charts = charts_for(row, minutes)
+    return QueuesPage(now, minutes, [rows[name] for name in sorted(rows)])
