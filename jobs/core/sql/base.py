@@ -139,6 +139,8 @@ class Driver:
     # Appended to a SELECT that locks the row it reads until the transaction ends. SQLite has no
     # FOR UPDATE: its transactions are IMMEDIATE (settings), so the one write lock is held anyway.
     lock_row = ""
+    # True when the database delivers LISTEN/NOTIFY wake-ups (PostgreSQL); SQLite's workers poll.
+    listen_notify = False
 
     def later(self, seconds_param: str) -> str:
         raise NotImplementedError

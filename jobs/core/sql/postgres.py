@@ -25,6 +25,7 @@ class PostgresDriver(Driver):
     now = "clock_timestamp()"
     single_statement_writes = True
     lock_row = " FOR UPDATE"
+    listen_notify = True
 
     def later(self, seconds_param: str) -> str:
         return f"clock_timestamp() + make_interval(secs => %({seconds_param})s)"
