@@ -1,0 +1,93 @@
+"""Queue controls (jobs.ops.queues): durable rows, validated input, audited, resume wakes."""
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.db import connection
+
+from jobs.core.sql.queues import ENQUEUED_CHANNEL, queue_channel
+from jobs.models import QueueControl as Row
+from jobs.ops import queues
+from tests.conftest import raw_connection
+
+
+@pytest.fixture
+def admin_user(db):
+    return User.objects.create_superuser("root", password="pw")
+
+
+@pytest.mark.django_db
+def test_pause_and_resume_are_durable_rows_and_report_whether_they_changed(admin_user):
+    assert queues.controls() == {}
+    assert queues.pause("mail", actor=admin_user) is True
+    assert queues.pause("mail", actor=admin_user) is False  # already paused
+    assert Row.objects.get(queue="mail").paused
+    assert queues.controls() == {"mail": queues.QueueControl(paused=True, limit=None)}
+    assert queues.resume("mail", actor=None) is True
+    assert queues.resume("mail", actor=None) is False
+    assert queues.controls() == {}
+    assert Row.objects.get(queue="mail").changed_by.startswith("cli")
+
+
+@pytest.mark.django_db
+def test_a_limit_is_set_changed_and_removed(admin_user):
+    queues.set_limit("mail", 3, actor=admin_user)
+    assert queues.controls()["mail"] == queues.QueueControl(paused=False, limit=3)
+    queues.set_limit("mail", None, actor=admin_user)
+    assert queues.controls() == {}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["", "a b", "x" * 65, None, 7, "-lead"])
+def test_a_bad_queue_name_is_refused_with_the_rule(name, admin_user):
+    with pytest.raises(ValueError, match="not a queue name"):
+        queues.pause(name, actor=admin_user)
+    with pytest.raises(ValueError, match="not a queue name"):
+        queues.set_limit(name, 2, actor=admin_user)
+    assert not Row.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("limit", [0, -1, 100_001, 2.5, True, "3"])
+def test_a_bad_limit_is_refused_with_the_range(limit, admin_user):
+    with pytest.raises(ValueError, match="whole number from 1 to 100000"):
+        queues.set_limit("mail", limit, actor=admin_user)
+    assert not Row.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_user_without_permission_may_not_control_queues():
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    with pytest.raises(PermissionError, match="may not control queues"):
+        queues.pause("mail", actor=viewer)
+    assert not Row.objects.exists()
+
+
+@pytest.mark.django_db
+def test_every_change_by_a_user_is_audited_in_the_admin_log(admin_user):
+    queues.pause("mail", actor=admin_user)
+    queues.pause("mail", actor=admin_user)  # no change, no entry
+    queues.set_limit("mail", 4, actor=admin_user)
+    queues.resume("mail", actor=admin_user)
+    messages = list(
+        LogEntry.objects.filter(object_id="mail")
+        .order_by("id")
+        .values_list("change_message", flat=True)
+    )
+    assert messages == ["paused", "concurrency limit none -> 4", "resumed"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_resume_wakes_the_listeners_of_the_queue_at_commit(admin_user):
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    queues.pause("mail", actor=admin_user)
+    listener = raw_connection()
+    try:
+        listener.execute(f'LISTEN "{queue_channel("mail")}"')
+        listener.execute(f"LISTEN {ENQUEUED_CHANNEL}")
+        queues.resume("mail", actor=admin_user)
+        heard = {(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=2)}
+    finally:
+        listener.close()
+    assert heard == {(queue_channel("mail"), ""), (ENQUEUED_CHANNEL, "mail")}
