@@ -20,7 +20,10 @@ from django.views.decorators.http import require_POST
 
 from dashboard import cron, queues
 from dashboard.access import can_act, can_view, viewer
+from jobs.models.queue import LIMIT_RANGE
 from jobs.ops import cron_controls
+from jobs.ops import queues as queue_controls
+from jobs.ops.actions import may_act
 
 POLL_SECONDS = 5  # the pages refresh their numbers by an htmx poll, not the websocket
 
@@ -38,8 +41,13 @@ def _render(request: HttpRequest, template: str, partial: str, context: dict) ->
 
 @viewer
 def queues_page(request: HttpRequest) -> HttpResponse:
-    page = queues.queues_page()
-    context = {"page": page, "nav": "queues", "can_control": False}
+    page = queues.queues_page(queue_controls.controls())
+    context = {
+        "page": page,
+        "nav": "queues",
+        "can_control": may_act(request.user),
+        "limit_range": LIMIT_RANGE,
+    }
     return _render(request, "dashboard/queues.html", "queues", context)
 
 
@@ -87,3 +95,34 @@ def cron_action(request: HttpRequest) -> HttpResponse:
     except cron_controls.ScheduleControlError as exc:
         messages.error(request, str(exc))
     return redirect("dashboard:cron")
+
+
+@_staff_post(may_act)
+def queue_action(request: HttpRequest) -> HttpResponse:
+    """POST `name`, `action` (pause, resume, limit) and, for a limit, `limit` ("" for none).
+    jobs.ops.queues checks the name, the limit and the user again, writes and audits."""
+    name, action = request.POST.get("name", ""), request.POST.get("action", "")
+    try:
+        if action in {"pause", "resume"}:
+            change = queue_controls.pause if action == "pause" else queue_controls.resume
+            done = f"{action}d" if change(name, actor=request.user) else f"was already {action}d"
+            messages.success(request, f"queue {name}: {done}.")
+        elif action == "limit":
+            limit = _limit(request.POST.get("limit", ""))
+            queue_controls.set_limit(name, limit, actor=request.user)
+            shown = "no limit" if limit is None else f"at most {limit} running"
+            messages.success(request, f"queue {name}: {shown}.")
+        else:
+            messages.error(request, f"unknown action {action!r}")
+    except ValueError as exc:  # a bad name or limit: nothing was written
+        messages.error(request, str(exc))
+    return redirect("dashboard:queues")
+
+
+def _limit(text: str) -> int | None:
+    text = text.strip()
+    if not text:
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
+        raise ValueError(f"a concurrency limit is a whole number, not {text[:20]!r}")
+    return int(text)

@@ -15,6 +15,7 @@ urlpatterns = [
     path("workers/", views.workers, name="workers"),
     path("drill/", views.drill, name="drill"),
     path("queues/", operate.queues_page, name="queues"),
+    path("queues/action/", operate.queue_action, name="queue-action"),
     path("cron/", operate.cron_page, name="cron"),
     path("cron/action/", operate.cron_action, name="cron-action"),
     path(

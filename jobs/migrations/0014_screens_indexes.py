@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0007_event_types_merged'),
+        ('jobs', '0010_queue_controls'),
     ]
 
     operations = [

@@ -5,6 +5,8 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -12,6 +14,8 @@ from django.utils import timezone
 
 from dashboard import queues
 from jobs.models import Job
+from jobs.ops import queues as queue_ops
+from tests.dashboard.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -148,3 +152,93 @@ def test_an_htmx_poll_gets_only_the_queues_partial(operator_client: Client) -> N
 
 def test_failure_rate_is_failed_over_finished_per_minute() -> None:
     assert queues.failure_rate([3, 0, 0], [1, 0, 2]) == [25.0, 0.0, 100.0]
+
+
+@pytest.fixture
+def queue_operator(staff: User) -> User:
+    """Staff with the dashboard's permissions and jobs.change_job (what jobs.ops.queues asks)."""
+    staff.user_permissions.add(
+        Permission.objects.get(codename="change_job", content_type__app_label="jobs")
+    )
+    return User.objects.get(pk=staff.pk)  # permissions are cached per instance
+
+
+def test_staff_pauses_limits_and_resumes_a_queue_from_the_page_audited(
+    queue_operator: User, make_job: Callable[..., Job]
+) -> None:
+    make_job(queue="mail")
+    client = client_for(queue_operator)
+    url = reverse("dashboard:queue-action")
+    page = client.post(url, {"name": "mail", "action": "pause"}, follow=True).content.decode()
+    assert "queue mail: paused." in page
+    assert 'class="badge alarm">paused<' in _row(page, "mail")
+    page = client.post(
+        url, {"name": "mail", "action": "limit", "limit": "3"}, follow=True
+    ).content.decode()
+    assert '<span class="limit">3</span>' in _row(page, "mail")
+    client.post(url, {"name": "mail", "action": "resume"})
+    assert queue_ops.controls()["mail"] == queue_ops.QueueControl(paused=False, limit=3)
+    client.post(url, {"name": "mail", "action": "limit", "limit": ""})
+    assert "mail" not in queue_ops.controls()
+    audit = list(LogEntry.objects.order_by("id").values_list("change_message", flat=True))
+    assert audit == [
+        "paused",
+        "concurrency limit none -> 3",
+        "resumed",
+        "concurrency limit 3 -> none",
+    ]
+
+
+@pytest.mark.parametrize("limit", ["abc", "0", "-1", "1e3", "100001"])
+def test_a_bad_limit_is_refused_with_the_reason_and_writes_nothing(
+    queue_operator: User, limit: str
+) -> None:
+    page = client_for(queue_operator).post(
+        reverse("dashboard:queue-action"),
+        {"name": "mail", "action": "limit", "limit": limit},
+        follow=True,
+    )
+    assert "concurrency limit is a whole number" in page.content.decode()
+    assert queue_ops.controls() == {} and not LogEntry.objects.exists()
+
+
+def test_a_hostile_queue_name_is_refused_by_the_controls(queue_operator: User) -> None:
+    page = client_for(queue_operator).post(
+        reverse("dashboard:queue-action"),
+        {"name": "<b>x</b>", "action": "pause"},
+        follow=True,
+    )
+    html = page.content.decode()
+    assert "is not a queue name" in html and "<b>x</b>" not in html
+    assert queue_ops.controls() == {}
+
+
+def test_a_viewer_sees_no_controls_and_may_not_pause(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    make_job(queue="mail")
+    assert "Pause" not in operator_client.get(reverse("dashboard:queues")).content.decode()
+    response = operator_client.post(
+        reverse("dashboard:queue-action"), {"name": "mail", "action": "pause"}
+    )
+    assert response.status_code == 403 and queue_ops.controls() == {}
+
+
+def test_staff_without_the_job_change_permission_may_not_pause(staff_client: Client) -> None:
+    response = staff_client.post(
+        reverse("dashboard:queue-action"), {"name": "mail", "action": "pause"}
+    )
+    assert response.status_code == 403 and queue_ops.controls() == {}
+
+
+def test_pausing_needs_the_csrf_token(queue_operator: User) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(queue_operator)
+    response = client.post(reverse("dashboard:queue-action"), {"name": "mail", "action": "pause"})
+    assert response.status_code == 403 and queue_ops.controls() == {}
+
+
+def test_a_paused_queue_without_jobs_is_listed(queue_operator: User) -> None:
+    queue_ops.pause("idle", actor=queue_operator)
+    html = client_for(queue_operator).get(reverse("dashboard:queues")).content.decode()
+    assert 'class="badge alarm">paused<' in _row(html, "idle")
