@@ -84,14 +84,14 @@ class Chart:
 
 
 def nice_max(value: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 x 10^n at or above `value` (at least 1)."""
-    if value <= 1:
-        return 1.0
-    magnitude = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if value <= step * magnitude:
-            return float(step * magnitude)
-    return float(10 * magnitude)  # pragma: no cover - the loop always returns
+    """The top of the value axis: four times the smallest step of 1, 2, (2.5,) 5 x 10^n (at
+    least 1) that reaches `value`, so each of the four gridlines falls on a whole, round number."""
+    wanted = max(value, 1) / 4
+    magnitude = 10 ** math.floor(math.log10(wanted)) if wanted >= 1 else 1
+    for step in (1, 2, 2.5, 5, 10) if magnitude >= 10 else (1, 2, 5, 10):  # whole steps
+        if step * magnitude >= wanted:
+            return float(4 * step * magnitude)
+    return float(40 * magnitude)  # pragma: no cover - the loop always returns
 
 
 def _number(value: float) -> float:

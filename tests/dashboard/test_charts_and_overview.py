@@ -17,7 +17,8 @@ MINUTES = [datetime(2026, 12, 1, 14, 0, tzinfo=UTC) + timedelta(minutes=m) for m
 
 
 @pytest.mark.parametrize(
-    "value, top", [(0, 1), (0.4, 1), (3, 5), (7, 10), (11, 20), (24, 25), (260, 500), (1000, 1000)]
+    "value, top",
+    [(0, 4), (0.4, 4), (4, 4), (5, 8), (9, 20), (24, 40), (41, 80), (260, 400), (1000, 1000)],
 )
 def test_the_value_axis_ends_at_a_round_number_at_or_above_the_largest_value(
     value: float, top: float
@@ -28,7 +29,7 @@ def test_the_value_axis_ends_at_a_round_number_at_or_above_the_largest_value(
 def test_a_chart_has_value_ticks_clock_ticks_every_quarter_hour_and_a_hover_per_minute() -> None:
     values = [0] * 59 + [8]
     chart = charts.Chart("Throughput", "jobs/min", MINUTES, [charts.Series("ok", values, "ok")])
-    assert [t.label for t in chart.y_ticks] == ["0", "2.5", "5", "7.5", "10"]
+    assert [t.label for t in chart.y_ticks] == ["0", "2", "4", "6", "8"]
     assert [t.label for t in chart.x_ticks] == ["14:14", "14:29", "14:44", "14:59"]
     assert len(chart.columns) == 60
     assert chart.columns[-1].title == "14:59 · ok 8 jobs/min"
