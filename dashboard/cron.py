@@ -20,7 +20,7 @@ from jobs.core.sql.operator import database_clock
 from jobs.models import Attempt, Job, Schedule
 
 RUNS_SHOWN = 5
-SCHEDULES_SHOWN = 500
+SCHEDULES_SHOWN = 100  # each costs one small index scan for its runs
 ALIASES = {  # croniter's nicknames, which cron-descriptor does not read
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -82,9 +82,14 @@ def runs_query(schedule: Schedule, limit: int = RUNS_SHOWN) -> QuerySet[Job]:
     )
 
 
-def runs_of(schedule: Schedule, limit: int = RUNS_SHOWN) -> list[Run]:
-    jobs = runs_query(schedule, limit)
-    return [Run(j, j.started_at, j.ended_at) for j in jobs]  # type: ignore[attr-defined]
+def runs_of(schedules: list[Schedule]) -> dict[int, list[Run]]:
+    """Each schedule's last runs, newest first, by schedule pk: one small index scan each. (Not
+    one UNION ALL of them: its summed cost estimate crosses PostgreSQL's JIT threshold, and
+    compiling took 600 ms where the scans take 0.3 ms.)"""
+    return {
+        s.pk: [Run(j, j.started_at, j.ended_at) for j in runs_query(s)]  # type: ignore[attr-defined]
+        for s in schedules
+    }
 
 
 def _local(at: datetime | None, tz: str) -> datetime | None:
@@ -97,10 +102,12 @@ def _local(at: datetime | None, tz: str) -> datetime | None:
 
 
 def schedule_rows() -> tuple[datetime, list[ScheduleRow]]:
-    """The database clock's now and every schedule (up to SCHEDULES_SHOWN), by name."""
+    """The database clock's now and the first SCHEDULES_SHOWN schedules by name."""
     now = database_clock()
+    schedules = list(Schedule.objects.order_by("name")[:SCHEDULES_SHOWN])
+    runs = runs_of(schedules)
     rows = [
-        ScheduleRow(s, describe(s.cron), _local(s.next_at, s.timezone), runs_of(s))
-        for s in Schedule.objects.order_by("name")[:SCHEDULES_SHOWN]
+        ScheduleRow(s, describe(s.cron), _local(s.next_at, s.timezone), runs[s.pk])
+        for s in schedules
     ]
     return now, rows

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard import cron, queues
 from dashboard.access import can_act, can_view, viewer
+from jobs.models import Schedule
 from jobs.models.queue import LIMIT_RANGE
 from jobs.ops import cron_controls
 from jobs.ops import queues as queue_controls
@@ -57,6 +58,7 @@ def cron_page(request: HttpRequest) -> HttpResponse:
     context = {
         "now": now,
         "schedules": rows,
+        "schedules_total": Schedule.objects.count(),
         "nav": "cron",
         "can_control": cron_controls.may_control(request.user),
     }
