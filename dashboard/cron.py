@@ -14,7 +14,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cron_descriptor import ExpressionDescriptor, FormatException, Options
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Q, QuerySet
 
 from jobs.core.sql.operator import database_clock
 from jobs.models import Attempt, Job, Schedule
@@ -67,28 +67,32 @@ class ScheduleRow:
 
 
 def runs_query(schedule: Schedule, limit: int = RUNS_SHOWN) -> QuerySet[Job]:
-    """The schedule's newest jobs with their latest attempt's claim and end. The first filter
-    repeats the partial index's predicate word for word, so PostgreSQL can use the index."""
-    latest = Attempt.objects.filter(job=OuterRef("pk"), number=OuterRef("attempt"))
+    """The schedule's newest jobs. The first filter repeats the partial index's predicate word
+    for word, so PostgreSQL can use the index."""
     return (
         Job.objects.filter(unique_key__startswith="schedule:", kind=schedule.kind)
         .filter(unique_key__startswith=f"schedule:{schedule.name}:")
-        .defer("payload", "result", "progress", "error")
-        .annotate(
-            started_at=Subquery(latest.values("claimed_at")[:1]),
-            ended_at=Subquery(latest.values("ended_at")[:1]),
-        )
+        .only("id", "state", "attempt", "created_at", "finished_at", "unique_key")
         .order_by("-id")[:limit]
     )
 
 
 def runs_of(schedules: list[Schedule]) -> dict[int, list[Run]]:
-    """Each schedule's last runs, newest first, by schedule pk: one small index scan each. (Not
-    one UNION ALL of them: its summed cost estimate crosses PostgreSQL's JIT threshold, and
-    compiling took 600 ms where the scans take 0.3 ms.)"""
+    """Each schedule's last runs, newest first, by schedule pk: one small index scan each, then
+    one read of their latest attempts. (Not one UNION ALL of the scans: its summed cost estimate
+    crosses PostgreSQL's JIT threshold, and compiling took 600 ms where the scans take 0.3 ms.)"""
+    jobs = {s.pk: list(runs_query(s)) for s in schedules}
+    latest = {(j.pk, j.attempt) for js in jobs.values() for j in js if j.attempt}
+    times: dict[tuple[int, int], tuple[datetime | None, datetime | None]] = {}
+    if latest:  # never an empty Q(): that would read every attempt
+        wanted = Q()
+        for pk, number in latest:  # (job, number): its unique index, one probe each
+            wanted |= Q(job_id=pk, number=number)
+        rows = Attempt.objects.filter(wanted).values("job_id", "number", "claimed_at", "ended_at")
+        times = {(a["job_id"], a["number"]): (a["claimed_at"], a["ended_at"]) for a in rows}
     return {
-        s.pk: [Run(j, j.started_at, j.ended_at) for j in runs_query(s)]  # type: ignore[attr-defined]
-        for s in schedules
+        pk: [Run(j, *times.get((j.pk, j.attempt), (None, None))) for j in js]
+        for pk, js in jobs.items()
     }
 
 
