@@ -10,6 +10,13 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # Before this release only cron.sync disabled a schedule (for being no longer declared);
+        # it now marks such rows `undeclared`, and leaves any other disabled row -- an operator's
+        # (jobs/ops/cron_controls.py) -- disabled. Mark the rows it disabled before.
+        migrations.RunSQL(
+            "UPDATE jobs_schedule SET source = 'undeclared' WHERE NOT enabled",
+            migrations.RunSQL.noop,
+        ),
         migrations.AddIndex(
             model_name='job',
             index=models.Index(condition=models.Q(('finished_at__isnull', False)), fields=['finished_at', 'queue', 'state'], name='jobs_job_finished_idx'),

@@ -1,11 +1,13 @@
 """An operator's disable, enable and run-now on cron schedules: what each writes, that each is
 audited, that a disable survives the scheduler's sync, and that bad requests change nothing."""
 
+import importlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import override_settings
 
 from jobs.models import Job, Schedule
@@ -115,3 +117,18 @@ def test_a_user_without_the_change_permission_is_refused(db: None) -> None:
 def test_an_unknown_schedule_is_a_clear_error(operator_with_change) -> None:
     with pytest.raises(cron_controls.ScheduleControlError, match="no schedule named 'nope'"):
         cron_controls.set_enabled("nope", False, user=operator_with_change)
+
+
+def test_the_migration_marks_schedules_an_earlier_sync_disabled_as_undeclared() -> None:
+    """Before 0014 only sync disabled a row; 0014 marks those rows, so declaring one again
+    enables it as it did before, and an operator's later disable is told apart."""
+    migration = importlib.import_module("jobs.migrations.0014_screens_indexes").Migration
+    plant(name="gone", enabled=False)
+    plant(name="live")
+    with connection.cursor() as cur:
+        cur.execute(migration.operations[0].sql)
+    assert Schedule.objects.get(name="gone").source == cron.UNDECLARED
+    assert Schedule.objects.get(name="live").source == "settings"
+    with override_settings(JOBS_SCHEDULES={"gone": DECLARED["digest"]}):
+        cron.sync()
+    assert Schedule.objects.get(name="gone").enabled
