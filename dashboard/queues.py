@@ -6,12 +6,15 @@ Owns: read-only queries for /queues/ and the per-minute charts of the last hour.
 Every query is bounded at a million jobs: queued jobs are counted on their partial index
 (jobs_job_queue_depth_idx: queue, run_at WHERE queued), running ones on jobs_job_lease_idx, and
 the last hour reads only jobs that finished in it, on jobs_job_finished_idx (finished_at, queue,
-state WHERE finished), so the cost follows the last hour's throughput, never the table's size.
+state WHERE finished), so the cost follows the last hour's throughput, never the table's size --
+and each process keeps the per-minute counts of settled minutes (see SETTLED_SECONDS), so a
+page after the first reads the last two minutes only.
 """
 
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Min, Q
@@ -77,20 +80,48 @@ def _running(rows: dict[str, QueueRow]) -> None:
         rows.setdefault(queue, QueueRow(queue)).running = n
 
 
-def finished_since(since: datetime) -> list[dict[str, Any]]:
-    """Jobs that finished at or after `since`, by queue, minute and terminal state."""
+def finished_between(since: datetime, until: datetime | None = None) -> list[dict[str, Any]]:
+    """Jobs that finished in [since, until), by queue, minute and terminal state."""
+    qs = Job.objects.filter(finished_at__gte=since)
+    if until is not None:
+        qs = qs.filter(finished_at__lt=until)
     return list(
-        Job.objects.filter(finished_at__gte=since)
-        .values("queue", "state", minute=TruncMinute("finished_at"))
+        qs.values("queue", "state", minute=TruncMinute("finished_at"))
         .annotate(n=Count("*"))  # not Count("id"): the index holds no id, the scan stays index-only
         .order_by()
     )
 
 
-def _last_hour(rows: dict[str, QueueRow], minutes: list[datetime]) -> None:
+# Minutes that ended more than SETTLED_SECONDS ago no longer change (a job's finished_at is the
+# database clock of its finishing statement, committed within moments), so each process reads
+# them once and keeps them until they leave the hour: a page then reads only the last couple of
+# minutes, and its cost follows two minutes of throughput, not an hour's.
+SETTLED_SECONDS = 120
+_settled: dict[datetime, list[dict[str, Any]]] = {}
+_settled_lock = threading.Lock()
+
+
+def finished_per_minute(minutes: list[datetime], now: datetime) -> list[dict[str, Any]]:
+    """The rows of finished_between(minutes[0]), settled minutes from this process's memory."""
+    cutoff = (now - timedelta(seconds=SETTLED_SECONDS)).replace(second=0, microsecond=0)
+    with _settled_lock:
+        for gone in [m for m in _settled if m < minutes[0]]:
+            del _settled[gone]
+        missing = [m for m in minutes if m < cutoff and m not in _settled]
+        if missing:
+            for m in minutes:
+                if missing[0] <= m < cutoff:
+                    _settled[m] = []
+            for r in finished_between(missing[0], cutoff):
+                _settled.setdefault(r["minute"], []).append(r)
+        settled = [r for m in minutes if m < cutoff for r in _settled.get(m, [])]
+    return settled + finished_between(max(cutoff, minutes[0]))
+
+
+def _last_hour(rows: dict[str, QueueRow], minutes: list[datetime], now: datetime) -> None:
     index = {m: i for i, m in enumerate(minutes)}
     per: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * len(minutes))
-    for r in finished_since(minutes[0]):
+    for r in finished_per_minute(minutes, now):
         i = index.get(r["minute"])
         if i is not None:
             per[(r["queue"], r["state"])][i] += r["n"]
@@ -148,7 +179,7 @@ def queues_page(controls: dict[str, Any] | None = None) -> QueuesPage:
         row.paused, row.limit = bool(control.paused), control.limit
     _waiting(rows)
     _running(rows)
-    _last_hour(rows, minutes)
+    _last_hour(rows, minutes, now)
     for row in rows.values():
         row.charts = charts_for(row, minutes)
     return QueuesPage(now, minutes, [rows[name] for name in sorted(rows)])

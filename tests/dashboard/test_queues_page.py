@@ -2,7 +2,7 @@
 
 import re
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -18,6 +18,12 @@ from jobs.ops import queues as queue_ops
 from tests.dashboard.conftest import client_for
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_settled_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no per-minute counts remembered from another test's rows."""
+    monkeypatch.setattr(queues, "_settled", {})
 
 
 def _finished(job: Job, minutes_ago: float) -> None:
@@ -242,3 +248,18 @@ def test_a_paused_queue_without_jobs_is_listed(queue_operator: User) -> None:
     queue_ops.pause("idle", actor=queue_operator)
     html = client_for(queue_operator).get(reverse("dashboard:queues")).content.decode()
     assert 'class="badge alarm">paused<' in _row(html, "idle")
+
+
+def test_settled_minutes_are_read_once_per_process_and_the_last_two_minutes_every_time(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    _finished(make_job(queue="mail", state="failed", attempt=1), 10)
+    url = reverse("dashboard:queues")
+    assert _cell(_row(operator_client.get(url).content.decode(), "mail"), "failed") == "1"
+    _finished(make_job(queue="mail", state="failed", attempt=1), 10)  # behind the page's back
+    make_job(queue="mail", state="failed", attempt=1)  # finished now
+    long_ago = datetime(2000, 1, 1, tzinfo=UTC)
+    queues._settled[long_ago] = [{"queue": "mail", "state": "failed", "minute": long_ago, "n": 9}]
+    html = operator_client.get(url).content.decode()
+    assert _cell(_row(html, "mail"), "failed") == "2"  # the settled minute is not read again
+    assert long_ago not in queues._settled  # a minute that left the hour is forgotten
