@@ -1,9 +1,14 @@
 """Queue controls (jobs.ops.queues): durable rows, validated input, audited, resume wakes."""
 
+import re
+from io import StringIO
+
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
 from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.core.sql.queues import ENQUEUED_CHANNEL, queue_channel
 from jobs.models import QueueControl as Row
@@ -91,3 +96,57 @@ def test_resume_wakes_the_listeners_of_the_queue_at_commit(admin_user):
     finally:
         listener.close()
     assert heard == {(queue_channel("mail"), ""), (ENQUEUED_CHANNEL, "mail")}
+
+
+@pytest.mark.django_db
+def test_metrics_show_paused_queues_limits_and_running_jobs_per_queue(client, settings, make_job):
+    settings.JOBS_METRICS_TOKEN = "t0ken"
+    make_job(state="running", attempt=1, queue="mail")
+    make_job(state="running", attempt=1, queue="mail")
+    make_job(state="running", attempt=1, queue="default")
+    queues.pause("mail", actor=None)
+    queues.set_limit("reports", 3, actor=None)
+    response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer t0ken")
+    samples = {
+        (s.name, s.labels.get("queue")): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+    assert samples[("jobs_queue_paused", "mail")] == 1
+    assert ("jobs_queue_paused", "reports") not in samples
+    assert samples[("jobs_queue_concurrency_limit", "reports")] == 3
+    assert samples[("jobs_queue_running", "mail")] == 2
+    assert samples[("jobs_queue_running", "default")] == 1
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("jobs", "queues", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_cli_pauses_limits_resumes_and_lists_queues(admin_user, make_job):
+    make_job(queue="mail")
+    assert "queue mail paused" in run("pause", "mail", "--user", "root")
+    assert "was already paused" in run("pause", "mail")
+    assert "concurrency limit 2" in run("limit", "mail", "2", "--user", "root")
+    listing = run()
+    assert re.search(r"mail\s+1\s+0\s+2\s+PAUSED", listing), listing
+    assert "queue mail resumed" in run("resume", "mail")
+    assert "concurrency limit none" in run("limit", "mail", "none")
+    assert re.search(r"mail\s+1\s+0\s+-\s+active", run()), run()
+    assert LogEntry.objects.filter(object_id="mail", user=admin_user).count() == 2
+
+
+@pytest.mark.django_db
+def test_the_cli_refuses_bad_input_with_a_clear_error(admin_user):
+    with pytest.raises(CommandError, match="whole number or 'none'"):
+        run("limit", "mail", "many")
+    with pytest.raises(CommandError, match="whole number from 1"):
+        run("limit", "mail", "0")
+    with pytest.raises(CommandError, match="not a queue name"):
+        run("pause", "bad name")
+    with pytest.raises(CommandError, match="no Django user"):
+        run("pause", "mail", "--user", "nobody")
+    assert not Row.objects.exists()
