@@ -5,7 +5,7 @@ from io import StringIO
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
@@ -150,3 +150,43 @@ def test_the_cli_refuses_bad_input_with_a_clear_error(admin_user):
     with pytest.raises(CommandError, match="no Django user"):
         run("pause", "mail", "--user", "nobody")
     assert not Row.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_admin_pauses_limits_and_resumes_through_the_same_audited_calls(admin_client):
+    response = admin_client.post(
+        "/admin/jobs/queuecontrol/add/",
+        {"queue": "mail", "paused": "on", "concurrency_limit": "4"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert queues.controls() == {"mail": queues.QueueControl(paused=True, limit=4)}
+    response = admin_client.post(
+        "/admin/jobs/queuecontrol/",
+        {"action": "resume_queues", "_selected_action": ["mail"]},
+    )
+    assert response.status_code == 302
+    assert queues.controls() == {"mail": queues.QueueControl(paused=False, limit=4)}
+    messages = set(
+        LogEntry.objects.filter(object_id="mail").values_list("change_message", flat=True)
+    )
+    assert messages == {"paused", "concurrency limit none -> 4", "resumed"}
+    assert "PAUSED" not in admin_client.get("/admin/jobs/queuecontrol/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_admin_refuses_a_bad_limit_with_the_range(admin_client):
+    response = admin_client.post(
+        "/admin/jobs/queuecontrol/add/", {"queue": "mail", "concurrency_limit": "0"}
+    )
+    assert response.status_code == 200
+    assert "whole number from 1 to 100000" in response.content.decode()
+    assert not Row.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_viewer_sees_the_queue_controls_but_may_not_change_them(client):
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(viewer)
+    assert client.get("/admin/jobs/queuecontrol/").status_code == 200
+    assert client.get("/admin/jobs/queuecontrol/add/").status_code == 403
