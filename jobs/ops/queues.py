@@ -52,16 +52,8 @@ def resume(name: str, *, actor: Any) -> bool:
 
 def set_limit(name: str, limit: int | None, *, actor: Any) -> None:
     """At most `limit` jobs of `name` running at once across every cluster; None: no limit."""
-    _check_name(name)
-    if limit is not None and (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not LIMIT_RANGE[0] <= limit <= LIMIT_RANGE[1]
-    ):
-        raise ValueError(
-            f"a concurrency limit is a whole number from {LIMIT_RANGE[0]} to {LIMIT_RANGE[1]} "
-            f"(or None for no limit), not {limit!r}; to run none of a queue, pause it"
-        )
+    validate_name(name)
+    validate_limit(limit)
     by = _check_actor(actor)
     driver = driver_for(connection.vendor)
     with transaction.atomic(), connection.cursor() as cur:
@@ -87,7 +79,7 @@ def running() -> dict[str, int]:
 
 
 def _set_paused(name: str, paused: bool, actor: Any) -> bool:
-    _check_name(name)
+    validate_name(name)
     by = _check_actor(actor)
     driver = driver_for(connection.vendor)
     with transaction.atomic(), connection.cursor() as cur:
@@ -102,7 +94,20 @@ def _set_paused(name: str, paused: bool, actor: Any) -> bool:
     return changed
 
 
-def _check_name(name: Any) -> None:
+def validate_limit(limit: Any) -> None:
+    """A limit is None (no limit) or a whole number in LIMIT_RANGE; else a clear ValueError."""
+    if limit is not None and (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not LIMIT_RANGE[0] <= limit <= LIMIT_RANGE[1]
+    ):
+        raise ValueError(
+            f"a concurrency limit is a whole number from {LIMIT_RANGE[0]} to {LIMIT_RANGE[1]} "
+            f"(or None for no limit), not {limit!r}; to run none of a queue, pause it"
+        )
+
+
+def validate_name(name: Any) -> None:
     if not isinstance(name, str) or not QUEUE_NAME.match(name):
         raise ValueError(f"queue {name!r} is not a queue name: it must match {QUEUE_NAME.pattern}")
 

@@ -1,9 +1,14 @@
 """Queue controls (jobs.ops.queues): durable rows, validated input, audited, resume wakes."""
 
+import re
+from io import StringIO
+
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
 from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.core.sql.queues import ENQUEUED_CHANNEL, queue_channel
 from jobs.models import QueueControl as Row
@@ -91,3 +96,97 @@ def test_resume_wakes_the_listeners_of_the_queue_at_commit(admin_user):
     finally:
         listener.close()
     assert heard == {(queue_channel("mail"), ""), (ENQUEUED_CHANNEL, "mail")}
+
+
+@pytest.mark.django_db
+def test_metrics_show_paused_queues_limits_and_running_jobs_per_queue(client, settings, make_job):
+    settings.JOBS_METRICS_TOKEN = "t0ken"
+    make_job(state="running", attempt=1, queue="mail")
+    make_job(state="running", attempt=1, queue="mail")
+    make_job(state="running", attempt=1, queue="default")
+    queues.pause("mail", actor=None)
+    queues.set_limit("reports", 3, actor=None)
+    response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer t0ken")
+    samples = {
+        (s.name, s.labels.get("queue")): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+    assert samples[("jobs_queue_paused", "mail")] == 1
+    assert ("jobs_queue_paused", "reports") not in samples
+    assert samples[("jobs_queue_concurrency_limit", "reports")] == 3
+    assert samples[("jobs_queue_running", "mail")] == 2
+    assert samples[("jobs_queue_running", "default")] == 1
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("jobs", "queues", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_cli_pauses_limits_resumes_and_lists_queues(admin_user, make_job):
+    make_job(queue="mail")
+    assert "queue mail paused" in run("pause", "mail", "--user", "root")
+    assert "was already paused" in run("pause", "mail")
+    assert "concurrency limit 2" in run("limit", "mail", "2", "--user", "root")
+    listing = run()
+    assert re.search(r"mail\s+1\s+0\s+2\s+PAUSED", listing), listing
+    assert "queue mail resumed" in run("resume", "mail")
+    assert "concurrency limit none" in run("limit", "mail", "none")
+    assert re.search(r"mail\s+1\s+0\s+-\s+active", run()), run()
+    assert LogEntry.objects.filter(object_id="mail", user=admin_user).count() == 2
+
+
+@pytest.mark.django_db
+def test_the_cli_refuses_bad_input_with_a_clear_error(admin_user):
+    with pytest.raises(CommandError, match="whole number or 'none'"):
+        run("limit", "mail", "many")
+    with pytest.raises(CommandError, match="whole number from 1"):
+        run("limit", "mail", "0")
+    with pytest.raises(CommandError, match="not a queue name"):
+        run("pause", "bad name")
+    with pytest.raises(CommandError, match="no Django user"):
+        run("pause", "mail", "--user", "nobody")
+    assert not Row.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_admin_pauses_limits_and_resumes_through_the_same_audited_calls(admin_client):
+    response = admin_client.post(
+        "/admin/jobs/queuecontrol/add/",
+        {"queue": "mail", "paused": "on", "concurrency_limit": "4"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert queues.controls() == {"mail": queues.QueueControl(paused=True, limit=4)}
+    response = admin_client.post(
+        "/admin/jobs/queuecontrol/",
+        {"action": "resume_queues", "_selected_action": ["mail"]},
+    )
+    assert response.status_code == 302
+    assert queues.controls() == {"mail": queues.QueueControl(paused=False, limit=4)}
+    messages = set(
+        LogEntry.objects.filter(object_id="mail").values_list("change_message", flat=True)
+    )
+    assert messages == {"paused", "concurrency limit none -> 4", "resumed"}
+    assert "PAUSED" not in admin_client.get("/admin/jobs/queuecontrol/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_admin_refuses_a_bad_limit_with_the_range(admin_client):
+    response = admin_client.post(
+        "/admin/jobs/queuecontrol/add/", {"queue": "mail", "concurrency_limit": "0"}
+    )
+    assert response.status_code == 200
+    assert "whole number from 1 to 100000" in response.content.decode()
+    assert not Row.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_viewer_sees_the_queue_controls_but_may_not_change_them(client):
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(viewer)
+    assert client.get("/admin/jobs/queuecontrol/").status_code == 200
+    assert client.get("/admin/jobs/queuecontrol/add/").status_code == 403
