@@ -2,8 +2,9 @@
 
 Seeing needs the dashboard's view permission (dashboard.access.viewer). Pressing needs a POST
 with the CSRF token from active staff holding the write's own permission, checked again by the
-function that writes and audits it (jobs.ops.cron_controls for schedules). The outcome comes back
-as a message on the page the operator pressed on; a refusal says why and changes nothing.
+function that writes and audits it (jobs.ops.queues for queues, jobs.ops.cron_controls for
+schedules). The outcome comes back as a message on the page the operator pressed on; a refusal
+says why and changes nothing.
 """
 
 import time
