@@ -145,11 +145,10 @@ def failure_rate(succeeded: list[int], failed: list[int]) -> list[float]:
     return [100.0 * f / (s + f) if s + f else 0.0 for s, f in zip(succeeded, failed, strict=True)]
 
 
-def charts_for(row: QueueRow, minutes: list[datetime]) -> list[Chart]:
+def charts_for(row: QueueRow, minutes: list[datetime], slug: str) -> list[Chart]:
     zeros = [0] * len(minutes)
     ok = row.succeeded_per_min or zeros
     bad = row.failed_per_min or zeros
-    slug = "".join(c if c.isalnum() else "-" for c in row.name)
     return [
         Chart(
             "Throughput",
@@ -180,6 +179,11 @@ def queues_page(controls: dict[str, Any] | None = None) -> QueuesPage:
     _waiting(rows)
     _running(rows)
     _last_hour(rows, minutes, now)
-    for row in rows.values():
-        row.charts = charts_for(row, minutes)
+    slugs: set[str] = set()
+    for row in (rows[name] for name in sorted(rows)):
+        slug = "".join(c if c.isascii() and c.isalnum() else "-" for c in row.name)
+        while slug in slugs:  # "a.b" and "a-b": element ids stay unique
+            slug += "-"
+        slugs.add(slug)
+        row.charts = charts_for(row, minutes, slug)
     return QueuesPage(now, minutes, [rows[name] for name in sorted(rows)])
