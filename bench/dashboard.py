@@ -224,6 +224,8 @@ def server_times(big: int, rows: int, samples: int) -> dict[str, Any]:
         "rejected feed": "/rejected/",
         "workers": "/workers/",
         "overview": "/",
+        "queues": "/queues/",
+        "cron": "/cron/",
     }
     results: dict[str, Any] = {}
     for label, url in urls.items():

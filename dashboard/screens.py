@@ -12,7 +12,7 @@ from typing import Any
 from django.http import QueryDict
 from django.utils import timezone
 
-from dashboard import selectors, timeline
+from dashboard import charts, selectors, timeline
 from dashboard.forms import JobFilterForm
 from jobs.core import policy
 from jobs.core.conf import jobs_settings
@@ -36,14 +36,21 @@ def overview_context(shared: bool = False) -> dict[str, Any]:
     OVERVIEW_SHARED_SECONDS (its counts scan the job table); a page view always computes."""
     global _overview_cache
     if not shared:
-        return {"overview": selectors.overview()}
+        return _with_charts(selectors.overview())
     with _overview_lock:
         if (
             _overview_cache is None
             or time.monotonic() - _overview_cache[0] > OVERVIEW_SHARED_SECONDS
         ):
             _overview_cache = (time.monotonic(), selectors.overview())
-        return {"overview": _overview_cache[1]}
+        return _with_charts(_overview_cache[1])
+
+
+def _with_charts(o: selectors.Overview) -> dict[str, Any]:
+    """The overview and its per-minute series drawn as charts with axes (dashboard/charts.py)."""
+    now = timezone.now()
+    lines = (o.succeeded_per_min, o.failed_per_min, o.rejected_per_min)
+    return {"overview": o, "charts": charts.overview_charts(now, *lines)}
 
 
 def jobs_context(params: QueryDict) -> dict[str, Any]:

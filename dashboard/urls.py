@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import views
+from dashboard import operate, views
 
 app_name = "dashboard"
 
@@ -14,6 +14,10 @@ urlpatterns = [
     path("rejected/", views.rejected, name="rejected"),
     path("workers/", views.workers, name="workers"),
     path("drill/", views.drill, name="drill"),
+    path("queues/", operate.queues_page, name="queues"),
+    path("queues/action/", operate.queue_action, name="queue-action"),
+    path("cron/", operate.cron_page, name="cron"),
+    path("cron/action/", operate.cron_action, name="cron-action"),
     path(
         "login/",
         auth_views.LoginView.as_view(template_name="dashboard/login.html"),

@@ -2,7 +2,8 @@
 actions.
 
 Owns: screens for admins and the four actions (requeue, cancel, retry now, enqueue a copy), in
-job.py; the records' view-only screens in records.py; django-q2's transport screens, read-only,
+job.py; the records' view-only screens in records.py; queue controls (pause, resume, limit, all
+through jobs.ops.queues) in queues.py; django-q2's transport screens, read-only,
 in transport.py. Never: saves a job from a form -- an admin changes a job only through
 jobs.ops.actions -> jobs.core.transitions, fenced like a worker's write; "add job" goes through
 enqueue's validation.
@@ -13,6 +14,6 @@ registrations exist before they are replaced.
 """
 
 from jobs.admin import transport  # noqa: I001  (first: replaces django-q2's registrations)
-from jobs.admin import job, records
+from jobs.admin import job, queues, records
 
-__all__ = ["job", "records", "transport"]
+__all__ = ["job", "queues", "records", "transport"]

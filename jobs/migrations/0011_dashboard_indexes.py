@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY cannot run inside a transaction
 
     dependencies = [
-        ("jobs", "0007_event_types_merged"),
+        ("jobs", "0010_queue_controls"),
     ]
 
     operations = [

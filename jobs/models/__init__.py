@@ -2,7 +2,8 @@
 
 - job.py      -- Job (and `Job.objects.enqueue()`), Attempt, JobEvent, RejectedWrite;
 - effects.py  -- IdempotencyKey, StagedOutput, Intent, and the FencedRow mixin;
-- schedule.py -- Schedule (cron).
+- schedule.py -- Schedule (cron);
+- queue.py    -- QueueControl (a queue paused or limited by an operator).
 
 Owns: schema, constraints and read-only query methods. Never: changes a job's state, attempt,
 lease or result -- jobs/core/transitions is the only writer of those. The records import only
@@ -12,6 +13,7 @@ may import the records.
 
 from jobs.models.effects import FencedRow, IdempotencyKey, Intent, StagedOutput
 from jobs.models.job import Attempt, Job, JobEvent, RejectedWrite
+from jobs.models.queue import QueueControl
 from jobs.models.schedule import Schedule
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "Intent",
     "Job",
     "JobEvent",
+    "QueueControl",
     "RejectedWrite",
     "Schedule",
     "StagedOutput",

@@ -105,6 +105,11 @@ class Job(models.Model):
     max_attempts = models.IntegerField(null=True, blank=True)
     lease_seconds = models.FloatField(null=True, blank=True)
     run_at = models.DateTimeField(db_default=Now())
+    # A queued job due beyond the claim horizon, kept out of jobs_job_pick_idx so that future work
+    # costs the claim nothing; set by a database trigger on PostgreSQL (whatever wrote the row),
+    # cleared by a claim shortly before the job is due (migration 0010, jobs/core/sql/postgres.py).
+    # Always False on SQLite.
+    deferred = models.BooleanField(default=False, db_default=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     progress = models.JSONField(null=True, blank=True)
@@ -161,13 +166,26 @@ class Job(models.Model):
             ),
         ]
         indexes = [
-            # Picking the next job: an index scan in claim order over queued rows only.
+            # Picking the next job: an index scan in claim order over queued rows due now or
+            # soon (not deferred), so rows scheduled far ahead are never walked by a claim.
             models.Index(
                 F("priority").desc(),
                 "run_at",
                 "id",
-                condition=Q(state=JobState.QUEUED),
+                condition=Q(state=JobState.QUEUED, deferred=False),
                 name="jobs_job_pick_idx",
+            ),
+            # The claim's promotion of deferred rows coming within the horizon.
+            models.Index(
+                fields=["run_at"],
+                condition=Q(state=JobState.QUEUED, deferred=True),
+                name="jobs_job_deferred_idx",
+            ),
+            # Running jobs per queue: a queue's concurrency limit, counted inside the claim.
+            models.Index(
+                fields=["queue"],
+                condition=Q(state=JobState.RUNNING),
+                name="jobs_job_running_queue_idx",
             ),
             models.Index(
                 fields=["lease_expires_at"],
@@ -186,6 +204,20 @@ class Job(models.Model):
             models.Index(fields=["queue", "id"], name="jobs_job_queue_id_idx"),
             models.Index(fields=["state", "id"], name="jobs_job_state_id_idx"),
             models.Index(fields=["created_at", "id"], name="jobs_job_created_id_idx"),
+            # The last hour of the queues page and the overview (dashboard/queues.py): jobs that
+            # finished since a moment, by queue and state, read by an index-only scan.
+            models.Index(
+                fields=["finished_at", "queue", "state"],
+                condition=Q(finished_at__isnull=False),
+                name="jobs_job_finished_idx",
+            ),
+            # A cron schedule's last runs (dashboard/cron.py): its jobs, newest first, without
+            # reading any job that no schedule enqueued.
+            models.Index(
+                fields=["kind", "-id"],
+                condition=Q(unique_key__startswith="schedule:"),
+                name="jobs_job_schedule_runs_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -55,6 +55,9 @@ logger = logging.getLogger("jobs.schedules")
 MAX_CATCH_UP = 100  # `all`: missed ticks further behind than this are skipped
 GRACE_SECONDS = 60.0  # `skip`: how late a tick may still be enqueued
 MISSED = {choice.value for choice in Schedule.Missed}
+# The source sync gives a row it disabled because nothing declares it any more. A disabled row
+# with any other source was disabled by an operator (jobs/ops/cron_controls.py): sync leaves it so.
+UNDECLARED = "undeclared"
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,8 @@ def next_tick(cron: str, tz: str, after: datetime) -> datetime:
 
 
 def sync(now: datetime | None = None) -> None:
-    """Create or update one row per declaration; disable rows no longer declared."""
+    """Create or update one row per declaration; disable rows no longer declared (source
+    `undeclared`). A row an operator disabled stays disabled."""
     now = now or database_clock()
     wanted, errors = declared()
     for error in errors:
@@ -153,13 +157,15 @@ def sync(now: datetime | None = None) -> None:
                     Schedule.objects.create(name=d.name, next_at=first, **fields)
                     continue
                 timing_changed = (row.cron, row.timezone) != (d.cron, d.timezone)
-                if timing_changed or not row.enabled:
+                paused = not row.enabled and row.source != UNDECLARED  # an operator's decision
+                fields["enabled"] = not paused
+                if timing_changed or (not row.enabled and not paused):
                     fields["next_at"] = next_tick(d.cron, d.timezone, now)
                 Schedule.objects.filter(pk=row.pk).update(**fields)
         except IntegrityError:
             pass  # another scheduler created it at the same moment: theirs stands
     Schedule.objects.filter(enabled=True).exclude(name__in=[d.name for d in wanted]).update(
-        enabled=False
+        enabled=False, source=UNDECLARED
     )
 
 

@@ -51,7 +51,7 @@ from jobs.core.sql import metrics as sql
 from jobs.core.sql.operator import database_clock
 from jobs.core.states import EventType, Write
 from jobs.effects import outbox
-from jobs.ops import history
+from jobs.ops import history, queues
 from jobs.ops.lease_hint import lease_hints
 
 logger = logging.getLogger("jobs.metrics")
@@ -86,6 +86,9 @@ CATALOGUE = {
     "jobs_enqueue_to_start_seconds": "Job due (enqueued or run_at) to its first claim.",
     "jobs_lease_too_short": "1 for a kind whose recent heartbeat gaps approach its lease.",
     "jobs_metrics_scrape_seconds": "Time this scrape took to collect (almost all of it queries).",
+    "jobs_queue_paused": "1 for a queue an operator paused (claims skip it).",
+    "jobs_queue_concurrency_limit": "A queue's limit of jobs running at once, across clusters.",
+    "jobs_queue_running": "Jobs running now, by queue.",
 }
 
 
@@ -104,7 +107,20 @@ def _outbox() -> Iterable[Metric]:
     yield _gauge("jobs_outbox_failed_intents", c["failed_intents"])
 
 
-_sources: list[Callable[[], Iterable[Metric]]] = [_outbox]
+def _queue_controls() -> Iterable[Metric]:
+    """Paused queues, limits and running jobs per queue (jobs.ops.queues), at most
+    MAX_QUEUE_LABELS queues each (the most running first)."""
+    controls = list(queues.controls().items())[:MAX_QUEUE_LABELS]
+    running = dict(list(queues.running().items())[:MAX_QUEUE_LABELS])
+    for name, values in (
+        ("jobs_queue_paused", {q: 1.0 for q, c in controls if c.paused}),
+        ("jobs_queue_concurrency_limit", {q: c.limit for q, c in controls if c.limit}),
+        ("jobs_queue_running", running),
+    ):
+        yield gauge_family(name, CATALOGUE[name], values, "queue")
+
+
+_sources: list[Callable[[], Iterable[Metric]]] = [_outbox, _queue_controls]
 
 
 def register(source: Callable[[], Iterable[Metric]]) -> None:

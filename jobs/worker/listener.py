@@ -15,16 +15,28 @@ session, and the drains' periodic claim covers the rest.
 import logging
 import select
 import time
+from collections.abc import Sequence
 
 import psycopg
 from django.db import connection
 
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
+from jobs.core.sql.queues import ENQUEUED_CHANNEL, queue_channel
 
 logger = logging.getLogger("jobs.scheduler")
 
-NOTIFY_CHANNEL = "jobs_enqueued"
+NOTIFY_CHANNEL = ENQUEUED_CHANNEL  # every enqueue's; each queue also has its own (queue_channel)
+
+
+def channels(queues: Sequence[str] | None) -> list[str]:
+    """What a process serving `queues` LISTENs on: each queue's own channel, so an enqueue into
+    a queue it does not serve never wakes it; every enqueue's channel when it serves all."""
+    if not queues:
+        return [NOTIFY_CHANNEL]
+    return sorted({queue_channel(q) for q in queues})
+
+
 LIVENESS_SECONDS = 5.0  # an idle LISTEN connection is probed after this long without traffic
 
 
@@ -58,13 +70,16 @@ def listen_connection() -> psycopg.Connection:
 
 
 class Waker:
-    """Blocks until a NOTIFY on NOTIFY_CHANNEL or `timeout`; falls back to sleeping.
+    """Blocks until a NOTIFY on the channels of its queues or `timeout`; falls back to sleeping.
 
     A (re)connected LISTEN returns at once as if notified: whatever was committed before the
     LISTEN took effect sent its NOTIFY to nobody, so the caller looks for work now.
     """
 
-    def __init__(self, outage: OutageLog | None = None) -> None:
+    def __init__(
+        self, outage: OutageLog | None = None, queues: Sequence[str] | None = None
+    ) -> None:
+        self.channels = channels(queues)
         self._conn: psycopg.Connection | None = None
         self._fresh = False
         self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
@@ -76,7 +91,8 @@ class Waker:
         if self._conn is None or self._conn.closed:
             self._conn = listen_connection()  # connect_timeout bounds it (settings OPTIONS)
             with bounded("LISTEN", conn=self._conn):
-                self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                # Channel names are [a-z0-9_] only (queue_channel): no quoting needed.
+                self._conn.execute("; ".join(f"LISTEN {c}" for c in self.channels))
             self._heard_at = time.monotonic()
             self._fresh = True
         elif time.monotonic() - self._heard_at > LIVENESS_SECONDS:

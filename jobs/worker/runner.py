@@ -113,7 +113,7 @@ def drain(
     worker = worker_identity()
     ran, size = 0, 1
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
-    idle = _IdleWait(cfg) if idle_wait else None
+    idle = _IdleWait(cfg, queues) if idle_wait else None
     try:
         with Heartbeater(
             interval,
@@ -145,8 +145,11 @@ def drain(
                 if idle is not None:
                     idle.busy()
                 started = time.monotonic()
-                ran += run_batch(batch, beats)
-                per_job = (time.monotonic() - started) / len(batch)
+                handlers = run_batch(batch, beats)
+                ran += handlers
+                # The time per handler that ran: jobs handed back unstarted (waiting behind a
+                # slow batch-mate, or at a stop) took no time and must not make it look quick.
+                per_job = (time.monotonic() - started) / max(1, handlers)
                 size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
     finally:
         if idle is not None:
@@ -170,7 +173,8 @@ class _IdleWait:
     counts as a wake-up (a job committed just before it took effect notified nobody).
     """
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, queues: Sequence[str] | None) -> None:
+        self.queues = queues  # LISTENs for these queues' enqueues only
         self.enabled = cfg.IDLE_WAIT_SECONDS > 0 and connection.vendor == "postgresql"
         self.seconds = float(cfg.IDLE_WAIT_SECONDS)
         self.poll = float(cfg.POLL_SECONDS)
@@ -186,7 +190,7 @@ class _IdleWait:
         if not self.enabled:
             return False
         if self.waker is None:
-            self.waker = Waker(_LISTEN_OUTAGE)
+            self.waker = Waker(_LISTEN_OUTAGE, self.queues)
         now = time.monotonic()
         if self.until is None:
             self.until = now + self.seconds

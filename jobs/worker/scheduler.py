@@ -68,7 +68,7 @@ class EmbeddedScheduler:
         cfg = jobs_settings()
         self.identity = f"{socket.gethostname()}:{os.getpid()}:scheduler"
         self.queues = queues or cfg.QUEUES
-        self.waker = Waker()
+        self.waker = Waker(queues=self.queues)
         self.broker = bridge.new_broker()
         self._next_reap = 0.0
         self._next_cron = 0.0

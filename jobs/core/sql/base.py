@@ -21,6 +21,7 @@ from typing import Any
 
 from django.db.backends.utils import CursorWrapper
 
+from jobs.core.sql import queues as queues_sql
 from jobs.core.states import AttemptOutcome, EventType, JobState
 
 RUNNING = JobState.RUNNING.value
@@ -153,6 +154,10 @@ class Driver:
     # Appended to a SELECT that locks the row it reads until the transaction ends. SQLite has no
     # FOR UPDATE: its transactions are IMMEDIATE (settings), so the one write lock is held anyway.
     lock_row = ""
+    # True when the database delivers LISTEN/NOTIFY wake-ups (PostgreSQL); SQLite's workers poll.
+    listen_notify = False
+    # Queued rows in jobs_job_pick_idx (not deferred far ahead), as each vendor spells it.
+    pickable = "NOT deferred"
 
     def later(self, seconds_param: str) -> str:
         raise NotImplementedError
@@ -167,10 +172,13 @@ class Driver:
     # -- reads --------------------------------------------------------------------------------
 
     def count_due(self, cur: CursorWrapper, limit: int, queues: Sequence[str] | None) -> int:
+        """Due jobs a claim could take now (not in a paused queue or one at its limit)."""
         params: dict[str, Any] = {"limit": limit}
         cur.execute(
-            f"SELECT count(*) FROM (SELECT 1 FROM jobs_job WHERE state = '{QUEUED}' "
-            f"AND run_at <= {self.now}{queue_filter(queues, params)} LIMIT %(limit)s) due",
+            f"WITH {queues_sql.claim_guard(None, params)} due AS (SELECT 1 FROM jobs_job "
+            f"WHERE state = '{QUEUED}' AND {self.pickable} AND run_at <= {self.now}"
+            f"{queue_filter(queues, params)}{queues_sql.BLOCKED} LIMIT %(limit)s) "
+            "SELECT count(*) FROM due",
             params,
         )
         return int(cur.fetchone()[0])
@@ -178,8 +186,9 @@ class Driver:
     def due_ids(self, cur: CursorWrapper, limit: int, queues: Sequence[str] | None) -> list[int]:
         params: dict[str, Any] = {"limit": limit}
         cur.execute(
-            f"SELECT id FROM jobs_job WHERE state = '{QUEUED}' AND run_at <= {self.now}"
-            f"{queue_filter(queues, params)} ORDER BY priority DESC, run_at, id LIMIT %(limit)s",
+            f"SELECT id FROM jobs_job WHERE state = '{QUEUED}' AND {self.pickable} "
+            f"AND run_at <= {self.now}{queue_filter(queues, params)} "
+            "ORDER BY priority DESC, run_at, id LIMIT %(limit)s",
             params,
         )
         return [int(r[0]) for r in cur.fetchall()]
@@ -364,8 +373,12 @@ class Driver:
         queues: Sequence[str] | None,
         kind_leases: Mapping[str, float],
         only_id: int | None = None,
+        locked: Sequence[str] = (),
     ) -> list[ClaimedRow]:
-        """Take up to `limit` due jobs (or only `only_id`, if it is due)."""
+        """Take up to `limit` due jobs (or only `only_id`, if it is due), in claim order.
+
+        `locked`: the limited queues whose control rows the caller's transaction holds
+        (queues.lock_limited); every other limited queue is left alone by this claim."""
         raise NotImplementedError
 
     def heartbeat(

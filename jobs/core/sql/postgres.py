@@ -8,6 +8,7 @@ jobs/core/transitions). Never: two CTEs updating the same row -- PostgreSQL appl
 
 from typing import Any
 
+from jobs.core.sql import queues as queues_sql
 from jobs.core.sql.base import (
     JOB_COLUMNS,
     OPEN,
@@ -22,11 +23,25 @@ from jobs.core.sql.base import (
 )
 from jobs.core.states import AttemptOutcome, EventType, JobState
 
+# A queued row due further ahead than this is `deferred` (migration 0010's trigger, which keeps
+# the same interval): out of the pick index until a claim promotes it, this long before it is due.
+DEFER_HORIZON_SECONDS = 60
+
+PROMOTE = f"""promoted AS (
+                UPDATE jobs_job SET deferred = false
+                 WHERE id IN (SELECT id FROM jobs_job
+                               WHERE state = '{QUEUED}' AND deferred
+                                 AND run_at <= clock_timestamp()
+                                            + make_interval(secs => {DEFER_HORIZON_SECONDS})
+                               ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
+            ),"""
+
 
 class PostgresDriver(Driver):
     now = "clock_timestamp()"
     single_statement_writes = True
     lock_row = " FOR UPDATE"
+    listen_notify = True
 
     def later(self, seconds_param: str) -> str:
         return f"clock_timestamp() + make_interval(secs => %({seconds_param})s)"
@@ -34,32 +49,37 @@ class PostgresDriver(Driver):
     def seconds_between(self, later: str, earlier: str) -> str:
         return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
 
-    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
+    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
         only = ""
         if only_id is not None:
             params["only"] = only_id
             only = " AND id = %(only)s"
         lease_sql = lease_expression(kind_leases, params, table="j.")
-        # The inner SELECT walks jobs_job_pick_idx in claim order and skips rows another claimer
-        # holds; the UPDATE bumps the fencing token; Attempt and event rows ride in the same
-        # statement, so a claim is one round trip however many rows it takes.
+        # `promoted` brings rows deferred far ahead into the pick index a horizon before they
+        # are due (the rows of this claim's own pick were never deferred). `picked` walks
+        # jobs_job_pick_idx in claim order, skipping rows another claimer holds and queues
+        # paused or at their limit (queues.claim_guard); `capped` keeps a limited queue within
+        # its room. The UPDATE bumps the fencing token; Attempt and event rows ride in the same
+        # statement, so a claim is one round trip however many rows it takes. The rows come
+        # back in claim order: the drain runs them in that order.
         cur.execute(
             f"""
-            WITH picked AS (
-                SELECT id FROM jobs_job
-                 WHERE state = '{QUEUED}' AND run_at <= clock_timestamp()
-                       {queue_filter(queues, params)}{only}
+            WITH {"" if only_id is not None else PROMOTE}{queues_sql.claim_guard(locked, params)}
+            picked AS (
+                SELECT id, queue, priority, run_at FROM jobs_job
+                 WHERE state = '{QUEUED}' AND NOT deferred AND run_at <= clock_timestamp()
+                       {queue_filter(queues, params)}{only}{queues_sql.BLOCKED}
                  ORDER BY priority DESC, run_at, id
                  LIMIT %(limit)s
                    FOR UPDATE SKIP LOCKED
-            ), claimed AS (
+            ), {queues_sql.CAPPED}, claimed AS (
                 UPDATE jobs_job j
                    SET state = '{RUNNING}', attempt = j.attempt + 1,
                        lease_expires_at = clock_timestamp() + make_interval(secs => {lease_sql}),
                        heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()
-                  FROM picked WHERE j.id = picked.id
-                RETURNING j.{JOB_COLUMNS.replace(", ", ", j.")}
+                  FROM capped WHERE j.id = capped.id
+                RETURNING j.{JOB_COLUMNS.replace(", ", ", j.")}, j.priority, j.run_at
             ), attempts AS (
                 INSERT INTO jobs_attempt (job_id, number, worker, claimed_at, heartbeat_at,
                                           outcome, staging_ref, error)
@@ -71,7 +91,7 @@ class PostgresDriver(Driver):
                 SELECT id, attempt, '{EventType.CLAIMED}', %(worker)s, clock_timestamp(), '{{}}'
                   FROM claimed
             )
-            SELECT {JOB_COLUMNS} FROM claimed ORDER BY id
+            SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_at, id
             """,
             params,
         )

@@ -7,6 +7,7 @@ write lock. The database clock is the host's clock (one host).
 
 from typing import Any
 
+from jobs.core.sql import queues as queues_sql
 from jobs.core.sql.base import (
     JOB_COLUMNS,
     QUEUED,
@@ -31,6 +32,7 @@ class SqliteDriver(Driver):
     # Django stores SQLite datetimes as UTC text 'YYYY-MM-DD HH:MM:SS.ffffff', which sorts and
     # compares correctly against this expression (milliseconds: SQLite's clock resolution).
     now = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    pickable = "deferred = 0"  # as jobs_job_pick_idx spells it here (always true on SQLite)
 
     def later(self, seconds_param: str) -> str:
         return _after_now(f"%({seconds_param})s")
@@ -38,22 +40,30 @@ class SqliteDriver(Driver):
     def seconds_between(self, later: str, earlier: str) -> str:
         return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
 
-    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None):  # type: ignore[no-untyped-def]
+    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"limit": limit, "lease": lease}
         only = ""
         if only_id is not None:
             params["only"] = only_id
             only = " AND id = %(only)s"
+        # The same pick as PostgreSQL's (claim order, paused and full queues left out, a limited
+        # queue cut to its room), decided under the one write lock of the IMMEDIATE transaction.
         cur.execute(
+            f"WITH {queues_sql.claim_guard(locked, params)} picked AS ("
+            f"SELECT id, queue, priority, run_at FROM jobs_job WHERE state = '{QUEUED}' "
+            f"AND {self.pickable} AND run_at <= {self.now}{queue_filter(queues, params)}{only}"
+            f"{queues_sql.BLOCKED} ORDER BY priority DESC, run_at, id LIMIT %(limit)s), "
+            f"{queues_sql.CAPPED} "
             f"UPDATE jobs_job SET state = '{RUNNING}', attempt = attempt + 1, "
             f"lease_expires_at = {_after_now(lease_expression(kind_leases, params))}, "
             f"heartbeat_at = {self.now}, updated_at = {self.now} "
-            f"WHERE state = '{QUEUED}' AND id IN (SELECT id FROM jobs_job WHERE state = '{QUEUED}' "
-            f"AND run_at <= {self.now}{queue_filter(queues, params)}{only} "
-            f"ORDER BY priority DESC, run_at, id LIMIT %(limit)s) RETURNING {JOB_COLUMNS}",
+            f"WHERE state = '{QUEUED}' AND id IN (SELECT id FROM capped) "
+            f"RETURNING {JOB_COLUMNS}, priority, run_at",
             params,
         )
-        rows = sorted(claimed_rows(cur.fetchall()), key=lambda r: r.id)
+        # RETURNING's order is SQLite's; the drain runs them in claim order.
+        ordered = sorted(cur.fetchall(), key=lambda r: (-r[-2], r[-1], r[0]))
+        rows = claimed_rows([r[:-2] for r in ordered])
         for row in rows:
             cur.execute(
                 "INSERT INTO jobs_attempt "

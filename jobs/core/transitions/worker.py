@@ -7,6 +7,7 @@ rows -- a zero-row write is a lost lease: recorded (fence.record), then LeaseLos
 """
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from jobs.core import bounds
 from jobs.core.exceptions import LeaseLost
 from jobs.core.registry import handler_leases
 from jobs.core.sql import ClaimedRow, CommitRow, FenceRow, IntentRow, loads
+from jobs.core.sql import queues as sql_queues
 from jobs.core.states import AttemptOutcome, Write
 from jobs.core.transitions.fence import (
     Claimed,
@@ -43,8 +45,7 @@ def claim(
     leases = handler_leases()
     while True:
         try:
-            with fenced_statement(), connection.cursor() as cur:
-                rows = driver().claim(cur, worker, limit, lease_seconds, queues, leases)
+            rows = _claim(worker, limit, lease_seconds, queues, leases)
         except DatabaseError as exc:
             if not row_refused(exc):
                 raise
@@ -54,6 +55,50 @@ def claim(
         if claimed or not rows:
             return claimed
         # Every row taken was failed on the spot: the queue may hold more, look again.
+
+
+# Whether this process's claims take from a limited queue, re-read at most every LIMITS_TTL s.
+# Only a claim that knows of a limit locks its control row (one more statement, in a
+# transaction); a claim that does not know of it yet leaves that queue alone (claim_guard), so a
+# stale answer here delays a newly limited queue by LIMITS_TTL at most and never overshoots it.
+LIMITS_TTL = 1.0
+_limited: dict[tuple[str, ...] | None, tuple[float, bool]] = {}
+
+
+def _claim(
+    worker: str,
+    limit: int,
+    lease: float,
+    queues: Sequence[str] | None,
+    leases: dict[str, float],
+    only_id: int | None = None,
+) -> list[ClaimedRow]:
+    d = driver()
+    if not _takes_from_limited(queues):
+        with fenced_statement(), connection.cursor() as cur:
+            return d.claim(cur, worker, limit, lease, queues, leases, only_id=only_id)
+    # The limited queues' control rows are locked first, in the claim's own transaction: the
+    # claim statement then counts running jobs in a snapshot taken after the lock was granted.
+    with _transaction(), connection.cursor() as cur:
+        locked = sql_queues.lock_limited(d, cur, queues)
+        return d.claim(cur, worker, limit, lease, queues, leases, only_id=only_id, locked=locked)
+
+
+def _transaction() -> Any:
+    if driver().single_statement_writes and not connection.in_atomic_block:
+        return transaction.atomic()
+    return fenced_statement()  # a transaction already (SQLite), or durable inside one
+
+
+def _takes_from_limited(queues: Sequence[str] | None) -> bool:
+    key = tuple(queues) if queues else None
+    now = time.monotonic()
+    seen = _limited.get(key)
+    if seen is None or now - seen[0] > LIMITS_TTL:
+        with connection.cursor() as cur:
+            seen = (now, sql_queues.any_limited(cur, queues))
+        _limited[key] = seen
+    return seen[1]
 
 
 def _claim_one_by_one(
@@ -68,8 +113,7 @@ def _claim_one_by_one(
     rows: list[ClaimedRow] = []
     for job_id in ids:
         try:
-            with fenced_statement(), connection.cursor() as cur:
-                rows += driver().claim(cur, worker, 1, lease, queues, leases, only_id=job_id)
+            rows += _claim(worker, 1, lease, queues, leases, only_id=job_id)
         except DatabaseError as exc:
             if not row_refused(exc):
                 raise

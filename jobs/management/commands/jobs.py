@@ -1,4 +1,5 @@
-"""`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune` -- the operator's terminal.
+"""`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune|queues` -- the operator's
+terminal (`queues`: jobs/management/queues.py).
 
 Reads go through the same selectors the screens use; every change goes through jobs.ops.actions ->
 jobs.core.transitions with the same fencing, permission and LogEntry audit as the admin. The acting
@@ -15,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.core.states import JobState
+from jobs.management import queues as queues_command
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.ops import actions, retention
 from jobs.ops.describe import effective_lease, effective_max_attempts, seconds
@@ -31,7 +33,8 @@ def _first_line(text: str, width: int = 100) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Operate jobs without a browser: status, list, show, requeue, cancel, retry, copy, prune."
+        "Operate jobs without a browser: status, list, show, requeue, cancel, retry, copy, prune, "
+        "queues."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -58,6 +61,7 @@ class Command(BaseCommand):
         prune.add_argument("--batch", type=int, default=1000, help="jobs per transaction")
         prune.add_argument("--pause", type=float, default=0.0, help="seconds between batches")
         prune.add_argument("--dry-run", action="store_true", help="only count what would go")
+        queues_command.add_parser(sub)  # queues [pause|resume|limit] (jobs/management/queues.py)
 
     @staticmethod
     def _filters(parser: CommandParser) -> None:
@@ -75,6 +79,8 @@ class Command(BaseCommand):
             self.show(options["job_id"])
         elif command == "prune":
             self.prune(options)
+        elif command == "queues":
+            queues_command.handle(options, self.stdout)
         else:
             self.act(command, options)
 

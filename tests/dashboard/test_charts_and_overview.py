@@ -1,0 +1,87 @@
+"""Charts with axes (dashboard/charts.py) on the overview, its counts linking to the filtered
+list, the navigation and help every page carries, and copy-as-JSON on the job page."""
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from dashboard import charts, selectors
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+MINUTES = [datetime(2026, 12, 1, 14, 0, tzinfo=UTC) + timedelta(minutes=m) for m in range(60)]
+
+
+@pytest.mark.parametrize(
+    "value, top",
+    [(0, 4), (0.4, 4), (4, 4), (5, 8), (9, 20), (24, 40), (41, 80), (260, 400), (1000, 1000)],
+)
+def test_the_value_axis_ends_at_a_round_number_at_or_above_the_largest_value(
+    value: float, top: float
+) -> None:
+    assert charts.nice_max(value) == top
+
+
+def test_a_chart_has_value_ticks_clock_ticks_every_quarter_hour_and_a_hover_per_minute() -> None:
+    values = [0] * 59 + [8]
+    chart = charts.Chart("Throughput", "jobs/min", MINUTES, [charts.Series("ok", values, "ok")])
+    assert [t.label for t in chart.y_ticks] == ["0", "2", "4", "6", "8"]
+    assert [t.label for t in chart.x_ticks] == ["14:14", "14:29", "14:44", "14:59"]
+    assert len(chart.columns) == 60
+    assert chart.columns[-1].title == "14:59 · ok 8 jobs/min"
+    points = chart.lines[0][1].split()
+    left, top, right, bottom = chart.plot
+    assert points[0] == f"{left:.1f},{bottom:.1f}"  # 0 sits on the time axis
+    assert points[-1].startswith(f"{right:.1f},")  # the current minute at the right edge
+
+
+def test_a_percentage_chart_keeps_its_axis_at_100() -> None:
+    chart = charts.Chart(
+        "Failure rate", "%", MINUTES, [charts.Series("failed", [5.0] * 60, "bad")], fixed_max=100
+    )
+    assert chart.y_ticks[-1].label == "100"
+
+
+def test_the_overview_draws_charts_with_axes_not_bare_sparklines(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    html = operator_client.get(reverse("dashboard:overview")).content.decode()
+    for chart_id in ("chart-finished", "chart-rejected"):
+        figure = html[html.index(f'id="{chart_id}"') :]
+        figure = figure[: figure.index("</figure>")]
+        assert 'class="axis axis-y"' in figure and 'class="axis axis-x"' in figure
+        assert figure.count("<rect ") == 30 and "/min</text>" in figure
+
+
+def test_the_overview_counts_link_to_the_filtered_jobs_list(
+    operator_client: Client, make_job: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(selectors, "_terminal", None)  # finished counts are cached for 10 s
+    make_job(queue="mail", state="failed", attempt=1)
+    html = operator_client.get(reverse("dashboard:overview")).content.decode()
+    jobs = reverse("dashboard:jobs")
+    assert f'<a href="{jobs}?queue=mail&amp;state=failed">1</a>' in html
+    assert f'href="{jobs}?state=failed"' in html
+
+
+def test_every_page_links_the_queues_and_cron_pages_and_the_shortcut_help(
+    operator_client: Client,
+) -> None:
+    html = operator_client.get(reverse("dashboard:workers")).content.decode()
+    assert f'href="{reverse("dashboard:queues")}"' in html
+    assert f'href="{reverse("dashboard:cron")}"' in html
+    assert '<dialog id="shortcuts"' in html and "/static/dashboard/keys.js" in html
+    assert '<meta name="color-scheme" content="light dark">' in html
+
+
+def test_the_job_page_offers_copy_as_json_for_payload_and_result(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    job = make_job(state="succeeded", attempt=1, payload={"order": 7}, result={"pages": 3})
+    html = operator_client.get(reverse("dashboard:job", args=[job.pk])).content.decode()
+    assert 'data-copy="payload"' in html and 'data-copy="result"' in html
+    assert 'id="result"' in html
