@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import views
+from dashboard import actions, views
 
 app_name = "dashboard"
 
@@ -14,6 +14,8 @@ urlpatterns = [
     path("rejected/", views.rejected, name="rejected"),
     path("workers/", views.workers, name="workers"),
     path("drill/", views.drill, name="drill"),
+    path("jobs/<int:job_id>/act/<str:action>/", actions.job_action, name="job_action"),
+    path("jobs/act/", actions.bulk, name="bulk"),
     path(
         "login/",
         auth_views.LoginView.as_view(template_name="dashboard/login.html"),

@@ -19,6 +19,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         job = drill.enqueue_drill_job(options["seconds"])
+        if getattr(job, "duplicate", False):
+            raise CommandError(f"a drill is already running: job {job.pk}; nothing was enqueued")
         self.stdout.write(f"drill job {job.pk} enqueued; waiting for a worker to claim it")
         try:
             result = drill.run(job.pk, timeout=options["timeout"])
