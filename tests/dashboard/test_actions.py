@@ -6,6 +6,8 @@ and a bulk run over a filter that goes on, chunk by chunk, until every matching 
 """
 
 import json
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -309,3 +311,41 @@ def test_hostile_skip_reasons_and_filters_render_as_text(
     )
     assert "<script>alert(1)" not in text and "&lt;script&gt;" in text
     assert "<b>x</b>" not in text
+
+
+# -- the drill button -----------------------------------------------------------------------------
+
+
+def test_five_drill_presses_while_a_drill_runs_enqueue_one_drill_job(
+    staff_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from demo import drill
+
+    release = threading.Event()
+    monkeypatch.setattr(drill, "run", lambda job_id, timeout=60.0: release.wait(30))
+    try:
+        responses = [staff_client.post(reverse("dashboard:drill")) for _ in range(5)]
+    finally:
+        release.set()
+        deadline = time.monotonic() + 30
+        while drill._running.locked():  # the drill thread ends before the next test
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+    (job,) = Job.objects.filter(kind="demo.drill")
+    assert {r["Location"] for r in responses} == {reverse("dashboard:job", args=[job.pk])}
+    page = staff_client.get(responses[-1]["Location"]).content.decode()
+    assert f"A drill is already running (job {job.pk}): nothing enqueued." in page
+
+
+def test_a_drill_job_live_in_the_database_blocks_another_press(
+    staff_client: Client, monkeypatch: pytest.MonkeyPatch, make_job
+) -> None:
+    """Another server process runs a drill: its job is queued or running, so nothing is added."""
+    from demo import drill
+
+    started = []
+    monkeypatch.setattr(drill, "run_in_background", started.append)
+    other = make_job(kind="demo.drill", state=JobState.RUNNING, attempt=1, unique_key="demo.drill")
+    response = staff_client.post(reverse("dashboard:drill"))
+    assert response["Location"] == reverse("dashboard:job", args=[other.pk])
+    assert Job.objects.filter(kind="demo.drill").count() == 1 and not started
