@@ -28,9 +28,8 @@ def run(*args: str) -> str:
 
 
 def audited_ids() -> set[int]:
-    return {
-        int(i) for i in LogEntry.objects.filter(action_flag=CHANGE).values_list("object_id", flat=True)
-    }
+    entries = LogEntry.objects.filter(action_flag=CHANGE)
+    return {int(i) for i in entries.values_list("object_id", flat=True)}
 
 
 def cancelled_ids() -> set[int]:
