@@ -117,3 +117,32 @@ def test_bulk_cancel_of_everything_matching_a_filter_of_20000_jobs_shows_its_pro
     assert Job.objects.filter(queue="bulk", state="cancelled").count() == total
     assert Job.objects.get(pk=other.pk).state == "queued"
     assert LogEntry.objects.count() == total
+
+
+def test_ticked_rows_survive_a_live_rerender_and_only_they_are_cancelled(
+    server: str, page_as: Callable[..., Any]
+) -> None:
+    a, b, c = (jobs.enqueue("test.echo", {"n": n}, queue="picked") for n in range(3))
+    page = page_as(presser("picker"))
+    page.goto(f"{server}/jobs/?queue=picked")
+    expect(page.locator("#live-status")).to_have_text("live")
+    page.locator(f'#job-row-{a.pk} input[name="ids"]').check()
+    page.locator(f'#job-row-{c.pk} input[name="ids"]').check()
+    expect(page.locator("#selected-count")).to_have_text("2")
+    newer = jobs.enqueue("test.echo", {"n": 3}, queue="picked")  # the first page is pushed again
+    expect(page.locator(f"#job-row-{newer.pk}")).to_be_visible()
+    expect(page.locator(f'#job-row-{a.pk} input[name="ids"]')).to_be_checked()
+    expect(page.locator(f'#job-row-{b.pk} input[name="ids"]')).not_to_be_checked()
+    page.locator("#bulk-action").select_option("cancel")
+    page.locator("#bulk-apply").click()
+    expect(page.locator("#bulk-count")).to_have_text("2")
+    page.locator("#bulk-run").click()
+    expect(page.locator("#bulk-progress-box")).to_have_attribute("data-done", "1")
+    expect(page.locator("#bulk-changed")).to_have_text("2")
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert [states[j.pk] for j in (a, b, c, newer)] == [
+        "cancelled",
+        "queued",
+        "cancelled",
+        "queued",
+    ]
