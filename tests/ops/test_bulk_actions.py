@@ -20,7 +20,6 @@ from jobs.models import Job
 from jobs.ops import actions
 from tests.acceptance.cluster import PROJECT_DIR, subprocess_database_env
 
-
 CHUNK = getattr(actions, "CHUNK_ROWS", 500)
 
 
