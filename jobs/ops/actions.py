@@ -12,11 +12,15 @@ interrupted run (SIGINT, a killed process, a lost connection) leaves every chang
 and nothing half-written; the cursor (`Report.last_id`) says where to go on.
 
 Never: writes a job itself -- jobs/core/transitions does (`Job.objects.enqueue` for a copy).
-Hazard: a chunk holds the row locks of the jobs it changed until it commits (CHUNK_ROWS jobs,
-about a second): a worker's heartbeat or commit of such a job waits that long, then is refused.
+Hazards: a chunk holds the row locks of the jobs it changed until it commits (at most CHUNK_ROWS
+jobs or CHUNK_SECONDS): a worker's heartbeat or commit of such a job waits that long, then is
+refused; a skipped job's lock is released at once. The transitions log each change as they make
+it, so a chunk rolled back by an interrupt has logged changes that did not happen (the audit and
+the job tables agree; the log line is only a log line).
 """
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -37,7 +41,8 @@ from jobs.models import Attempt, Job
 logger = logging.getLogger("jobs.actions")
 
 MAX_ROWS = 10_000  # jobs per call of apply() by default (one admin request); the cursor goes on
-CHUNK_ROWS = 500  # jobs per transaction (and per LogEntry batch)
+CHUNK_ROWS = 500  # jobs per transaction (and per LogEntry batch) at most
+CHUNK_SECONDS = 1.0  # a chunk ends after this long: the row locks it holds are held this long
 PERMISSION = "jobs.change_job"
 UNDECODABLE = "its payload cannot be decoded (JSON nested beyond Python's limit)"
 
@@ -155,23 +160,40 @@ def apply_chunk(
     if not ids:
         return report
     actor = f"{user.get_username()} ({via})"
-    step = ACTIONS[action]
+    deadline = time.monotonic() + CHUNK_SECONDS
     with transaction.atomic():
         for job_id in ids:
-            try:
-                result = step(job_id, actor)  # its own savepoint (transitions, enqueue_copy)
-            except DatabaseError as exc:  # this job's problem; the next one still runs
-                logger.exception("operator %s of job %s failed", action, job_id)
-                result = OperatorResult(
-                    job_id, action, False, f"database error: {type(exc).__name__}"
-                )
+            result = _one(action, job_id, actor)
             if result.changed:
                 report.changed.append(result)
             else:
                 report.skipped[result.reason] += 1
+            report.last_id = job_id
+            if time.monotonic() > deadline and job_id != ids[-1]:
+                report.more = True  # the rest of this chunk goes to the next one
+                break
         _audit(report, user, via)
-    report.last_id = ids[-1]
     return report
+
+
+def _one(action: str, job_id: int, actor: str) -> OperatorResult:
+    """One job in a savepoint of its own, rolled back unless it changed: a skipped job's row lock
+    (taken to decide) is released at once instead of held until the chunk commits."""
+    savepoint = transaction.savepoint()
+    try:
+        result = ACTIONS[action](job_id, actor)
+    except DatabaseError as exc:  # this job's problem; the next one still runs
+        transaction.savepoint_rollback(savepoint)
+        logger.exception("operator %s of job %s failed", action, job_id)
+        return OperatorResult(job_id, action, False, f"database error: {type(exc).__name__}")
+    except BaseException:
+        transaction.savepoint_rollback(savepoint)
+        raise
+    if result.changed:
+        transaction.savepoint_commit(savepoint)
+    else:
+        transaction.savepoint_rollback(savepoint)
+    return result
 
 
 def apply(

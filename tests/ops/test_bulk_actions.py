@@ -145,3 +145,45 @@ def test_sigint_to_cancel_all_matching_leaves_every_cancelled_job_audited(tmp_pa
     assert done.returncode == 0, done.stderr
     assert f"cancel: {total - len(cancelled)} changed, 0 skipped" in done.stdout
     assert len(cancelled_ids()) == total and audited_ids() == cancelled_ids()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_skipped_job_is_not_held_locked_while_the_rest_of_its_chunk_runs(
+    make_job, monkeypatch, second_connection
+):
+    """A chunk is one transaction, yet a job it skips (a running one, for retry) is not kept
+    locked until the chunk commits: its worker's heartbeat and commit go on meanwhile."""
+    user = User.objects.create_superuser("root", password="pw")
+    running = make_job(state=JobState.RUNNING, attempt=1)
+    failed = make_job(state=JobState.FAILED, attempt=1)
+    probes = []
+
+    def retry_and_probe(job_id: int, actor: str):
+        if job_id == failed.pk:  # the running job was decided (skipped) just before
+            with second_connection.cursor() as cur:
+                cur.execute("SELECT id FROM jobs_job WHERE id = %s FOR UPDATE NOWAIT", [running.pk])
+                probes.append(cur.fetchone()[0])
+        return transitions.retry_now(job_id, actor)
+
+    monkeypatch.setitem(actions.ACTIONS, "retry", retry_and_probe)
+    report = actions.apply("retry", [running.pk, failed.pk], user=user, via="test")
+    assert probes == [running.pk]
+    assert report.skipped == {"running: only failed or waiting jobs are retried": 1}
+    assert [r.job_id for r in report.changed] == [failed.pk]
+
+
+@pytest.mark.django_db
+def test_a_chunk_ends_after_its_time_and_the_next_one_goes_on(make_job, monkeypatch):
+    user = User.objects.create_superuser("root", password="pw")
+    monkeypatch.setattr(actions, "CHUNK_SECONDS", 0.0)
+    for _ in range(3):
+        make_job()
+    chunks = []
+    report = actions.apply(
+        "cancel",
+        Job.objects.all(),
+        user=user,
+        via="test",
+        progress=lambda r: chunks.append(r.processed),
+    )
+    assert chunks == [1, 2, 3] and len(report.changed) == 3 and not report.more
