@@ -349,3 +349,12 @@ def test_a_drill_job_live_in_the_database_blocks_another_press(
     response = staff_client.post(reverse("dashboard:drill"))
     assert response["Location"] == reverse("dashboard:job", args=[other.pk])
     assert Job.objects.filter(kind="demo.drill").count() == 1 and not started
+
+
+def test_the_drill_command_refuses_while_a_drill_job_is_live(make_job) -> None:
+    from django.core.management import CommandError, call_command
+
+    other = make_job(kind="demo.drill", state=JobState.RUNNING, attempt=1, unique_key="demo.drill")
+    with pytest.raises(CommandError, match=f"a drill is already running: job {other.pk}"):
+        call_command("drill", "--timeout", "1")
+    assert Job.objects.filter(kind="demo.drill").count() == 1
