@@ -179,7 +179,7 @@ def apply_chunk(
 def _one(action: str, job_id: int, actor: str) -> OperatorResult:
     """One job in a savepoint of its own, rolled back unless it changed: a skipped job's row lock
     (taken to decide) is released at once instead of held until the chunk commits."""
-    savepoint = transaction.savepoint()
+    savepoint = transaction.savepoint_create()
     try:
         result = ACTIONS[action](job_id, actor)
     except DatabaseError as exc:  # this job's problem; the next one still runs
