@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import operate, views
+from dashboard import actions, operate, views
 
 app_name = "dashboard"
 
@@ -18,6 +18,8 @@ urlpatterns = [
     path("queues/action/", operate.queue_action, name="queue-action"),
     path("cron/", operate.cron_page, name="cron"),
     path("cron/action/", operate.cron_action, name="cron-action"),
+    path("jobs/<int:job_id>/act/<str:action>/", actions.job_action, name="job_action"),
+    path("jobs/act/", actions.bulk, name="bulk"),
     path(
         "login/",
         auth_views.LoginView.as_view(template_name="dashboard/login.html"),

@@ -68,10 +68,10 @@ def drill(request: HttpRequest) -> HttpResponse:
     """Stage a zombie on the local cluster; the operator is sent to the job to watch it."""
     from demo import drill as zombie_drill  # job code lives in the demo app, never in dashboard
 
-    job = zombie_drill.enqueue_drill_job()
-    if not zombie_drill.run_in_background(job.pk):
-        messages.warning(request, "A drill is already running in this server process.")
-    url = reverse("dashboard:job", args=[job.pk])
+    job_id, started = zombie_drill.start_in_background()
+    if not started:
+        messages.warning(request, f"A drill is already running (job {job_id}): nothing enqueued.")
+    url = reverse("dashboard:job", args=[job_id])
     if _htmx(request):
         return HttpResponseClientRedirect(url)
     return redirect(url)

@@ -35,7 +35,10 @@ from jobs.models import Attempt, Job, RejectedWrite
 logger = logging.getLogger("demo.drill")
 
 POLL_SECONDS = 0.01  # how often a deadline-bound wait re-reads the database
+DRILL_KEY = "demo.drill"  # the drill job's unique_key: one live drill job in the database
 _running = threading.Lock()  # one drill at a time per process
+_starting = threading.Lock()  # presses in this process decide one at a time
+_current: int | None = None  # the job of the drill this process runs
 
 
 class DrillError(RuntimeError):
@@ -83,13 +86,15 @@ def _sleeping(pid: int) -> bool:
 
 
 def enqueue_drill_job(seconds: float = 3.0) -> Job:
-    """The slow job, ahead of everything queued so the drill starts at once."""
+    """The slow job, ahead of everything queued so the drill starts at once. While a drill job is
+    queued or running it is returned instead (`job.duplicate`), and nothing is enqueued."""
     with transaction.atomic():
         return jobs.enqueue(
             DRILL_KIND,
             {"seconds": seconds, "drill": True},
             priority=100,
             lease_seconds=DRILL_LEASE_SECONDS,
+            unique_key=DRILL_KEY,
         )
 
 
@@ -99,6 +104,18 @@ def enqueue_drill_task(seconds: float = 3.0) -> Job:
     with transaction.atomic():
         result = drill_task.enqueue(seconds=seconds)
     return Job.objects.get(pk=int(result.id))
+
+
+def start_in_background() -> tuple[int, bool]:
+    """(job id, True) for a drill started now; (the running drill's job, False) while a drill
+    runs -- in this process, or a drill job is live in the database -- and nothing is enqueued."""
+    with _starting:
+        if _running.locked() and _current is not None:
+            return _current, False
+        job = enqueue_drill_job()
+        if getattr(job, "duplicate", False):
+            return job.pk, False
+        return job.pk, run_in_background(job.pk)
 
 
 def run(job_id: int, timeout: float = 60.0) -> DrillResult:
@@ -131,8 +148,10 @@ def run(job_id: int, timeout: float = 60.0) -> DrillResult:
 
 def run_in_background(job_id: int) -> bool:
     """Run the drill for `job_id` in a thread; False if a drill is already running here."""
+    global _current
     if not _running.acquire(blocking=False):
         return False
+    _current = job_id
 
     def target() -> None:
         try:

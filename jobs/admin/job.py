@@ -11,9 +11,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet, TextField
-from django.db.models.functions import Cast
-from django.http import HttpRequest
+from django.db.models.functions import Cast, Left
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 
 from jobs.admin.common import (
     EstimatedCountPaginator,
@@ -36,6 +41,42 @@ from jobs.ops import actions
 from jobs.ops.describe import effective_lease, effective_max_attempts
 
 SEARCH_PAYLOAD_ROWS = 50_000  # a payload text search looks at the newest this many jobs
+SHOWN_JSON_CHARS = 64 * 1024  # of a payload, progress or result on the job's page
+JSON_COLUMNS = ("payload", "progress", "result")  # never decoded by a screen: read as text
+BUTTONS = [
+    ("requeue", "Requeue"),
+    ("cancel", "Cancel"),
+    ("retry", "Retry now"),
+    ("copy", "Enqueue a copy"),
+]
+
+
+def shown_json(text: str | None) -> str:
+    """A JSON column as its text: pretty when Python can decode it, else said and shown raw."""
+    if text is None or text == "null":
+        return "-"
+    if len(text) >= SHOWN_JSON_CHARS:
+        return f"{text}\n... (the first {SHOWN_JSON_CHARS:,} characters)"
+    try:
+        return json.dumps(json.loads(text), indent=2, sort_keys=True)
+    except RecursionError:
+        return f"undecodable: {actions.UNDECODABLE}\n{text[:1000]}"
+    except ValueError:
+        return f"undecodable: {text[:1000]}"
+
+
+def _json_column(name: str) -> Any:
+    def column(self: Any, obj: Job) -> str:
+        text = (
+            Job.objects.filter(pk=obj.pk)
+            .annotate(text=Left(Cast(name, TextField()), SHOWN_JSON_CHARS))
+            .values_list("text", flat=True)
+            .first()
+        )
+        return format_html('<pre class="json">{}</pre>', shown_json(text))
+
+    column.short_description = name  # type: ignore[attr-defined]
+    return column
 
 
 class AttemptInline(admin.TabularInline):
@@ -205,12 +246,16 @@ class JobAdmin(admin.ModelAdmin):
         "updated",
         "finished",
         "unique_key",
-        "payload",
-        "progress",
-        "result",
+        "payload_shown",
+        "progress_shown",
+        "result_shown",
         "result_ref",
         "error",
     )
+    change_form_template = "admin/jobs/job/change_form.html"  # the action buttons
+    payload_shown = _json_column("payload")
+    progress_shown = _json_column("progress")
+    result_shown = _json_column("result")
     run = time_column("run_at", "run at")
     lease_expires = time_column("lease_expires_at", "lease expires")
     last_heartbeat = time_column("heartbeat_at", "last heartbeat")
@@ -237,7 +282,54 @@ class JobAdmin(admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return [(None, {"fields": EnqueueForm.Meta.fields})]
-        return super().get_fieldsets(request, obj)
+        return [(None, {"fields": self.readonly_fields})]  # each once, formatted (no form fields)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        # JSON columns are never decoded here (the page reads them as text): a raw-SQL row
+        # nested past Python's limit must not turn the list or the job's page into a 500.
+        return super().get_queryset(request).defer(*JSON_COLUMNS)
+
+    def get_urls(self) -> list[URLPattern]:
+        act = self.admin_site.admin_view(self.act_view)  # login, staff, CSRF
+        return [
+            path("<int:job_id>/act/<str:action>/", act, name="jobs_job_act"),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        buttons = BUTTONS if actions.may_act(request.user) else []
+        return super().change_view(
+            request, object_id, form_url, {**(extra_context or {}), "job_buttons": buttons}
+        )
+
+    def act_view(self, request: HttpRequest, job_id: int, action: str) -> HttpResponse:
+        """GET: what the fence will do, and a button; POST (CSRF): do it, audited, and say so."""
+        if action not in actions.ACTIONS:
+            raise PermissionDenied(f"no action {action!r}")
+        if not actions.may_act(request.user):
+            raise PermissionDenied(f"needs staff and {actions.PERMISSION}")
+        page = reverse("admin:jobs_job_change", args=[job_id])
+        if request.method == "POST":
+            report = actions.apply(action, [job_id], user=request.user, via="admin")  # type: ignore[arg-type]
+            level = messages.SUCCESS if report.changed else messages.WARNING
+            self.message_user(request, report.summary(), level)
+            return redirect(page)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{dict(BUTTONS)[action]} job {job_id}?",
+            "job_id": job_id,
+            "action": action,
+            "note": actions.fence_note(job_id, action),
+            "back": page,
+        }
+        return TemplateResponse(request, "admin/jobs/job/act_confirm.html", context)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return () if obj is None else self.readonly_fields

@@ -23,6 +23,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         enqueue = drill.enqueue_drill_task if options["task"] else drill.enqueue_drill_job
         job = enqueue(options["seconds"])
+        if getattr(job, "duplicate", False):
+            raise CommandError(f"a drill is already running: job {job.pk}; nothing was enqueued")
         self.stdout.write(f"drill job {job.pk} enqueued; waiting for a worker to claim it")
         try:
             result = drill.run(job.pk, timeout=options["timeout"])

@@ -53,7 +53,12 @@ class Command(BaseCommand):
                 "--all-matching", action="store_true", help="every job matching the filters"
             )
             act.add_argument("--user", default=None, help="the Django user acting")
-            act.add_argument("--limit", type=int, default=actions.MAX_ROWS)
+            act.add_argument(
+                "--limit", type=int, default=None, help="stop after this many jobs (default: all)"
+            )
+            act.add_argument(
+                "--after", type=int, default=0, help="only jobs with a greater id (to go on)"
+            )
         prune = sub.add_parser(
             "prune", help="delete finished jobs older than N days with their history (batched)"
         )
@@ -199,10 +204,28 @@ class Command(BaseCommand):
             target = options["job_ids"]
         else:
             raise CommandError("give job ids, or --all-matching with filters")
+        if options["limit"] is not None and options["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        done: list[actions.Report] = []
         try:
-            report = actions.apply(action, target, user=user, via="cli", limit=options["limit"])
+            report = actions.apply(
+                action,
+                target,
+                user=user,
+                via="cli",
+                limit=options["limit"],
+                after=max(0, options["after"]),
+                progress=done.append,  # each chunk commits with its audit before the next
+            )
         except PermissionError as exc:
             raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            cursor = done[-1].last_id if done else options["after"]
+            self.stderr.write(
+                f"interrupted: jobs up to {cursor} are done and audited, the chunk after it was "
+                f"rolled back; go on with --after {cursor}"
+            )
+            raise
         self.stdout.write(report.summary())
         for r in report.changed:
             detail = f"copied as job {r.new_job_id}" if r.new_job_id else r.reason
