@@ -6,14 +6,17 @@ the comparison does not depend on the machine's speed: before migration 0010 an 
 walked every future row of the pick index (hundreds of pages here; 25 ms at 100,000 rows).
 """
 
+import datetime as dt
 import json
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 import jobs
 from jobs.core import transitions
+from jobs.core.sql.postgres import DEFER_HORIZON_SECONDS
 from jobs.models import Job
 
 pytestmark = [
@@ -119,3 +122,14 @@ def test_a_row_due_far_ahead_is_deferred_however_it_was_written_and_a_claim_prom
     later = transitions.claim(WORKER, limit=10, lease_seconds=30)
     assert len(first) + len(later) == 4
     assert not Job.objects.filter(deferred=True).exists()
+
+
+def test_a_job_due_within_the_horizon_is_not_deferred_and_the_trigger_keeps_the_horizon():
+    soon = jobs.enqueue("test.echo", run_at=timezone.now() + dt.timedelta(seconds=30))
+    later = jobs.enqueue("test.echo", run_at=timezone.now() + dt.timedelta(seconds=90))
+    assert not Job.objects.get(pk=soon.pk).deferred
+    assert Job.objects.get(pk=later.pk).deferred
+    with connection.cursor() as cur:
+        cur.execute("SELECT prosrc FROM pg_proc WHERE proname = 'jobs_job_defer'")
+        source = cur.fetchone()[0]
+    assert f"interval '{DEFER_HORIZON_SECONDS} seconds'" in source
