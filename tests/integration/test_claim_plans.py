@@ -74,6 +74,14 @@ def pages(run: Any, marker: str) -> int:
     return seen[0]
 
 
+def near(baseline: int) -> int:
+    """What the same statement may touch once the table is bigger without walking the backlog:
+    every index it descends (and each index an UPDATE writes) may have grown a level. Walking
+    20,000 future rows costs hundreds of pages more (before migration 0010, an idle claim went
+    from 1 page to 408, a claim of five from 84 to 558, counting the top plan node only)."""
+    return int(baseline * 1.25) + 16
+
+
 def claim() -> None:
     transitions.claim(WORKER, limit=5, lease_seconds=30)
 
@@ -87,7 +95,7 @@ def test_an_idle_claim_touches_as_many_pages_with_a_future_backlog_as_without():
     plant_future()
     assert Job.objects.filter(state="queued").count() == FUTURE_ROWS
     loaded = pages(claim, "FOR UPDATE SKIP LOCKED")
-    assert loaded <= empty + 8, (empty, loaded)
+    assert loaded <= near(empty), (empty, loaded)
 
 
 def test_due_work_behind_more_urgent_future_work_is_claimed_without_walking_it():
@@ -96,7 +104,7 @@ def test_due_work_behind_more_urgent_future_work_is_claimed_without_walking_it()
     baseline = pages(claim, "FOR UPDATE SKIP LOCKED")
     plant_future(priority=10)
     loaded = pages(claim, "FOR UPDATE SKIP LOCKED")
-    assert loaded <= baseline + 8, (baseline, loaded)
+    assert loaded <= near(baseline), (baseline, loaded)
 
 
 def test_the_due_count_does_not_walk_future_work():
@@ -104,7 +112,7 @@ def test_the_due_count_does_not_walk_future_work():
     baseline = pages(count, "SELECT count(*)")
     plant_future()
     loaded = pages(count, "SELECT count(*)")
-    assert loaded <= baseline + 8, (baseline, loaded)
+    assert loaded <= near(baseline), (baseline, loaded)
 
 
 def test_a_row_due_far_ahead_is_deferred_however_it_was_written_and_a_claim_promotes_it():
