@@ -2,6 +2,7 @@
 """Real work, not only no-ops: Palisade on a mixed workload, per-class latency.
 
     .venv/bin/python bench/mixed.py [--workers 2,4] [--jobs 1000] [--duration 60] [--util 0.5]
+    .venv/bin/python bench/mixed.py --urgent [--workers 2] [--jobs 120]
 
 The mix (seeded): 90% fast jobs sleeping 1-5 ms, 9% medium 50-200 ms, 1% slow 2-5 s
 (`demo.work`, a plain sleep). For each worker count it measures, on one `manage.py qcluster`
@@ -14,7 +15,15 @@ The mix (seeded): 90% fast jobs sleeping 1-5 ms, 9% medium 50-200 ms, 1% slow 2-
              the database clock): p50 / p95 / p99. This is the case where batching must not hold
              fast jobs behind slow ones.
 
-Database: palisade_bench_mixed (dropped and recreated). Writes bench/results/mixed.json.
+With --urgent instead (issue 16, item 2): a low-priority backlog -- 64 quick jobs, which grow
+the drains' claim batch to 8, then `--jobs` handlers of 100-400 ms -- and, once it runs, one urgent
+priority-10 quick job every second while it lasts. Reported: enqueue -> start of each urgent job
+(its first claim, and the claim of the attempt that ran it), its attempt number, and hand-offs
+(released attempts) per job over the whole run. Target: an urgent job starts within 0.5 s (the
+next worker to free up takes it) and hand-offs per job <= 0.2.
+
+Database: palisade_bench_mixed (dropped and recreated; `--db`). Writes bench/results/mixed.json
+(`mixed-urgent.json` with --urgent).
 """
 
 from __future__ import annotations
@@ -63,10 +72,6 @@ def pick(rng: random.Random) -> tuple[str, float]:
         x -= share
     name, _, lo, hi = CLASSES[-1]
     return name, rng.uniform(lo, hi)
-
-
-def setup(server: str) -> dict[str, str]:
-    return palisade_database(server, DB)
 
 
 def execute(query: str) -> None:
@@ -183,6 +188,64 @@ def measure(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict
     return result
 
 
+def measure_urgent(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict[str, Any]:
+    from jobs import enqueue
+    from jobs.models import Job
+
+    rng = random.Random(args.seed + workers)
+    execute("TRUNCATE jobs_job, django_q_ormq, django_q_task RESTART IDENTITY CASCADE")
+    quick = [Job(kind="demo.work", payload={"ms": 1.0, "class": "quick"}) for _ in range(64)]
+    slow = [
+        Job(kind="demo.work", payload={"ms": rng.uniform(100.0, 400.0), "class": "backlog"})
+        for _ in range(args.jobs)
+    ]
+    Job.objects.bulk_create(quick + slow)
+    log = RESULTS_DIR / "logs" / f"mixed-urgent-w{workers}.log"
+    knobs = {"JOBS_WORKERS": str(workers)}
+    if args.drain_seconds:
+        knobs["JOBS_DRAIN_SECONDS"] = str(args.drain_seconds)
+    proc = spawn([sys.executable, "manage.py", "qcluster"], {**env, **knobs}, log)
+    try:
+        wait_for(
+            lambda: one("SELECT count(*) FROM jobs_job WHERE state = 'succeeded'")[0] > 70,
+            60, "backlog start", [proc], interval=0.05,
+        )  # fmt: skip
+        urgent = 0
+        while one("SELECT count(*) FROM jobs_job WHERE state = 'queued'")[0] > 2 * workers:
+            enqueue("demo.work", {"ms": 1.0, "class": "urgent"}, priority=10)
+            urgent += 1
+            time.sleep(1.0 + rng.random() * 0.1)  # the benchmark's arrival gap, not a sync
+        all_done(proc, args.timeout)
+        rows = list(
+            Job.objects.filter(payload__class="urgent").values_list("id", "attempt", "created_at")
+        )
+        first, ran = [], []
+        for job_id, _, created in rows:
+            claims = one(
+                "SELECT min(claimed_at), max(claimed_at) FILTER (WHERE outcome = 'succeeded') "
+                "FROM jobs_attempt WHERE job_id = %s",
+                [job_id],
+            )
+            first.append((claims[0] - created).total_seconds() * 1000)
+            ran.append((claims[1] - created).total_seconds() * 1000)
+        released, total = one(
+            "SELECT (SELECT count(*) FROM jobs_attempt WHERE outcome = 'released'), "
+            "(SELECT count(*) FROM jobs_job)"
+        )
+    finally:
+        stop(proc)
+    return {
+        "workers": workers,
+        "backlog_jobs": args.jobs,
+        "urgent_jobs": urgent,
+        "urgent_first_claim_ms": summarize(first),
+        "urgent_start_ms": summarize(ran),
+        "urgent_attempts": sorted({r[1] for r in rows}),
+        "handoffs_per_job": released / total,
+        "jobs": total,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--workers", default="2,4")
@@ -194,16 +257,33 @@ def main() -> int:
     p.add_argument(
         "--server", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
     )
-    p.add_argument("--output", type=Path, default=RESULTS_DIR / "mixed.json")
+    p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--urgent", action="store_true", help="the urgent-job-behind-a-backlog run")
+    p.add_argument("--db", default=DB, help="the database to recreate")
+    p.add_argument("--drain-seconds", type=float, default=0.0, help="JOBS_DRAIN_SECONDS (--urgent)")
     args = p.parse_args()
+    args.output = args.output or RESULTS_DIR / (
+        "mixed-urgent.json" if args.urgent else "mixed.json"
+    )
     started = datetime.now(UTC)
     load_start = uptime()
     print(f"machine: {load_start}; mean service time {MEAN_MS:.2f} ms")
-    env = setup(args.server.rstrip("/"))
+    env = palisade_database(args.server.rstrip("/"), args.db)
     results = []
     try:
         for workers in [int(w) for w in args.workers.split(",")]:
             print(f"{workers} workers ...", flush=True)
+            if args.urgent:
+                res = measure_urgent(args, env, workers)
+                results.append(res)
+                f, r = res["urgent_first_claim_ms"], res["urgent_start_ms"]
+                print(
+                    f"  {res['urgent_jobs']} urgent jobs behind {res['backlog_jobs']}: first claim "
+                    f"p50 {f['p50']:.0f} ms max {f['max']:.0f}; start p50 {r['p50']:.0f} ms "
+                    f"max {r['max']:.0f}; attempts {res['urgent_attempts']}; hand-offs per job "
+                    f"{res['handoffs_per_job']:.3f}"
+                )
+                continue
             res = measure(args, env, workers)
             results.append(res)
             d = res["drain"]

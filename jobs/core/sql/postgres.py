@@ -27,11 +27,14 @@ from jobs.core.states import AttemptOutcome, EventType, JobState
 # the same interval): out of the pick index until a claim promotes it, this long before it is due.
 DEFER_HORIZON_SECONDS = 60
 
+# now(), not clock_timestamp(): a volatile bound would be a filter over every deferred row, where
+# a stable one is a range of jobs_job_deferred_idx (a claim runs in autocommit, so now() is its
+# own start; a horizon's worth of milliseconds either way changes nothing).
 PROMOTE = f"""promoted AS (
                 UPDATE jobs_job SET deferred = false
                  WHERE id IN (SELECT id FROM jobs_job
                                WHERE state = '{QUEUED}' AND deferred
-                                 AND run_at <= clock_timestamp()
+                                 AND run_at <= now()
                                             + make_interval(secs => {DEFER_HORIZON_SECONDS})
                                ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
             ),"""

@@ -1,0 +1,99 @@
+"""The row types the statements return and take, and the JSON they store.
+
+Owns: plain data (no SQL): what a claim returns, what a commit carries (with its intents), what
+a batch heartbeat presents, what the reaper decides on, and the evidence of an expiry.
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    id: int
+    attempt: int
+    kind: str
+    payload: Any  # as the database returned it: decoded by the caller, one row at a time
+    max_attempts: int | None
+    lease_seconds: float | None
+    attempts_released: int
+
+
+@dataclass(frozen=True)
+class IntentRow:
+    """An outbox intent riding on its attempt's commit (jobs/effects/outbox.py)."""
+
+    step: str
+    key: str
+    target: str
+    data: Any
+
+
+@dataclass(frozen=True)
+class CommitRow:
+    """One attempt's commit: the job is succeeded only if (id, attempt) is still current.
+
+    Its intents are inserted by the same statement, only for a row that committed.
+    """
+
+    id: int
+    attempt: int
+    result: Any
+    ref: str
+    intents: tuple[IntentRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class FenceRow:
+    """(job id, attempt) plus the lease to extend it by, for batch heartbeats."""
+
+    id: int
+    attempt: int
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class ExpiredRow:
+    """A running job whose lease ran out, with the evidence the reaper decides on."""
+
+    id: int
+    attempt: int
+    kind: str
+    max_attempts: int | None
+    attempts_released: int
+    confirmed: bool  # a heartbeat (or explicit write) confirmed its handler running
+    worker: str
+    # The evidence, for the reclaim's log line and event (database clock).
+    lease_expires_at: Any = None
+    heartbeat_at: Any = None
+
+
+def _iso(value: Any) -> str | None:
+    # PostgreSQL returns datetimes, SQLite the stored text.
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def expiry_evidence(row: ExpiredRow, charged: bool) -> str:
+    """The expired event's data: what the reaper decided on (database clock)."""
+    return dumps(
+        {
+            "charged": charged,
+            "worker": row.worker,
+            "lease_expires_at": _iso(row.lease_expires_at),
+            "heartbeat_at": _iso(row.heartbeat_at),
+        }
+    )
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def loads(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def claimed_rows(rows: Sequence[Sequence[Any]]) -> list[ClaimedRow]:
+    return [ClaimedRow(int(r[0]), int(r[1]), r[2], r[3], r[4], r[5], int(r[6])) for r in rows]
