@@ -1,8 +1,8 @@
 """Every SQL statement of the job platform, behind one driver per database vendor.
 
 jobs/core/sql/rows.py holds the row types; base.py the statements both vendors share and the
-driver interface; postgres.py and sqlite.py hold each vendor's hot path. Nothing outside this package
-writes SQL text for the job tables.
+driver interface; postgres.py and sqlite.py hold each vendor's hot path. Nothing outside this
+package writes SQL text for the job tables.
 """
 
 from jobs.core.sql.base import (
