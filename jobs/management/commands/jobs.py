@@ -1,4 +1,5 @@
-"""`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune` -- the operator's terminal.
+"""`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune|intents` -- the operator's
+terminal (`intents retry`: jobs/management/intents.py).
 
 Reads go through the same selectors the screens use; every change goes through jobs.ops.actions ->
 jobs.core.transitions with the same fencing, permission and LogEntry audit as the admin. The acting
@@ -15,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.core.states import JobState
+from jobs.management import intents as intents_cli
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.ops import actions, retention
 from jobs.ops.describe import effective_lease, effective_max_attempts, seconds
@@ -58,6 +60,7 @@ class Command(BaseCommand):
         prune.add_argument("--batch", type=int, default=1000, help="jobs per transaction")
         prune.add_argument("--pause", type=float, default=0.0, help="seconds between batches")
         prune.add_argument("--dry-run", action="store_true", help="only count what would go")
+        intents_cli.add_parser(sub)
 
     @staticmethod
     def _filters(parser: CommandParser) -> None:
@@ -75,6 +78,8 @@ class Command(BaseCommand):
             self.show(options["job_id"])
         elif command == "prune":
             self.prune(options)
+        elif command == "intents":
+            intents_cli.run(options, self.stdout)
         else:
             self.act(command, options)
 
