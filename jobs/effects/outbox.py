@@ -138,15 +138,39 @@ def backoff(failures: int) -> float:
     return min(BACKOFF_FIRST * 2 ** min(max(failures - 1, 0), 30), BACKOFF_CAP)
 
 
+Lane = tuple[str, str]  # (target, the origin of data["url"] or "")
+ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
+
+
+def lane(target: str, data: Any) -> Lane:
+    """What a hanging downstream blocks: the target and, when the data names a URL, its origin
+    (two webhook receivers are two lanes; one that hangs fills only its own)."""
+    url = data.get("url") if isinstance(data, dict) else None
+    found = ORIGIN.match(url) if isinstance(url, str) else None
+    return target, found.group(0) if found else ""
+
+
+def _lane_q(full: Lane) -> Q:
+    target, origin = full
+    if not origin:
+        return Q(target=target)
+    return Q(target=target) & (
+        Q(data__url=origin)
+        | Q(data__url__startswith=origin + "/")
+        | Q(data__url__startswith=origin + "?")
+        | Q(data__url__startswith=origin + "#")
+    )
+
+
 def claim(
     relay: str,
     limit: int = RELAY_BATCH,
     lease_seconds: float = RELAY_LEASE_SECONDS,
-    per_target: int | None = None,
-    busy: Mapping[str, int] | None = None,
+    per_lane: int | None = None,
+    busy: Mapping[Lane, int] | None = None,
 ) -> list[Claim]:
-    """Claim up to `limit` due intents; with `per_target`, at most that many per target counting
-    the `busy` calls this relay already has in flight (a full target's intents are not taken)."""
+    """Claim up to `limit` due intents; with `per_lane`, at most that many per lane counting the
+    `busy` calls this relay already has in flight (a full lane's intents are not even read)."""
     due = Q(state=Intent.State.PENDING, next_try_at__lte=Now()) | Q(
         state=Intent.State.PERFORMING, lease_expires_at__lt=Now()
     )
@@ -154,14 +178,16 @@ def claim(
     with transaction.atomic():
         # SKIP LOCKED: two relays take disjoint rows; a row is claimed by bumping its token.
         rows = Intent.objects.select_for_update(skip_locked=True).filter(due)
-        if per_target is not None:
-            rows = rows.exclude(target__in=[t for t, n in taken.items() if n >= per_target])
-        candidates = rows.order_by("next_try_at", "id").values_list("id", "target")
+        if per_lane is not None:
+            for full in [k for k, n in taken.items() if n >= per_lane]:
+                rows = rows.exclude(_lane_q(full))
+        candidates = rows.order_by("next_try_at", "id").values_list("id", "target", "data")
         ids: list[int] = []
-        for pk, target in candidates[: limit * (4 if per_target is not None else 1)]:
-            if per_target is not None and taken[target] >= per_target:
-                continue
-            taken[target] += 1
+        for pk, target, data in candidates[: limit * (4 if per_lane is not None else 1)]:
+            if per_lane is not None:
+                if taken[lane(target, data)] >= per_lane:
+                    continue
+                taken[lane(target, data)] += 1
             ids.append(pk)
             if len(ids) >= limit:
                 break
@@ -185,7 +211,7 @@ def claim(
                 r.performs,
                 r.failures,
                 r.outcome_unknown,
-            )  # fmt: skip
+            )
             for r in Intent.objects.filter(pk__in=ids).order_by("id")
         ]
 

@@ -1,9 +1,10 @@
 """The embedded relay: calls in flight per target, so one dead target delays only its own intents.
 
-Owns: how many outbox calls run at once -- at most PER_TARGET per target and THREADS in all, each
-on a daemon thread of its own with its own database connection -- and claiming only what free
-slots allow (jobs.effects.outbox.claim with `per_target`). `pump()` claims and hands off; it
-never waits for a call, so a target that hangs holds its own slots until its call's total
+Owns: how many outbox calls run at once -- at most PER_LANE per lane (a target, and the origin of
+the URL its data names: two webhook receivers are two lanes) and THREADS in all, each on a daemon
+thread of its own with its own database connection -- and claiming only what free slots allow
+(jobs.effects.outbox.claim with `per_lane`). `pump()` claims and hands off; it
+never waits for a call, so a lane that hangs holds its own slots until its call's total
 deadline (jobs/effects/webhook.py), while every other target's intents are claimed and delivered.
 
 Never: claims an intent it has no free slot for (its lease would run out while it waits); keeps
@@ -24,7 +25,7 @@ from jobs.effects import outbox
 logger = logging.getLogger("jobs.outbox")
 
 THREADS = 8  # calls in flight in all
-PER_TARGET = 2  # calls in flight for one target: a hanging target holds at most these
+PER_LANE = 2  # calls in flight for one lane (target + URL origin): a hanging one holds these
 
 
 class Relay:
@@ -32,18 +33,18 @@ class Relay:
         self,
         identity: str,
         threads: int = THREADS,
-        per_target: int = PER_TARGET,
+        per_lane: int = PER_LANE,
         lease_seconds: float = outbox.RELAY_LEASE_SECONDS,
     ) -> None:
         self.identity = identity
         self.threads = threads
-        self.per_target = per_target
+        self.per_lane = per_lane
         self.lease_seconds = lease_seconds
         self.freed = threading.Event()  # set whenever a call ends: a slot may be free
         self._lock = threading.Lock()
-        self._busy: Counter[str] = Counter()
+        self._busy: Counter[outbox.Lane] = Counter()
 
-    def in_flight(self) -> dict[str, int]:
+    def in_flight(self) -> dict[outbox.Lane, int]:
         with self._lock:
             return {t: n for t, n in self._busy.items() if n}
 
@@ -55,11 +56,11 @@ class Relay:
         if free <= 0:
             return 0
         claims = outbox.claim(
-            self.identity, free, self.lease_seconds, per_target=self.per_target, busy=busy
+            self.identity, free, self.lease_seconds, per_lane=self.per_lane, busy=busy
         )
         for c in claims:
             with self._lock:
-                self._busy[c.target] += 1
+                self._busy[outbox.lane(c.target, c.data)] += 1
             threading.Thread(
                 target=self._handle, args=(c,), name=f"jobs-relay-{c.id}", daemon=True
             ).start()
@@ -75,5 +76,5 @@ class Relay:
         finally:
             connection.close()  # this pool thread's own connection: never left open
             with self._lock:
-                self._busy[c.target] -= 1
+                self._busy[outbox.lane(c.target, c.data)] -= 1
             self.freed.set()

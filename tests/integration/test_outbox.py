@@ -198,7 +198,7 @@ def test_a_slow_target_holds_up_its_own_intents_not_the_rest_of_the_batch():
         running.commit(None)
         fast_keys = _committed_intents(r, 3)
 
-        pool = relay.Relay("relay-a", threads=CONCURRENCY, per_target=2)
+        pool = relay.Relay("relay-a", threads=CONCURRENCY, per_lane=2)
         try:
             deadline = time.monotonic() + 10
             # every healthy intent is performed while the slow one still hangs
