@@ -2,9 +2,10 @@
 
 Owns: what a call's answer means to the relay (jobs/effects/outbox.py):
 - 2xx: performed (a check: the receiver has the effect);
-- 4xx: refused, not performed (a check's 404: not performed, and from now on no call with a
-  lower relay token will be -- the receiver contract, docs/effects.md);
-- 5xx, a timeout, a cut connection or the total deadline: the outcome is *unknown*
+- 4xx or 503: refused, not performed (a check's 404: not performed, and from now on no call
+  with a lower relay token will be -- the receiver contract, docs/effects.md);
+- any other answer (500, 502, 504, ...), a timeout, a cut connection or the total deadline:
+  the outcome is *unknown*
   (`OutcomeUnknown`), never a failure -- the relay reconciles before anything is sent again.
 
 Never: waits longer than `timeout` for one call in all (connect, send, headers, body): a timer
@@ -100,7 +101,7 @@ class WebhookTarget:
         status = _Call(self._url(data, "url"), self.timeout).run("POST", body, headers)
         if 200 <= status < 300:
             return
-        if 400 <= status < 500:
+        if 400 <= status < 500 or status == 503:
             raise RuntimeError(f"webhook refused the call: {status}")
         raise OutcomeUnknown(f"webhook answered {status}")
 
