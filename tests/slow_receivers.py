@@ -31,6 +31,7 @@ class Fencing:
     hold_first: bool = False
     release: threading.Event = field(default_factory=threading.Event)
     calls: int = 0
+    ended: int = 0  # calls whose work is decided (performed or refused)
     url: str = ""
 
     def performs(self, key: str) -> list[int]:
@@ -72,6 +73,7 @@ def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
                 else:
                     r.performed.append((key, token))
                     status = 200
+                r.ended += 1
             try:
                 self._answer(status, {"token": token})
             except OSError:

@@ -58,7 +58,7 @@ def test_a_slow_non_deduplicating_target_performs_a_timed_out_intent_once():
         _due_now()
         assert outbox.relay_once("relay-a") == 1  # check (token 2: 404) -> perform, token 2
         r.release.set()  # the first call's slow work ends: its token 1 is refused
-        wait_for(lambda: r.refused, 10, "the first call never ended")
+        wait_for(lambda: r.ended == 2, 10, "the first call never ended")
         row.refresh_from_db()
         assert (row.state, row.claims, row.performs, row.reconciled) == ("done", 2, 2, False)
         assert r.performs(key) == [2]  # performed once, by the newer relay token
