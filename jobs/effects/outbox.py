@@ -249,7 +249,7 @@ def _done(c: Claim, relay: str, reconciled: bool) -> bool:
     return bool(ok)
 
 
-def _give_up(c: Claim, relay: str, error: str, failures: int, unknown: bool) -> None:
+def _give_up(c: Claim, relay: str, error: str, failures: int, unknown: bool) -> bool:
     with transaction.atomic():
         ok = _fenced(c).update(
             state=Intent.State.FAILED,
@@ -260,7 +260,11 @@ def _give_up(c: Claim, relay: str, error: str, failures: int, unknown: bool) -> 
         )
         if ok:
             _event(c, EventType.INTENT_FAILED, relay, error=error[-500:], unknown=unknown)
-    logger.error("intent %s via %s given up (%s): %s", c.key, c.target, failures, error)
+    if ok:
+        logger.error("intent %s via %s given up (%s): %s", c.key, c.target, failures, error)
+    else:
+        logger.warning("intent %s: claim %s was taken over; %s not recorded", c.key, c.token, error)
+    return bool(ok)
 
 
 def _again(c: Claim, relay: str, error: str, unknown: bool) -> str:
@@ -282,8 +286,7 @@ def _again(c: Claim, relay: str, error: str, unknown: bool) -> str:
         )
     )
     if not kept:
-        _give_up(c, relay, error, failures, unknown)
-        return "failed"
+        return "failed" if _give_up(c, relay, error, failures, unknown) else "taken-over"
     what = "outcome unknown" if unknown else "failed"
     logger.warning("intent %s via %s %s (%s; retried): %s", c.key, c.target, what, failures, error)
     return "unknown" if unknown else "failed"
@@ -300,15 +303,11 @@ def _reconcile(c: Claim, target: Any, relay: str) -> str | None:
         except Exception as exc:  # noqa: BLE001  unreachable, or cannot tell yet: ask again later
             return _again(c, relay, f"reconciliation: {type(exc).__name__}: {exc}", unknown=True)
     if happened is None:
-        _give_up(
-            c,
-            relay,
+        why = (
             "an earlier call's outcome is unknown and the target cannot check it: "
-            "not performed again (an operator's retry --perform-again would)",
-            c.failures,
-            unknown=True,
+            "not performed again (an operator's retry --perform-again would)"
         )
-        return "parked"
+        return "parked" if _give_up(c, relay, why, c.failures, unknown=True) else "taken-over"
     if happened:
         logger.info("intent %s: reconciliation found it performed; not performing again", c.key)
         return "reconciled" if _done(c, relay, reconciled=True) else "taken-over"
