@@ -154,7 +154,7 @@ def _lane_q(full: Lane) -> Q:
     target, origin = full
     if not origin:
         return Q(target=target)
-    return Q(target=target) & (
+    return Q(target=target, data__has_key="url") & (  # has_key: never NOT (NULL) for a row
         Q(data__url=origin)
         | Q(data__url__startswith=origin + "/")
         | Q(data__url__startswith=origin + "?")

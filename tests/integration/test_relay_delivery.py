@@ -169,3 +169,22 @@ def test_one_hanging_target_delays_only_its_own_intents(settings, tmp_path):
             _StuckStorage.release.set()
             dead.stop.set()
             maintenance.stop()
+
+
+def test_a_full_lane_is_left_out_of_the_claim_however_many_intents_it_has_queued():
+    job = jobs.enqueue("test.echo")
+    dead, healthy = "http://10.0.0.1:81", "http://10.0.0.2:82"
+    rows = [
+        Intent(job=job, attempt=1, step=f"d{i}", key=f"{job.pk}:d{i}", target="webhook",
+               data={"url": f"{dead}/hook"})
+        for i in range(50)
+    ]  # fmt: skip
+    rows.append(
+        Intent(job=job, attempt=1, step="h", key=f"{job.pk}:h", target="webhook",
+               data={"url": f"{healthy}/hook"})
+    )  # fmt: skip
+    Intent.objects.bulk_create(rows)
+    busy = {("webhook", dead): 2}  # this relay already has the dead lane's two calls in flight
+    (taken,) = outbox.claim("relay-a", limit=2, per_lane=2, busy=busy)
+    assert taken.key == f"{job.pk}:h"
+    assert outbox.lane("webhook", {"url": f"{dead}/x"}) == ("webhook", dead)
