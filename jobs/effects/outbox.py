@@ -16,9 +16,10 @@ The relay:
    target that cannot check parks the intent `failed` for an operator: never performed again
    on the relay's own judgement;
 3. marks `performs` + 1 and `outcome_unknown` fenced by its token (a relay whose claim was taken
-   over stops here), performs, and marks the intent done -- or, on a known refusal or an
-   unknown outcome, schedules the next try with backoff (1 s doubling, capped at BACKOFF_CAP),
-   until `JOBS["INTENT_RETRY_HOURS"]` after the commit (or the operator's retry): then `failed`.
+   over stops here), performs, and marks the intent done -- or, on a refusal (`Refused`: not
+   performed) or any other error (the outcome is unknown), schedules the next try with backoff
+   (1 s doubling, capped at BACKOFF_CAP) until `JOBS["INTENT_RETRY_HOURS"]` after the commit
+   (or the operator's retry), then marks it `failed`.
 
 Never: performs an intent without holding its current claim; trusts a relay's memory across a
 crash -- the rows decide; deletes an intent (retention keeps a job with an undelivered one).
@@ -47,7 +48,7 @@ from jobs.core.exceptions import InvalidOption
 from jobs.core.sql import IntentRow
 from jobs.core.states import EventType
 from jobs.effects.keys import checked_step, key_for
-from jobs.effects.webhook import OutcomeUnknown, WebhookTarget
+from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
 from jobs.models import Intent, JobEvent
 
 logger = logging.getLogger("jobs.outbox")
@@ -61,11 +62,13 @@ MAX_ERROR_CHARS = 2000
 
 class Target(Protocol):
     """What the relay calls: `perform(key, data, token)`; `token` is the relay's fencing token
-    (a target whose `perform` takes only `(key, data)` is called without it). Raise
-    `OutcomeUnknown` when the call may have happened (a timeout); any other exception is a
-    refusal: not performed. A target may also offer `reconcile(key, data, token) -> bool | None`:
-    True, the effect happened; False, it did not (and a lower token never will); None, no way to
-    tell (the intent is parked for an operator). Raising means "cannot tell yet": asked again."""
+    (a target whose `perform` takes only `(key, data)` is called without it). Raise `Refused`
+    when the call was certainly not performed (retried with backoff); any other exception (a
+    timeout, `OutcomeUnknown`) means it may have happened: reconciled, never re-sent blind.
+
+    A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
+    happened; False, it did not (and a lower token never will); None, no way to tell (the intent
+    is parked for an operator). Raising means "cannot tell yet": asked again later."""
 
     def perform(self, key: str, data: Any) -> None: ...
 
@@ -336,10 +339,10 @@ def handle(c: Claim, relay: str, lease_seconds: float = RELAY_LEASE_SECONDS) -> 
         return "taken-over"
     try:
         _call(c, target, "perform")
-    except (OutcomeUnknown, TimeoutError) as exc:  # may have happened: reconcile, never re-send
-        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=True)
-    except Exception as exc:  # noqa: BLE001  a refusal: not performed, retried with backoff
+    except Refused as exc:  # not performed: retried with backoff
         return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=False)
+    except Exception as exc:  # noqa: BLE001  may have happened: reconciled, never re-sent blind
+        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=True)
     return "performed" if _done(c, relay, reconciled=False) else "taken-over"
 
 
@@ -386,6 +389,6 @@ def counts() -> dict[str, float]:
     }
 
 
-__all__ = ["OutcomeUnknown", "WebhookTarget", "register_target"]
+__all__ = ["OutcomeUnknown", "Refused", "WebhookTarget", "register_target"]
 
 register_target("webhook", WebhookTarget())

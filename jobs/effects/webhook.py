@@ -35,6 +35,10 @@ class OutcomeUnknown(Exception):
     """The call may or may not have reached the target: reconcile before calling again."""
 
 
+class Refused(Exception):
+    """The target did not perform the call (it said so, or nothing was sent): safe to retry."""
+
+
 class _Call:
     """One HTTP exchange with a total deadline (a timer cuts the socket when it passes)."""
 
@@ -65,7 +69,7 @@ class _Call:
             try:
                 self.conn.connect()
             except OSError as exc:  # nothing was sent: known not performed
-                raise ConnectionError(f"webhook: could not connect: {exc}") from exc
+                raise Refused(f"webhook: could not connect: {exc}") from exc
             try:
                 self.conn.request(method, self.path, body=body, headers=headers)
                 response = self.conn.getresponse()
@@ -102,7 +106,7 @@ class WebhookTarget:
         if 200 <= status < 300:
             return
         if 400 <= status < 500 or status == 503:
-            raise RuntimeError(f"webhook refused the call: {status}")
+            raise Refused(f"webhook refused the call: {status}")
         raise OutcomeUnknown(f"webhook answered {status}")
 
     def reconcile(self, key: str, data: Any, token: int = 0) -> bool | None:
