@@ -196,6 +196,9 @@ if DEBUG:
 
 if DEBUG:  # bin/run: the demo's mail (jobs.effects.send_mail) is printed by the worker
     MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+# The right part of every mail's Message-ID (jobs.effects.send_mail); "" = one derived from
+# SECRET_KEY, different per install. Set it if you rotate SECRET_KEY.
+JOBS_MAIL_DOMAIN = os.environ.get("JOBS_MAIL_DOMAIN", "")
 # Where the demo's intents are relayed (demo/views.py serves it under DEBUG).
 DEMO_WEBHOOK_URL = os.environ.get("DEMO_WEBHOOK_URL", "http://127.0.0.1:8000/demo/hook/")
 
@@ -272,6 +275,7 @@ JOBS: dict[str, Any] = {
     "QUEUES": None,  # None: this cluster serves every queue; or a comma-separated list
     "STAGING_STORAGE": "default",
     "ORPHAN_GRACE_SECONDS": 3600.0,
+    "INTENT_RETRY_HOURS": 24.0,  # an undelivered intent is retried this long, then `failed`
     # Faults (docs/operations.md, "Shutdown and database outages").
     "SHUTDOWN_GRACE_SECONDS": 20.0,  # after SIGTERM, running handlers may finish within this
     "DB_TIMEOUT_SECONDS": 10.0,  # client-side deadline of one platform round trip

@@ -1,10 +1,11 @@
-"""The records' admin screens, all view-only: attempts, rejected writes, events, effects,
-staged outputs, intents, cron schedules.
+"""The records' admin screens, all view-only (but for retrying failed intents): attempts,
+rejected writes, events, effects, staged outputs, intents, cron schedules.
 """
 
 from django.contrib import admin
 
 from jobs.admin.common import ViewOnlyAdmin, duration, time_column
+from jobs.admin.transport import INTENT_ACTIONS
 from jobs.models import (
     Attempt,
     IdempotencyKey,
@@ -90,6 +91,7 @@ class IntentAdmin(ViewOnlyAdmin):
     ordering = ("-id",)
     created = time_column("created_at", "created")
     done = time_column("done_at", "done")
+    actions = INTENT_ACTIONS  # retry failed intents (jobs/admin/transport.py), audited
 
 
 @admin.register(Schedule)

@@ -38,6 +38,7 @@ class JobsSettings:
     QUEUES: tuple[str, ...] | None = None
     STAGING_STORAGE: str = "default"
     ORPHAN_GRACE_SECONDS: float = 3600.0
+    INTENT_RETRY_HOURS: float = 24.0  # an intent's failures are retried this long, then `failed`
     # Operating under faults (docs/operations.md, "Shutdown and database outages").
     SHUTDOWN_GRACE_SECONDS: float = 20.0  # SIGTERM: running handlers may finish within this
     DB_TIMEOUT_SECONDS: float = 10.0  # longest one platform round trip may wait before it is cut
@@ -90,6 +91,7 @@ def _check_ranges(cfg: JobsSettings) -> None:
         ("RETRY_BASE_SECONDS", bounds.RETRY_SECONDS, False),
         ("RETRY_MAX_SECONDS", bounds.RETRY_SECONDS, False),
         ("ORPHAN_GRACE_SECONDS", (0.0, 365 * 24 * 3600.0), False),
+        ("INTENT_RETRY_HOURS", (0.0, 365 * 24.0), False),
         ("SHUTDOWN_GRACE_SECONDS", (0.0, 24 * 3600.0), False),
         ("DB_TIMEOUT_SECONDS", (0.1, 3600.0), False),
         ("UNKNOWN_OUTCOME_SECONDS", (0.1, 24 * 3600.0), False),

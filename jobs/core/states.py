@@ -83,6 +83,8 @@ class EventType(models.TextChoices):
     INTENT_PERFORMED = "intent_performed", "Intent performed"
     INTENT_RECONCILED = "intent_reconciled", "Intent reconciled"
     INTENT_FAILED = "intent_failed", "Intent failed"
+    INTENT_RETRIED = "intent_retried", "Intent retried by an operator"
+    MAIL_RESENT = "mail_resent", "Mail sent again (duplicate detected)"
     # A worker gave up resolving its final write (database unreachable past the limit); written
     # when the database is back, with the outcome then read from the attempt row
     # (jobs/worker/unresolved.py).

@@ -1,19 +1,26 @@
 """The orphan janitor: deletes staged outputs that belong to no committed and no live attempt.
 
 Owns: settling StagedOutput rows older than `JOBS["ORPHAN_GRACE_SECONDS"]` -- `promoted` when
-their attempt committed, `orphaned` (file deleted, reported) when their attempt ended any other
-way (expired, lost, rejected, failed, released, cancelled: final outcomes, after which that
-attempt can never commit).
+their attempt committed, `orphaned` when their attempt ended any other way (expired, lost,
+rejected, failed, released, cancelled: final outcomes, after which that attempt can never
+commit) -- and deleting the orphans' files.
+
+Each orphan, in this order: (1) the decision is committed (`orphaned`, `settled_at` empty) in a
+short transaction of its own; (2) the file is deleted; (3) only then `settled_at` is set, the
+`orphaned` event written and "orphaned output deleted" logged. A worker still writing that
+output checks its row after writing (jobs/effects/staging.py): it either sees the committed
+decision and deletes its own file, or wrote before the decision -- so before the janitor's
+delete, which removes it. A failed delete leaves the row decided and unsettled: the next sweep
+deletes again (deleting a missing file is not an error).
 
 Never: touches an output whose attempt succeeded, or whose attempt is still `running` -- even
 with its lease run out, such an attempt may still commit (a late write before any reclaim is
-accepted). Never lists the storage bucket: it reads the StagedOutput table through a partial
-index of unsettled rows, a bounded batch per tick, so its cost follows the number of outputs
-staged, not the size of the bucket.
+accepted). Never holds a transaction open across a storage call. Never lists the storage
+bucket: it reads the StagedOutput table through partial indexes of unsettled rows, a bounded
+batch per tick, so its cost follows the number of outputs staged, not the size of the bucket.
 
-Hazards: two schedulers may sweep at once; rows are taken `FOR UPDATE SKIP LOCKED` inside one
-transaction, so each is settled by one janitor. Storage errors leave the row unsettled for the
-next sweep.
+Hazards: two schedulers may sweep at once; rows are decided `FOR UPDATE SKIP LOCKED`, so each is
+decided once, and only the janitor whose `settled_at` update changes the row reports it.
 """
 
 import logging
@@ -39,43 +46,55 @@ def interval_seconds() -> float:
     return min(60.0, max(0.2, jobs_settings().ORPHAN_GRACE_SECONDS / 2))
 
 
-def sweep(identity: str, limit: int = BATCH) -> int:
-    """Settle one batch of old unsettled outputs; return how many orphans were deleted."""
+def _decide(limit: int) -> None:
+    """Mark old unsettled outputs of finished attempts `promoted` or `orphaned` (one commit)."""
     grace = timedelta(seconds=jobs_settings().ORPHAN_GRACE_SECONDS)
     still_running = Attempt.objects.filter(
         job_id=OuterRef("job_id"), number=OuterRef("attempt"), outcome=AttemptOutcome.RUNNING
     )
-    orphans = 0
     with transaction.atomic():
         rows = list(
             StagedOutput.objects.select_for_update(skip_locked=True)
             .filter(status=StagedOutput.Status.STAGED, created_at__lt=Now() - grace)
             .exclude(Exists(still_running))
-            .order_by("created_at", "id")[:limit]
+            .order_by("created_at", "id")
+            .values_list("pk", "job_id", "attempt")[:limit]
         )
         if not rows:
-            return 0
+            return
         committed = set(
             Attempt.objects.filter(
-                job_id__in={r.job_id for r in rows}, outcome=AttemptOutcome.SUCCEEDED
+                job_id__in={job for _, job, _ in rows}, outcome=AttemptOutcome.SUCCEEDED
             ).values_list("job_id", "number")
         )
-        promoted = [r.pk for r in rows if (r.job_id, r.attempt) in committed]
+        promoted = [pk for pk, job, attempt in rows if (job, attempt) in committed]
+        orphaned = [pk for pk, job, attempt in rows if (job, attempt) not in committed]
         StagedOutput.objects.filter(pk__in=promoted).update(
             status=StagedOutput.Status.PROMOTED, settled_at=Now()
         )
-        st = staging.storage()
-        for row in rows:
-            if (row.job_id, row.attempt) in committed:
-                continue
-            try:
-                st.delete(row.path)
-            except Exception:  # noqa: BLE001  any backend error: left for the next sweep
-                logger.exception("janitor: could not delete %s", row.path)
-                continue
-            StagedOutput.objects.filter(pk=row.pk).update(
-                status=StagedOutput.Status.ORPHANED, settled_at=Now()
-            )
+        StagedOutput.objects.filter(pk__in=orphaned).update(status=StagedOutput.Status.ORPHANED)
+
+
+def sweep(identity: str, limit: int = BATCH) -> int:
+    """Decide one batch of old unsettled outputs, then delete every decided orphan's file not
+    yet deleted (this batch's and any an earlier sweep could not delete); how many were deleted."""
+    _decide(limit)
+    undeleted = StagedOutput.objects.filter(
+        status=StagedOutput.Status.ORPHANED, settled_at__isnull=True
+    ).order_by("created_at", "id")[:limit]
+    st = staging.storage()
+    orphans = 0
+    for row in undeleted:
+        try:
+            st.delete(row.path)
+        except Exception:  # noqa: BLE001  any backend error: deleted again by the next sweep
+            logger.exception("janitor: could not delete %s (left for the next sweep)", row.path)
+            continue
+        with transaction.atomic():
+            if not StagedOutput.objects.filter(pk=row.pk, settled_at__isnull=True).update(
+                settled_at=Now()
+            ):
+                continue  # another janitor deleted and reported it
             age = (timezone.now() - row.created_at).total_seconds()
             JobEvent.objects.create(
                 job_id=row.job_id,
@@ -84,13 +103,13 @@ def sweep(identity: str, limit: int = BATCH) -> int:
                 worker=identity[:200],
                 data={"path": row.path, "size": row.size, "age_seconds": round(age, 1)},
             )
-            logger.warning(
-                "orphaned output deleted: job=%s attempt=%s path=%s size=%s age=%.0fs",
-                row.job_id,
-                row.attempt,
-                row.path,
-                row.size,
-                age,
-            )
-            orphans += 1
+        logger.warning(
+            "orphaned output deleted: job=%s attempt=%s path=%s size=%s age=%.0fs",
+            row.job_id,
+            row.attempt,
+            row.path,
+            row.size,
+            age,
+        )
+        orphans += 1
     return orphans

@@ -3,7 +3,8 @@
 Owns: the effect ledger (`jobs.IdempotencyKey`) and `ctx.effect(step, fn)`. The key is
 `"<job_id>:<step>"` -- never the attempt -- so every attempt presents the same key and the
 receiver can deduplicate. Ships one real effect: `send_mail`, Django's mail framework with the key
-in the `Message-ID`.
+in the `Message-ID` -- at-least-once, since mail servers do not deduplicate: a second send of a
+key is recorded (`mail_resent`), counted and logged.
 
 How one effect runs:
 1. begin (one short transaction): the key row, locked with `select_for_update()`. Done already:
@@ -27,6 +28,7 @@ what the receiver must deduplicate anyway -- and the job's own commit (synchrono
 same WAL) flushes them before the job can succeed.
 """
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -146,6 +148,49 @@ def checked_result(result: Any) -> Any:
     return result
 
 
+MAIL_DOMAIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}\.)*[A-Za-z0-9-]{1,63}")
+
+
+def mail_domain() -> str:
+    """The right part of every Message-ID: `settings.JOBS_MAIL_DOMAIN`, else one derived from
+    this install's SECRET_KEY -- never a constant shared by every install."""
+    configured = getattr(settings, "JOBS_MAIL_DOMAIN", "") or ""
+    if configured:
+        if not isinstance(configured, str) or len(configured) > 200:
+            raise InvalidOption("JOBS_MAIL_DOMAIN must be a host name of at most 200 characters")
+        if not MAIL_DOMAIN.fullmatch(configured):
+            raise InvalidOption(f"JOBS_MAIL_DOMAIN {configured!r:.80} is not a host name")
+        return configured
+    secret = str(settings.SECRET_KEY).encode()
+    return f"{hashlib.sha256(b'palisade-message-id:' + secret).hexdigest()[:16]}.palisade.invalid"
+
+
+def _mail_started(ctx: Any, key: str) -> str:
+    """Mark the key's row as mail and return its Message-ID; a second send of the key (an earlier
+    attempt started it and never recorded completion) is recorded, logged and counted."""
+    IdempotencyKey.objects.filter(key=key).exclude(kind="mail").update(kind="mail")
+    row = IdempotencyKey.objects.filter(key=key).values("performs", "created_at").first()
+    performs, created = (row["performs"], row["created_at"]) if row else (1, None)
+    stamp = f".{int(created.timestamp() * 1_000_000)}" if created else ""
+    message_id = f"<{key.replace(':', '.')}{stamp}@{mail_domain()}>"
+    if performs > 1:
+        JobEvent.objects.create(
+            job_id=ctx.job_id,
+            attempt=ctx.attempt,
+            type=EventType.MAIL_RESENT,
+            worker=str(ctx.worker)[:200],
+            data={"key": key, "message_id": message_id, "sends": performs},
+        )
+        logger.warning(
+            "mail %s sent again (send %s, same Message-ID %s): an earlier attempt may have "
+            "delivered it -- a duplicate the recipient may see",
+            key,
+            performs,
+            message_id,
+        )
+    return message_id
+
+
 def send_mail(
     ctx: Any,
     step: str,
@@ -154,16 +199,17 @@ def send_mail(
     to: list[str],
     from_email: str | None = None,
 ) -> dict[str, Any]:
-    """Send one mail at most once per (job, step), with the key in its Message-ID.
+    """Send one mail per (job, step), at least once: a duplicate is possible and detected.
 
-    A repeat (a later attempt, or a zombie) gets the recorded result and sends nothing. A mail an
-    earlier attempt handed to the mail server without recording it is sent again with the same
-    Message-ID, which receiving mail systems use to recognise the duplicate.
+    A repeat after a recorded send (a later attempt, or a zombie) gets the recorded result and
+    sends nothing. A mail an earlier attempt handed to the mail server without recording it is
+    sent again with the same Message-ID -- mail servers do not deduplicate, so the recipient may
+    get it twice -- and that second send is recorded (a `mail_resent` event, counted by
+    /metrics as `jobs_mail_resent_total`, marked on the job page) and logged.
     """
 
     def send(key: str) -> dict[str, Any]:
-        domain = getattr(settings, "JOBS_MAIL_DOMAIN", "palisade.invalid")
-        message_id = f"<{key.replace(':', '.')}@{domain}>"
+        message_id = _mail_started(ctx, key)
         message = EmailMessage(
             subject,
             body,

@@ -1,36 +1,39 @@
 """Intents and the outbox relay: for downstreams that can neither check tokens nor deduplicate.
 
 Owns: `ctx.intent(step, target, data)` (kept in memory until the commit, jobs/effects/pending.py),
-the relay the embedded scheduler runs, the target registry (a built-in `webhook` target) and the
-outbox counts /metrics exports.
+what the relay does with one claimed intent, the target registry (the built-in `webhook`,
+jobs/effects/webhook.py), operator retries and the outbox counts /metrics exports. When the relay
+runs, and how many calls at once per target: jobs/effects/relay.py.
 
 An intent becomes a row only inside the fenced commit statement that ends its attempt
 (jobs/core/sql/: inserted by a CTE joined on the committed rows), so a zombie's intents never exist.
 The relay:
-1. claims pending intents (and ones whose relay's lease ran out) with `FOR UPDATE SKIP LOCKED`,
-   bumping `claims` -- its own fencing token -- and setting a lease from the database clock;
-2. if an earlier claim started performing it (`performs > 0`) and the target can reconcile, asks
-   the target whether the effect happened; if so the intent is done (`reconciled`), never
-   performed again;
-3. marks `performs` + 1 fenced by its token (a relay whose claim was taken over stops here),
-   performs through the target, and marks the intent done, or schedules a retry with backoff,
-   again fenced by its token.
+1. claims due intents (and ones whose relay's lease ran out) with `FOR UPDATE SKIP LOCKED`,
+   bumping `claims` -- its own fencing token, presented to the target on every call;
+2. if an earlier call's outcome is unknown (`outcome_unknown`: a timeout, a cut connection, a
+   relay that died mid-call), asks the target whether the effect happened: yes -> `done`
+   (`reconciled`); "cannot tell yet" -> asked again later, with backoff; no -> performed. A
+   target that cannot check parks the intent `failed` for an operator: never performed again
+   on the relay's own judgement;
+3. marks `performs` + 1 and `outcome_unknown` fenced by its token (a relay whose claim was taken
+   over stops here), performs, and marks the intent done -- or, on a refusal (`Refused`: not
+   performed) or any other error (the outcome is unknown), schedules the next try with backoff
+   (1 s doubling, capped at BACKOFF_CAP) until `JOBS["INTENT_RETRY_HOURS"]` after the commit
+   (or the operator's retry), then marks it `failed`.
 
 Never: performs an intent without holding its current claim; trusts a relay's memory across a
-crash -- the rows decide.
+crash -- the rows decide; deletes an intent (retention keeps a job with an undelivered one).
+An operator's retry of a `failed` intent: jobs/ops/intents.py.
 
-Hazards: a relay stalled past its lease while performing may overlap the next relay's
-reconciliation; RELAY_LEASE_SECONDS is far above the targets' timeouts for that reason, and
-every call carries the key "<job_id>:<step>" for receivers that can deduplicate after all.
+Hazards: a relay stalled past its lease may still call the target after the next relay's
+claim: the target tells them apart by the relay token (the receiver contract, docs/effects.md).
 """
 
-import json
+import inspect
 import logging
 import re
-import urllib.error
-import urllib.request
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -45,21 +48,27 @@ from jobs.core.exceptions import InvalidOption
 from jobs.core.sql import IntentRow
 from jobs.core.states import EventType
 from jobs.effects.keys import checked_step, key_for
+from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
 from jobs.models import Intent, JobEvent
 
 logger = logging.getLogger("jobs.outbox")
 
 RELAY_BATCH = 20
-RELAY_CONCURRENCY = 4  # intents of one batch handled at once by the embedded relay
-RELAY_LEASE_SECONDS = 60.0
-MAX_FAILURES = 8  # then the intent is `failed` (shown; an operator decides)
-BACKOFF_SECONDS = (1.0, 300.0)  # first retry, cap: doubling
+RELAY_LEASE_SECONDS = 60.0  # far above a call's total deadline (the webhook's: 10 s)
+BACKOFF_FIRST, BACKOFF_CAP = 1.0, 300.0  # seconds: doubling from the first, capped
 MAX_INTENT_BYTES = 64 * 1024
+MAX_ERROR_CHARS = 2000
 
 
 class Target(Protocol):
-    """What the relay calls. A target may also offer `reconcile(key, data) -> bool | None`:
-    True, the effect happened; False, it did not; None, it cannot tell (performed again)."""
+    """What the relay calls: `perform(key, data, token)`; `token` is the relay's fencing token
+    (a target whose `perform` takes only `(key, data)` is called without it). Raise `Refused`
+    when the call was certainly not performed (retried with backoff); any other exception (a
+    timeout, `OutcomeUnknown`) means it may have happened: reconciled, never re-sent blind.
+
+    A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
+    happened; False, it did not (and a lower token never will); None, no way to tell (the intent
+    is parked for an operator). Raising means "cannot tell yet": asked again later."""
 
     def perform(self, key: str, data: Any) -> None: ...
 
@@ -75,9 +84,19 @@ class Claim:
     token: int  # the relay's fencing token: Intent.claims after this claim
     performs: int
     failures: int
+    outcome_unknown: bool = False
 
 
 _targets: dict[str, Target] = {}
+_takes_token: dict[tuple[str, str], bool] = {}
+
+
+def _accepts_token(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return "token" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def register_target(name: str, target: Target) -> None:
@@ -85,10 +104,19 @@ def register_target(name: str, target: Target) -> None:
     if not re.fullmatch(r"[a-z][a-z0-9._-]{0,99}", name):
         raise InvalidOption(f"target name {name!r} must be lowercase letters, digits, . _ -")
     _targets[name] = target
+    for method in ("perform", "reconcile"):
+        _takes_token[name, method] = _accepts_token(getattr(target, method, None))
 
 
 def get_target(name: str) -> Target | None:
     return _targets.get(name)
+
+
+def _call(c: Claim, target: Any, method: str) -> Any:
+    fn = getattr(target, method)
+    if _takes_token.get((c.target, method)):
+        return fn(c.key, c.data, token=c.token)
+    return fn(c.key, c.data)
 
 
 def intent(step: str, target: str, data: Any, job_id: int) -> IntentRow:
@@ -107,20 +135,65 @@ def _later(seconds: float) -> ExpressionWrapper:
     return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
 
 
+def backoff(failures: int) -> float:
+    """Seconds before the next try after `failures` failed or unknown calls: 1 s doubling,
+    capped at BACKOFF_CAP."""
+    return min(BACKOFF_FIRST * 2 ** min(max(failures - 1, 0), 30), BACKOFF_CAP)
+
+
+Lane = tuple[str, str]  # (target, the origin of data["url"] or "")
+ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
+
+
+def lane(target: str, data: Any) -> Lane:
+    """What a hanging downstream blocks: the target and, when the data names a URL, its origin
+    (two webhook receivers are two lanes; one that hangs fills only its own)."""
+    url = data.get("url") if isinstance(data, dict) else None
+    found = ORIGIN.match(url) if isinstance(url, str) else None
+    return target, found.group(0) if found else ""
+
+
+def _lane_q(full: Lane) -> Q:
+    target, origin = full
+    if not origin:
+        return Q(target=target)
+    return Q(target=target, data__has_key="url") & (  # has_key: never NOT (NULL) for a row
+        Q(data__url=origin)
+        | Q(data__url__startswith=origin + "/")
+        | Q(data__url__startswith=origin + "?")
+        | Q(data__url__startswith=origin + "#")
+    )
+
+
 def claim(
-    relay: str, limit: int = RELAY_BATCH, lease_seconds: float = RELAY_LEASE_SECONDS
+    relay: str,
+    limit: int = RELAY_BATCH,
+    lease_seconds: float = RELAY_LEASE_SECONDS,
+    per_lane: int | None = None,
+    busy: Mapping[Lane, int] | None = None,
 ) -> list[Claim]:
+    """Claim up to `limit` due intents; with `per_lane`, at most that many per lane counting the
+    `busy` calls this relay already has in flight (a full lane's intents are not even read)."""
     due = Q(state=Intent.State.PENDING, next_try_at__lte=Now()) | Q(
         state=Intent.State.PERFORMING, lease_expires_at__lt=Now()
     )
+    taken = Counter(busy or {})
     with transaction.atomic():
         # SKIP LOCKED: two relays take disjoint rows; a row is claimed by bumping its token.
-        ids = list(
-            Intent.objects.select_for_update(skip_locked=True)
-            .filter(due)
-            .order_by("next_try_at", "id")
-            .values_list("id", flat=True)[:limit]
-        )
+        rows = Intent.objects.select_for_update(skip_locked=True).filter(due)
+        if per_lane is not None:
+            for full in [k for k, n in taken.items() if n >= per_lane]:
+                rows = rows.exclude(_lane_q(full))
+        candidates = rows.order_by("next_try_at", "id").values_list("id", "target", "data")
+        ids: list[int] = []
+        for pk, target, data in candidates[: limit * (4 if per_lane is not None else 1)]:
+            if per_lane is not None:
+                if taken[lane(target, data)] >= per_lane:
+                    continue
+                taken[lane(target, data)] += 1
+            ids.append(pk)
+            if len(ids) >= limit:
+                break
         if not ids:
             return []
         Intent.objects.filter(pk__in=ids).update(
@@ -129,12 +202,20 @@ def claim(
             relay=relay[:200],
             lease_expires_at=_later(lease_seconds),
         )
-        rows = Intent.objects.filter(pk__in=ids).order_by("id")
         return [
             Claim(
-                r.pk, r.job_id, r.attempt, r.key, r.target, r.data, r.claims, r.performs, r.failures
+                r.pk,
+                r.job_id,
+                r.attempt,
+                r.key,
+                r.target,
+                r.data,
+                r.claims,
+                r.performs,
+                r.failures,
+                r.outcome_unknown,
             )
-            for r in rows
+            for r in Intent.objects.filter(pk__in=ids).order_by("id")
         ]
 
 
@@ -155,7 +236,11 @@ def _event(c: Claim, type_: str, relay: str, **data: Any) -> None:
 def _done(c: Claim, relay: str, reconciled: bool) -> bool:
     with transaction.atomic():
         ok = _fenced(c).update(
-            state=Intent.State.DONE, done_at=Now(), lease_expires_at=None, reconciled=reconciled
+            state=Intent.State.DONE,
+            done_at=Now(),
+            lease_expires_at=None,
+            reconciled=reconciled,
+            outcome_unknown=False,
         )
         if ok:
             kind = EventType.INTENT_RECONCILED if reconciled else EventType.INTENT_PERFORMED
@@ -167,85 +252,109 @@ def _done(c: Claim, relay: str, reconciled: bool) -> bool:
     return bool(ok)
 
 
-def _failed(c: Claim, relay: str, error: str) -> None:
-    failures = c.failures + 1
-    give_up = failures >= MAX_FAILURES
-    delay = min(BACKOFF_SECONDS[0] * 2 ** (failures - 1), BACKOFF_SECONDS[1])
+def _give_up(c: Claim, relay: str, error: str, failures: int, unknown: bool) -> bool:
     with transaction.atomic():
         ok = _fenced(c).update(
-            state=Intent.State.FAILED if give_up else Intent.State.PENDING,
+            state=Intent.State.FAILED,
             failures=failures,
-            next_try_at=_later(delay),
             lease_expires_at=None,
-            last_error=bounds.storable_error(error)[:2000],
+            outcome_unknown=unknown,
+            last_error=error,
         )
-        if ok and give_up:
-            _event(c, EventType.INTENT_FAILED, relay, error=error[-500:])
-    logger.warning(
-        "intent %s via %s failed (%s/%s): %s", c.key, c.target, failures, MAX_FAILURES, error
+        if ok:
+            _event(c, EventType.INTENT_FAILED, relay, error=error[-500:], unknown=unknown)
+    if ok:
+        logger.error("intent %s via %s given up (%s): %s", c.key, c.target, failures, error)
+    else:
+        logger.warning("intent %s: claim %s was taken over; %s not recorded", c.key, c.token, error)
+    return bool(ok)
+
+
+def _again(c: Claim, relay: str, error: str, unknown: bool) -> str:
+    """Schedule the next try with backoff, or give up once the retry horizon has passed."""
+    failures = c.failures + 1
+    error = bounds.storable_error(error)[:MAX_ERROR_CHARS]
+    horizon = timedelta(hours=jobs_settings().INTENT_RETRY_HOURS)
+    within = ExpressionWrapper(Now() - horizon, output_field=DateTimeField())
+    kept = (
+        _fenced(c)
+        .filter(retry_since__gt=within)
+        .update(
+            state=Intent.State.PENDING,
+            failures=failures,
+            next_try_at=_later(backoff(failures)),
+            lease_expires_at=None,
+            outcome_unknown=unknown,
+            last_error=error,
+        )
     )
+    if not kept:
+        return "failed" if _give_up(c, relay, error, failures, unknown) else "taken-over"
+    what = "outcome unknown" if unknown else "failed"
+    logger.warning("intent %s via %s %s (%s; retried): %s", c.key, c.target, what, failures, error)
+    return "unknown" if unknown else "failed"
+
+
+def _reconcile(c: Claim, target: Any, relay: str) -> str | None:
+    """An earlier call's outcome is unknown: decide from the target, never by performing again.
+    Returns what happened, or None when the check proved the effect absent (perform it)."""
+    if not hasattr(target, "reconcile"):
+        happened = None
+    else:
+        try:
+            happened = _call(c, target, "reconcile")
+        except Exception as exc:  # noqa: BLE001  unreachable, or cannot tell yet: ask again later
+            return _again(c, relay, f"reconciliation: {type(exc).__name__}: {exc}", unknown=True)
+    if happened is None:
+        why = (
+            "an earlier call's outcome is unknown and the target cannot check it: "
+            "not performed again (an operator's retry --perform-again would)"
+        )
+        return "parked" if _give_up(c, relay, why, c.failures, unknown=True) else "taken-over"
+    if happened:
+        logger.info("intent %s: reconciliation found it performed; not performing again", c.key)
+        return "reconciled" if _done(c, relay, reconciled=True) else "taken-over"
+    return None
 
 
 def handle(c: Claim, relay: str, lease_seconds: float = RELAY_LEASE_SECONDS) -> str:
-    """Reconcile if needed, perform, mark. Returns what happened (for tests and logs).
+    """Reconcile if an earlier call's outcome is unknown, perform, mark. Returns what happened:
+    performed, reconciled, unknown, failed, parked or taken-over (for tests and logs).
 
-    Starting to perform renews the claim's lease, so every intent of a slow batch gets a whole
-    lease (far above the target's timeout) from the moment its own call begins.
+    Starting to perform renews the claim's lease, so every intent gets a whole lease (far above
+    a call's deadline) from the moment its own call begins.
     """
 
     target = get_target(c.target)
     if target is None:
-        _failed(c, relay, f"no outbox target is registered as {c.target!r} in this process")
-        return "failed"
-    if c.performs > 0 and hasattr(target, "reconcile"):
-        try:
-            happened = target.reconcile(c.key, c.data)
-        except Exception as exc:  # noqa: BLE001  an unreachable downstream: try again later
-            _failed(c, relay, f"reconciliation failed: {type(exc).__name__}: {exc}")
-            return "failed"
-        if happened:
-            logger.info("intent %s: reconciliation found it performed; not performing again", c.key)
-            return "reconciled" if _done(c, relay, reconciled=True) else "taken-over"
-    if not _fenced(c).update(performs=F("performs") + 1, lease_expires_at=_later(lease_seconds)):
+        return _again(c, relay, f"no outbox target {c.target!r} in this process", c.outcome_unknown)
+    if c.outcome_unknown:
+        decided = _reconcile(c, target, relay)
+        if decided is not None:
+            return decided
+    started = _fenced(c).update(
+        performs=F("performs") + 1, outcome_unknown=True, lease_expires_at=_later(lease_seconds)
+    )
+    if not started:
         return "taken-over"
     try:
-        target.perform(c.key, c.data)
-    except Exception as exc:  # noqa: BLE001  a target's failure is data: retried with backoff
-        _failed(c, relay, f"{type(exc).__name__}: {exc}")
-        return "failed"
+        _call(c, target, "perform")
+    except Refused as exc:  # not performed: retried with backoff
+        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=False)
+    except Exception as exc:  # noqa: BLE001  may have happened: reconciled, never re-sent blind
+        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=True)
     return "performed" if _done(c, relay, reconciled=False) else "taken-over"
 
 
 def relay_once(
-    relay: str,
-    limit: int = RELAY_BATCH,
-    lease_seconds: float = RELAY_LEASE_SECONDS,
-    concurrency: int = 1,
+    relay: str, limit: int = RELAY_BATCH, lease_seconds: float = RELAY_LEASE_SECONDS
 ) -> int:
-    """Claim and handle one batch of due intents; return how many were claimed.
-
-    With `concurrency` > 1 (the embedded relay: RELAY_CONCURRENCY) the batch's intents are
-    handled on that many threads, each with its own database connection, so a slow or dead
-    target holds up its own intents, not the others of its batch.
-    """
+    """Claim and handle one batch of due intents, one after the other, in this thread; return
+    how many were claimed. (The embedded relay, jobs/effects/relay.py, never waits for a batch.)"""
     claims = claim(relay, limit, lease_seconds)
-    if concurrency <= 1 or len(claims) <= 1:
-        for c in claims:
-            handle(c, relay, lease_seconds)
-        return len(claims)
-    with ThreadPoolExecutor(min(concurrency, len(claims)), thread_name_prefix="jobs-relay") as pool:
-        for done in [
-            pool.submit(_handle_on_own_connection, c, relay, lease_seconds) for c in claims
-        ]:
-            done.result()  # a database error surfaces to the relay loop's outage log
+    for c in claims:
+        handle(c, relay, lease_seconds)
     return len(claims)
-
-
-def _handle_on_own_connection(c: Claim, relay: str, lease_seconds: float) -> str:
-    try:
-        return handle(c, relay, lease_seconds)
-    finally:
-        connection.close()  # this pool thread's own connection: never left open
 
 
 # -- counts for /metrics -------------------------------------------------------------------------
@@ -280,53 +389,6 @@ def counts() -> dict[str, float]:
     }
 
 
-# -- the built-in webhook target -------------------------------------------------------------
-
-
-class WebhookTarget:
-    """POSTs `data["json"]` to `data["url"]` with the key in an `Idempotency-Key` header.
-
-    Reconciliation (optional): with `data["check_url"]`, a GET of it with `?key=<key>` answering
-    200 means the receiver has the effect, 404 that it has not. The URL comes from the handler's
-    code: never build it from a job's payload without an allow-list.
-    """
-
-    def __init__(self, timeout: float = 10.0, opener: Callable[..., Any] | None = None) -> None:
-        self.timeout = timeout
-        self._open = opener or urllib.request.urlopen
-
-    @staticmethod
-    def _url(data: Any, name: str) -> str:
-        url = data.get(name) if isinstance(data, dict) else None
-        if not isinstance(url, str) or not re.match(r"https?://", url):
-            raise InvalidOption(f"webhook: data[{name!r}] must be an http(s) URL")
-        return url
-
-    def perform(self, key: str, data: Any) -> None:
-        body = json.dumps(data.get("json")).encode()
-        request = urllib.request.Request(
-            self._url(data, "url"),
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json", "Idempotency-Key": key},
-        )
-        with self._open(request, timeout=self.timeout) as response:
-            if not 200 <= response.status < 300:
-                raise RuntimeError(f"webhook answered {response.status}")
-
-    def reconcile(self, key: str, data: Any) -> bool | None:
-        if not isinstance(data, dict) or "check_url" not in data:
-            return None
-        from urllib.parse import quote
-
-        url = f"{self._url(data, 'check_url')}?key={quote(key)}"
-        try:
-            with self._open(urllib.request.Request(url), timeout=self.timeout) as response:
-                return bool(200 <= response.status < 300)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return False
-            raise
-
+__all__ = ["OutcomeUnknown", "Refused", "WebhookTarget", "register_target"]
 
 register_target("webhook", WebhookTarget())

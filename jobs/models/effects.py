@@ -29,6 +29,12 @@ class IdempotencyKey(models.Model):
     performs = models.IntegerField(
         default=0, db_default=0, help_text="calls of the effect (>1: re-performed, same key)"
     )
+    kind = models.CharField(
+        max_length=16,
+        default="effect",
+        db_default="effect",
+        help_text='"mail" for send_mail: a re-perform is a detected (possible) duplicate',
+    )
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -46,8 +52,8 @@ class StagedOutput(models.Model):
 
     `status` is `staged` until the file's fate is known: `promoted` (its attempt committed; set
     lazily by the janitor), `discarded` (deleted by its own worker after a rejected write) or
-    `orphaned` (deleted by the janitor). Whether a `staged` row is promoted is also readable at
-    once from its Attempt's outcome.
+    `orphaned` (decided by the janitor; `settled_at` set once the file's deletion succeeded).
+    Whether a `staged` row is promoted is also readable at once from its Attempt's outcome.
     """
 
     class Status(models.TextChoices):
@@ -85,6 +91,12 @@ class StagedOutput(models.Model):
                 condition=Q(status="staged"),
                 name="jobs_staged_unsettled_idx",
             ),
+            # Decided `orphaned`, file deletion not yet confirmed (jobs/effects/janitor.py).
+            models.Index(
+                fields=["created_at", "id"],
+                condition=Q(status="orphaned", settled_at__isnull=True),
+                name="jobs_staged_undeleted_idx",
+            ),
         ]
         ordering = ["job_id", "attempt", "id"]
 
@@ -98,6 +110,8 @@ class Intent(models.Model):
 
     The relay claims it (`claims` + 1, a lease from the database clock: the relay's own fencing
     token), performs it through its target, and marks it done fenced by that token.
+    `outcome_unknown` is set before every call and cleared only by a known answer: while it is
+    set the intent is reconciled, never performed again on the relay's own judgement.
     """
 
     class State(models.TextChoices):
@@ -120,6 +134,12 @@ class Intent(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     performs = models.IntegerField(default=0, db_default=0, help_text="target calls started")
     failures = models.IntegerField(default=0, db_default=0)
+    outcome_unknown = models.BooleanField(
+        default=False, db_default=False, help_text="a call began whose outcome is not known"
+    )
+    retry_since = models.DateTimeField(
+        db_default=Now(), help_text="start of the retry horizon (the commit, or an operator retry)"
+    )
     next_try_at = models.DateTimeField(db_default=Now())
     reconciled = models.BooleanField(
         default=False, db_default=False, help_text="done because reconciliation found it performed"

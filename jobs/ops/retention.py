@@ -1,9 +1,10 @@
 """Retention: prune finished jobs and their history, in batches, safe while workers run.
 
 Only terminal jobs (succeeded, failed, cancelled) whose `finished_at` -- and last write,
-`updated_at` -- is older than the cut-off (the database clock) are deleted, with everything that
-hangs off them (attempts, events, rejected writes, idempotency keys, ...: Django's cascade, so
-tables added later come along).
+`updated_at` -- is older than the cut-off (the database clock), and that have no undelivered
+outbox intent (pending, performing or failed: the relay or an operator still owes it), are
+deleted, with everything that hangs off them (attempts, events, rejected writes, idempotency
+keys, ...: Django's cascade, so tables added later come along).
 
 Safe while workers run:
 - queued and running jobs are never candidates, and the candidate rows are locked with
@@ -65,7 +66,10 @@ def _candidates_sql(batch_size: int, lock: bool) -> tuple[str, list[Any]]:
     # against 290 ms for a sort by finished_at.
     sql = (
         f"SELECT id FROM jobs_job WHERE state IN ({marks}) AND finished_at IS NOT NULL "
-        f"AND finished_at < {cutoff} AND updated_at < {cutoff} ORDER BY updated_at LIMIT %s"
+        f"AND finished_at < {cutoff} AND updated_at < {cutoff} "
+        # An undelivered intent (pending, performing, failed) keeps its job: never cascaded away.
+        "AND NOT EXISTS (SELECT 1 FROM jobs_intent i WHERE i.job_id = jobs_job.id "
+        "AND i.state <> 'done') ORDER BY updated_at LIMIT %s"
     )
     if lock and connection.vendor == "postgresql":
         sql += " FOR UPDATE SKIP LOCKED"

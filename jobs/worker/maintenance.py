@@ -1,26 +1,32 @@
-"""The outbox relay and the orphan janitor, on a thread of the embedded scheduler.
+"""The outbox relay and the orphan janitor, each on a thread of its own beside the scheduler.
 
-Owns: when the relay and the janitor run. Never: runs on the scheduler's own thread -- a slow
-webhook or storage backend must not delay the lease reaper or drain dispatch.
+Owns: when the relay pumps (jobs/effects/relay.py: claims what its per-target slots allow, never
+waits for a call) and when the janitor sweeps (every janitor.interval_seconds(), on its own
+thread: a slow storage backend never delays an intent, a hanging target never delays a sweep).
+Never: runs on the scheduler's own thread -- a slow webhook or storage backend must not delay the
+lease reaper or drain dispatch.
 
-Hazards: the thread has its own database connection (Django's are per thread) and closes it on
+Hazards: each thread has its own database connection (Django's are per thread) and closes it on
 exit and after any database error; a database outage is logged once, then reminded, then its
 recovery (jobs.core.connectivity.OutageLog), any other error with its traceback, and the loop goes
 on after a pause. Both tasks are safe with several schedulers at once (SKIP LOCKED claims,
-fenced marks). Its round trips are not under the platform's deadline (a webhook or a storage
-backend may rightly be slow); libpq's keepalives bound a dead peer, and a stop never waits for
-it longer than STOP_SECONDS (a daemon thread: the process exits without it).
+fenced marks). Their round trips are not under the platform's deadline (a storage backend may
+rightly be slow; a webhook call has its own total deadline); libpq's keepalives bound a dead
+peer, and a stop never waits longer than STOP_SECONDS (daemon threads: the process exits without
+them).
 """
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError, connection
 
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog
-from jobs.effects import janitor, outbox
+from jobs.effects import janitor
+from jobs.effects.relay import Relay
 
 logger = logging.getLogger("jobs.maintenance")
 
@@ -31,36 +37,56 @@ class Maintenance:
     def __init__(self, identity: str) -> None:
         self.identity = identity
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="jobs-maintenance", daemon=True)
+        self.relay = Relay(identity)
+        self._threads = [
+            threading.Thread(target=self._relay, name="jobs-relay", daemon=True),
+            threading.Thread(target=self._janitor, name="jobs-janitor", daemon=True),
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         self._stop.set()
-        self._thread.join(timeout)
+        self.relay.freed.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
-        next_sweep = 0.0
-        outage = OutageLog("outbox relay / janitor", logger)
+    def _loop(self, name: str, step: Callable[[], float]) -> None:
+        """Run `step` until stopped; it returns how long to wait before the next run."""
+        outage = OutageLog(name, logger)
         try:
             while not self._stop.is_set():
-                busy = False
+                pause = jobs_settings().POLL_SECONDS
                 try:
-                    busy = (
-                        outbox.relay_once(self.identity, concurrency=outbox.RELAY_CONCURRENCY) > 0
-                    )
-                    if time.monotonic() >= next_sweep:
-                        janitor.sweep(self.identity)
-                        next_sweep = time.monotonic() + janitor.interval_seconds()
+                    pause = step()
                     outage.recovered()
                 except DatabaseError as exc:
                     outage.failed(exc)
                     connection.close()
-                except Exception:  # noqa: BLE001  keep relaying; the rows keep the truth
-                    logger.exception("outbox relay / janitor failed; retrying")
+                except Exception:  # noqa: BLE001  keep going; the rows keep the truth
+                    logger.exception("%s failed; retrying", name)
                     connection.close()
-                if not busy:
-                    self._stop.wait(jobs_settings().POLL_SECONDS)
+                if pause > 0:
+                    self._stop.wait(pause)
         finally:
             connection.close()
+
+    def _relay(self) -> None:
+        def pump() -> float:
+            if self.relay.pump():
+                return 0.0
+            # Nothing claimable: wait for a call to end (a slot) or the next poll.
+            self.relay.freed.wait(jobs_settings().POLL_SECONDS)
+            return 0.0
+
+        self._loop("outbox relay", pump)
+
+    def _janitor(self) -> None:
+        def sweep() -> float:
+            janitor.sweep(self.identity)
+            return janitor.interval_seconds()
+
+        self._loop("orphan janitor", sweep)

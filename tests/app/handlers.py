@@ -163,13 +163,13 @@ class _CrashAfterPerform:
 
         self._inner = WebhookTarget(timeout=5)
 
-    def perform(self, key: str, data: Any) -> None:
-        self._inner.perform(key, data)
+    def perform(self, key: str, data: Any, token: int = 0) -> None:
+        self._inner.perform(key, data, token)
         if os.environ.get("PALISADE_TEST_CRASH_AFTER_PERFORM") == "1":
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def reconcile(self, key: str, data: Any) -> bool | None:
-        return self._inner.reconcile(key, data)
+    def reconcile(self, key: str, data: Any, token: int = 0) -> bool | None:
+        return self._inner.reconcile(key, data, token)
 
 
 def _register_targets() -> None:

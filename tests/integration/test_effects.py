@@ -2,6 +2,8 @@
 attempts, re-performed with the same key when never recorded, and a stale attempt can never
 record its completion over a newer one's. Mail through Django's framework, key in Message-ID."""
 
+import re
+
 import pytest
 from django.core import mail
 
@@ -92,6 +94,25 @@ def test_an_effect_result_that_cannot_be_stored_leaves_the_effect_unrecorded():
     assert IdempotencyKey.objects.get().status == "started"
 
 
+def test_an_effect_whose_result_cannot_be_stored_runs_again_on_the_next_attempt():
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    calls: list[str] = []
+
+    def unstorable(key: str) -> dict[str, str]:
+        calls.append(key)
+        return {"text": "nul\x00"}  # performed, but PostgreSQL cannot store the result
+
+    with pytest.raises(ValueError):
+        first.ctx.effect("charge", unstorable)
+    expire_and_reap(job.pk)
+    Job.objects.filter(pk=job.pk).update(run_at="2000-01-01T00:00:00Z")
+    second = claim(B)
+    assert second.ctx.effect("charge", lambda key: calls.append(key) or {"ok": 1}) == {"ok": 1}
+    assert calls == [f"{job.pk}:charge"] * 2  # called again, with the same key
+    assert IdempotencyKey.objects.get().performs == 2
+
+
 def test_mail_is_sent_once_with_the_key_in_its_message_id():
     job = jobs.enqueue("test.echo")
     first = claim(A)
@@ -104,7 +125,8 @@ def test_mail_is_sent_once_with_the_key_in_its_message_id():
     assert again == sent
     assert len(mail.outbox) == 1
     message = mail.outbox[0]
-    assert message.extra_headers["Message-ID"] == f"<{job.pk}.notice@palisade.invalid>"
+    domain = re.escape(effects.mail_domain())
+    assert re.fullmatch(rf"<{job.pk}\.notice\.\d+@{domain}>", message.extra_headers["Message-ID"])
     assert message.extra_headers["X-Idempotency-Key"] == f"{job.pk}:notice"
     assert IdempotencyKey.objects.get(key=f"{job.pk}:notice").repeats == 1
 

@@ -14,7 +14,7 @@ from django.db import connection
 import jobs
 from jobs.context import Held, JobContext
 from jobs.core import transitions
-from jobs.effects import outbox
+from jobs.effects import outbox, relay
 from jobs.models import Intent
 from jobs.worker.heartbeat import Finished
 from tests.acceptance.cluster import PROJECT_DIR, subprocess_database_url
@@ -186,7 +186,7 @@ def test_a_slow_target_holds_up_its_own_intents_not_the_rest_of_the_batch():
         def __init__(self) -> None:
             self.release = threading.Event()
 
-        def perform(self, key: str, data: object) -> None:
+        def perform(self, key: str, data: object, token: int) -> None:
             self.release.wait(10)  # a target that hangs until the test lets it go
 
     slow = Slow()
@@ -198,23 +198,19 @@ def test_a_slow_target_holds_up_its_own_intents_not_the_rest_of_the_batch():
         running.commit(None)
         fast_keys = _committed_intents(r, 3)
 
-        def relay_batch() -> None:
-            try:
-                outbox.relay_once("relay-a", concurrency=CONCURRENCY)
-            finally:
-                connection.close()  # this thread's own connection
-
-        relay = threading.Thread(target=relay_batch, daemon=True)
-        relay.start()
+        pool = relay.Relay("relay-a", threads=CONCURRENCY, per_lane=2)
         try:
             deadline = time.monotonic() + 10
-            # every healthy intent of the batch is performed while the slow one still hangs
+            # every healthy intent is performed while the slow one still hangs
             while Intent.objects.filter(key__in=fast_keys, state="done").count() < 3:
                 assert time.monotonic() < deadline, "the healthy intents waited for the slow one"
-                time.sleep(0.01)
+                if not pool.pump():
+                    pool.freed.wait(0.05)  # until a call ends, or the next look
             assert Intent.objects.get(target="test-slow").state != "done"
         finally:
             slow.release.set()
-            relay.join(10)
+        while Intent.objects.get(target="test-slow").state != "done":
+            assert time.monotonic() < deadline + 10, "the slow intent was never marked"
+            pool.freed.wait(0.05)
         assert Intent.objects.get(target="test-slow").state == "done"
         assert all(r.verdicts(k) == ["performed"] for k in fast_keys)

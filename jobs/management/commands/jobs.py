@@ -1,5 +1,6 @@
-"""`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune|queues` -- the operator's
-terminal (`queues`: jobs/management/queues.py).
+"""`manage.py jobs status|list|show|requeue|cancel|retry|copy|prune|queues|intents` -- the
+operator's terminal (`queues`: jobs/management/queues.py; `intents retry`:
+jobs/management/intents.py).
 
 Reads go through the same selectors the screens use; every change goes through jobs.ops.actions ->
 jobs.core.transitions with the same fencing, permission and LogEntry audit as the admin. The acting
@@ -16,6 +17,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.core.states import JobState
+from jobs.management import intents as intents_cli
 from jobs.management import queues as queues_command
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.ops import actions, retention
@@ -67,6 +69,7 @@ class Command(BaseCommand):
         prune.add_argument("--pause", type=float, default=0.0, help="seconds between batches")
         prune.add_argument("--dry-run", action="store_true", help="only count what would go")
         queues_command.add_parser(sub)  # queues [pause|resume|limit] (jobs/management/queues.py)
+        intents_cli.add_parser(sub)
 
     @staticmethod
     def _filters(parser: CommandParser) -> None:
@@ -86,6 +89,8 @@ class Command(BaseCommand):
             self.prune(options)
         elif command == "queues":
             queues_command.handle(options, self.stdout)
+        elif command == "intents":
+            intents_cli.run(options, self.stdout)
         else:
             self.act(command, options)
 

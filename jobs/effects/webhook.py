@@ -1,0 +1,122 @@
+"""The built-in outbox target `webhook`: one HTTP call per perform or check, under a total deadline.
+
+Owns: what a call's answer means to the relay (jobs/effects/outbox.py):
+- 2xx: performed (a check: the receiver has the effect);
+- 4xx or 503: refused, not performed (a check's 404: not performed, and from now on no call
+  with a lower relay token will be -- the receiver contract, docs/effects.md);
+- any other answer (500, 502, 504, ...), a timeout, a cut connection or the total deadline:
+  the outcome is *unknown*
+  (`OutcomeUnknown`), never a failure -- the relay reconciles before anything is sent again.
+
+Never: waits longer than `timeout` for one call in all (connect, send, headers, body): a timer
+shuts the socket down at the deadline, so a target that trickles bytes cannot hold a relay thread
+for ever. Reads at most MAX_ANSWER bytes of an answer.
+
+Hazards: the URL comes from the handler's code: never build it from a job's payload without an
+allow-list.
+"""
+
+import http.client
+import json
+import re
+import socket
+import threading
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from jobs.core.exceptions import InvalidOption
+
+MAX_ANSWER = 64 * 1024
+TOKEN_HEADER = "X-Relay-Token"
+KEY_HEADER = "Idempotency-Key"
+
+
+class OutcomeUnknown(Exception):
+    """The call may or may not have reached the target: reconcile before calling again."""
+
+
+class Refused(Exception):
+    """The target did not perform the call (it said so, or nothing was sent): safe to retry."""
+
+
+class _Call:
+    """One HTTP exchange with a total deadline (a timer cuts the socket when it passes)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidOption(f"webhook: {url!r:.200} is not an http(s) URL")
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.conn = cls(parts.hostname, parts.port, timeout=timeout)
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.timeout = timeout
+        self.cut = False
+
+    def _cut(self) -> None:
+        self.cut = True
+        sock = self.conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def run(self, method: str, body: bytes | None, headers: dict[str, str]) -> int:
+        timer = threading.Timer(self.timeout, self._cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            try:
+                self.conn.connect()
+            except OSError as exc:  # nothing was sent: known not performed
+                raise Refused(f"webhook: could not connect: {exc}") from exc
+            try:
+                self.conn.request(method, self.path, body=body, headers=headers)
+                response = self.conn.getresponse()
+                response.read(MAX_ANSWER)
+                return int(response.status)
+            except (OSError, http.client.HTTPException) as exc:
+                why = f"no answer within {self.timeout:g} s" if self.cut else repr(exc)[:300]
+                raise OutcomeUnknown(f"webhook {method}: {why}") from exc
+        finally:
+            timer.cancel()
+            self.conn.close()
+
+
+class WebhookTarget:
+    """POSTs `data["json"]` to `data["url"]` with the key (`Idempotency-Key`) and the relay's
+    fencing token (`X-Relay-Token`). Reconciliation (optional): with `data["check_url"]`, a GET
+    of `?key=<key>&token=<token>`: 200 has it, 404 has not (and fences lower tokens out), any
+    other answer cannot tell yet."""
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+
+    @staticmethod
+    def _url(data: Any, name: str) -> str:
+        url = data.get(name) if isinstance(data, dict) else None
+        if not isinstance(url, str) or not re.match(r"https?://", url):
+            raise InvalidOption(f"webhook: data[{name!r}] must be an http(s) URL")
+        return url
+
+    def perform(self, key: str, data: Any, token: int = 0) -> None:
+        body = json.dumps(data.get("json") if isinstance(data, dict) else None).encode()
+        headers = {"Content-Type": "application/json", KEY_HEADER: key, TOKEN_HEADER: str(token)}
+        status = _Call(self._url(data, "url"), self.timeout).run("POST", body, headers)
+        if 200 <= status < 300:
+            return
+        if 400 <= status < 500 or status == 503:
+            raise Refused(f"webhook refused the call: {status}")
+        raise OutcomeUnknown(f"webhook answered {status}")
+
+    def reconcile(self, key: str, data: Any, token: int = 0) -> bool | None:
+        if not isinstance(data, dict) or "check_url" not in data:
+            return None
+        url = f"{self._url(data, 'check_url')}?key={quote(key)}&token={int(token)}"
+        headers = {KEY_HEADER: key, TOKEN_HEADER: str(token)}
+        status = _Call(url, self.timeout).run("GET", None, headers)
+        if 200 <= status < 300:
+            return True
+        if status == 404:
+            return False
+        raise OutcomeUnknown(f"webhook check answered {status}: cannot tell yet")

@@ -1,0 +1,115 @@
+"""Mail is at-least-once with a detected duplicate, at a real SMTP server: attempt 1's message is
+accepted but its worker never hears the `250`; the reaper reclaims; attempt 2 sends again under
+the same key and Message-ID. That second send is recorded (`mail_resent`), counted by /metrics,
+shown on the job page and logged. The Message-ID's domain is per install, never a constant."""
+
+import logging
+import threading
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.urls import reverse
+
+import jobs
+from jobs.core.exceptions import InvalidOption, LeaseLost
+from jobs.effects import keys
+from jobs.models import IdempotencyKey, JobEvent
+from jobs.ops import metrics
+from tests.integration.attempts import claim, expire_and_reap
+from tests.slow_receivers import wait_for
+from tests.smtp_receiver import smtp_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _use_smtp(settings: object, port: int) -> None:
+    settings.MAILERS = {  # type: ignore[attr-defined]
+        "default": {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {"host": "127.0.0.1", "port": port, "timeout": 20},
+        }
+    }
+
+
+def _send(ctx: object) -> dict[str, object]:
+    return keys.send_mail(ctx, "notice", "Ready", "Your file is ready", ["ops@example.com"])
+
+
+def test_a_mail_sent_again_after_a_lost_250_is_recorded_counted_shown_and_logged(
+    settings, caplog, monkeypatch
+):
+    monkeypatch.setattr(metrics, "SETTLE_SECONDS", 0.0)  # every event row counts at once
+    with smtp_server() as box:
+        _use_smtp(settings, box.port)
+        box.hold_first_reply = True
+        job = jobs.enqueue("test.echo")
+        first = claim("host-a:1")
+        outcome: list[object] = []
+
+        def stalled_worker() -> None:
+            try:
+                outcome.append(_send(first.ctx))
+            except LeaseLost as exc:
+                outcome.append(exc)
+            finally:
+                connection.close()
+
+        worker = threading.Thread(target=stalled_worker, daemon=True)
+        worker.start()
+        wait_for(lambda: box.count() == 1, 10, "attempt 1's message never reached the server")
+
+        expire_and_reap(job.pk)  # attempt 1's worker has not heard the 250
+        second = claim("host-b:2")
+        with caplog.at_level(logging.WARNING, logger="jobs.effects"):
+            result = _send(second.ctx)
+        box.release.set()
+        worker.join(30)
+
+        # The server kept both: mail servers do not deduplicate.
+        first_id, second_id = box.message_ids()
+        assert first_id == second_id == result["message_id"]
+        assert isinstance(outcome[0], LeaseLost)  # attempt 1 cannot record over attempt 2
+
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
+    assert (row.kind, row.performs, row.attempt, row.status) == ("mail", 2, 2, "done")
+    (event,) = JobEvent.objects.filter(job_id=job.pk, type="mail_resent")
+    assert event.attempt == 2 and event.data["message_id"] == first_id
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("sent again" in line and first_id in line for line in logged)
+
+    families = {f.name: f for f in metrics.collect_families()}
+    assert families["jobs_mail_resent"].samples[0].value == 1
+
+    staff = User.objects.create_user("mailstaff", password="x", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(staff)
+    page = client.get(reverse("dashboard:job", args=[job.pk])).content.decode()
+    assert "duplicate detected" in page
+
+
+def test_a_mail_sent_once_records_no_duplicate(settings):
+    with smtp_server() as box:
+        _use_smtp(settings, box.port)
+        job = jobs.enqueue("test.echo")
+        _send(claim("host-a:1").ctx)
+        assert box.count() == 1
+    assert not JobEvent.objects.filter(job_id=job.pk, type="mail_resent").exists()
+    assert IdempotencyKey.objects.get().kind == "mail"
+
+
+def test_the_message_id_domain_is_per_install_never_a_shared_constant(settings):
+    settings.JOBS_MAIL_DOMAIN = ""
+    settings.SECRET_KEY = "install-one-" + "x" * 40
+    one = keys.mail_domain()
+    settings.SECRET_KEY = "install-two-" + "x" * 40
+    two = keys.mail_domain()
+    assert one != two and "palisade.invalid" not in (one, two)
+    assert settings.SECRET_KEY not in two
+
+    settings.JOBS_MAIL_DOMAIN = "mail.example.org"
+    assert keys.mail_domain() == "mail.example.org"
+    settings.JOBS_MAIL_DOMAIN = "bad domain>"
+    with pytest.raises(InvalidOption):
+        keys.mail_domain()

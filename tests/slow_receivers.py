@@ -1,0 +1,155 @@
+"""Real local HTTP receivers that are hard on the relay, started by a test.
+
+- `fencing_receiver()`: performs every call it accepts -- it does NOT deduplicate by key -- but
+  keeps the receiver contract's token rule (docs/effects.md): it remembers the highest
+  `X-Relay-Token` presented for a key (by a call or a check) and refuses (409) a call whose token
+  is lower, deciding it atomically with the effect. Its check (`GET /check?key=K&token=N`)
+  answers 200 if K was performed, else 404. With `hold_first` its first call stalls inside its
+  work until the test sets `release` (a target slower than the relay's deadline).
+- `trickling_server()`: answers every request one byte at a time, for ever (a target a
+  per-read timeout never cuts); counts its connections.
+"""
+
+import json
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+
+@dataclass
+class Fencing:
+    performed: list[tuple[str, int]] = field(default_factory=list)  # (key, token)
+    refused: list[tuple[str, int]] = field(default_factory=list)
+    highest: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    hold_first: bool = False
+    release: threading.Event = field(default_factory=threading.Event)
+    calls: int = 0
+    ended: int = 0  # calls whose work is decided (performed or refused)
+    url: str = ""
+
+    def performs(self, key: str) -> list[int]:
+        with self.lock:
+            return [t for k, t in self.performed if k == key]
+
+
+def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            key = self.headers.get("Idempotency-Key", "")
+            token = int(self.headers.get("X-Relay-Token") or 0)
+            with r.lock:
+                r.calls += 1
+                first = r.calls == 1
+                if token < r.highest.get(key, 0):
+                    r.refused.append((key, token))
+                    self._answer(409, {"refused": token})
+                    return
+                r.highest[key] = token
+            if first and r.hold_first:
+                r.release.wait(30)  # slow work, longer than the relay waits
+            with r.lock:  # the effect and the token check decided together
+                if token < r.highest.get(key, 0):
+                    r.refused.append((key, token))
+                    status = 409
+                else:
+                    r.performed.append((key, token))
+                    status = 200
+                r.ended += 1
+            try:
+                self._answer(status, {"token": token})
+            except OSError:
+                pass  # the relay gave up waiting: the outcome was unknown to it
+
+        def do_GET(self) -> None:  # noqa: N802
+            query = parse_qs(urlparse(self.path).query)
+            key = query.get("key", [""])[0]
+            token = int(query.get("token", ["0"])[0] or 0)
+            with r.lock:
+                r.highest[key] = max(r.highest.get(key, 0), token)
+                done = any(k == key for k, _ in r.performed)
+            self._answer(200 if done else 404, {"key": key})
+
+    return Handler
+
+
+@contextmanager
+def fencing_receiver(hold_first: bool = False) -> Iterator[Fencing]:
+    r = Fencing(hold_first=hold_first)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _fencing_handler(r))
+    server.daemon_threads = True
+    r.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield r
+    finally:
+        r.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@dataclass
+class Trickle:
+    connections: int = 0
+    url: str = ""
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@contextmanager
+def trickling_server(byte_every: float = 0.2) -> Iterator[Trickle]:
+    t = Trickle()
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            with t.lock:
+                t.connections += 1
+            self.request.recv(65536)
+            answer = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 100_000
+            for byte in answer:
+                if t.stop.wait(byte_every):
+                    return
+                try:
+                    self.request.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    t.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield t
+    finally:
+        t.stop.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def wait_for(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)  # poll interval of a deadline-bound wait
