@@ -6,8 +6,9 @@ running then, with a generator seeded from (seed, index): the schedule is reprod
 exact victims depend on timing.
 
 Kinds:
-- zombie: SIGSTOP the worker process of a running attempt until its job is claimed again (or
-  a deadline), then SIGCONT: its later writes must all be refused.
+- zombie: SIGSTOP the worker process of a running attempt until its job is claimed again and
+  ended (or a deadline), then SIGCONT: its later writes must all be refused. The wake-up runs
+  on a thread of its own, so later faults overlap the stop.
 - kill_worker: SIGKILL the worker process of a running attempt (mid-job or mid-commit).
 - term_cluster: SIGTERM a whole cluster mid-batch, then start it again.
 - terminate_backend: pg_terminate_backend of one to three worker connections.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +59,7 @@ class World:
     pooler: Any = None  # bench.chaos.pooler.PrivatePgBouncer in front of clusters[1], if any
     lease: float = 2.0
     log: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[threading.Thread] = field(default_factory=list)  # zombies not yet woken
     recoveries: list[float] = field(default_factory=list)
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -128,18 +131,28 @@ def _zombie(world: World, rng: random.Random, done: dict[str, Any]) -> None:
         return
     job, attempt, pid, _ = victim
     _signal(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + world.lease * 8
     done["taken_over"] = False
-    try:  # stopped until another attempt took the job and, if it can, finished it
-        while time.monotonic() < deadline:
-            row = world.sql("SELECT attempt, state FROM jobs_job WHERE id = %s", job)
-            if row and (row[0][0] > attempt or row[0][1] != "running"):
-                done["taken_over"] = True
-                if row[0][1] != "running":
-                    break
-            time.sleep(0.1)
-    finally:
-        _signal(pid, signal.SIGCONT)
+
+    def wake() -> None:  # stopped until another attempt took the job and, if it can, ended it
+        deadline = time.monotonic() + world.lease * 8
+        try:
+            while time.monotonic() < deadline:
+                row = world.sql("SELECT attempt, state FROM jobs_job WHERE id = %s", job)
+                if row and (row[0][0] > attempt or row[0][1] != "running"):
+                    done["taken_over"] = True
+                    if row[0][1] != "running":
+                        break
+                time.sleep(0.1)
+        except psycopg.Error:
+            pass  # the database went down meanwhile: wake the zombie now
+        finally:
+            _signal(pid, signal.SIGCONT)
+            done["stopped_seconds"] = round(time.monotonic() - started, 3)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=wake, name=f"zombie-{pid}", daemon=True)
+    world.pending.append(thread)
+    thread.start()  # the schedule goes on: faults overlap the zombie's stop
 
 
 def _kill_worker(world: World, rng: random.Random, done: dict[str, Any]) -> None:

@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 what = json.dumps({k: v for k, v in done.items() if k != "kind"})
                 print(f"  {at:7.2f}s {kind:18} {what}", flush=True)
             time.sleep(max(0.0, wave_end - time.monotonic()))
+        for thread in world.pending:  # every zombie woken before the drain is judged
+            thread.join()
         proxy.heal()
         proxy.cut_on(b"\x00never\x00", after_reply=True)  # disarm a cut that never fired
         for cluster in clusters:  # a cluster stopped by a fault stays up from here on
