@@ -37,18 +37,21 @@ INVARIANTS = (
     "token_row_body_not_its_token", "token_row_holds_non_current_attempt",
     "token_write_accepted_from_stale_attempt", "effect_performed_twice_at_deduplicating_receiver",
     "refusal_seen_but_not_recorded", "token_refusal_recorded_but_never_seen",
-    "orphaned_outputs_left",
+    "orphaned_outputs_left", "intent_performed_twice", "intent_performed_without_commit",
+    "intent_done_but_never_performed", "intent_missing_for_a_committed_plan",
+    "mail_missing_for_a_committed_plan", "mail_duplicate_not_recorded",
 )  # fmt: skip
 
 
 def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any]],
-          media_root: Path) -> dict[str, Any]:  # fmt: skip
+          media_root: Path, performs: list[tuple[str, int]] | None = None,
+          mails: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     zero: dict[str, list[Any]] = {name: [] for name in INVARIANTS}
     info: dict[str, Any] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         jobs = {r[0]: r for r in conn.execute(
-            "SELECT id, state, attempt, attempts_released, max_attempts, result, result_ref "
-            "FROM jobs_job WHERE kind = 'chaos.work'"
+            "SELECT id, state, attempt, attempts_released, max_attempts, result, result_ref, "
+            "payload FROM jobs_job WHERE kind = 'chaos.work'"
         ).fetchall()}  # fmt: skip
         attempts: dict[int, list[int]] = defaultdict(list)
         for job, number in conn.execute("SELECT job_id, number FROM jobs_attempt ORDER BY 1, 2"):
@@ -67,12 +70,18 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         rejected = Counter(conn.execute(
             "SELECT job_id, attempt_presented, write FROM jobs_rejectedwrite"
         ).fetchall())  # fmt: skip
+        intents = {r[0]: r for r in conn.execute(
+            "SELECT key, job_id, state, outcome_unknown FROM jobs_intent"
+        ).fetchall()}  # fmt: skip
+        resent = Counter(r[0] for r in conn.execute(
+            "SELECT job_id FROM jobs_jobevent WHERE type = 'mail_resent'"
+        ))  # fmt: skip
         expired = conn.execute(
             "SELECT extract(epoch FROM a.ended_at - coalesce(a.heartbeat_at, a.claimed_at)) "
             "FROM jobs_attempt a WHERE a.outcome = 'expired'"
         ).fetchall()
 
-    for job, (_, state, attempt, released, max_attempts, result, ref) in jobs.items():
+    for job, (_, state, attempt, released, max_attempts, result, ref, _p) in jobs.items():
         if state not in ("succeeded", "failed", "cancelled"):
             zero["lost_jobs"].append(job)
         if terminal[job] > 1:
@@ -139,6 +148,7 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         if not j or j[1] != "succeeded" or j[2] != attempt:
             zero["orphaned_outputs_left"].append(str(path))
 
+    _check_intents_and_mail(jobs, intents, resent, performs or [], mails or [], zero, info)
     latencies = sorted(float(r[0]) for r in expired if r[0] is not None)
     info.update(
         jobs=len(jobs),
@@ -157,6 +167,46 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         "examples": {k: json.loads(json.dumps(v[:5], default=str)) for k, v in zero.items() if v},
         "informational": info,
     }
+
+
+def _check_intents_and_mail(
+    jobs: dict[int, Any], intents: dict[str, Any], resent: Counter[int],
+    performs: list[tuple[str, int]], mails: list[str], zero: dict[str, list[Any]],
+    info: dict[str, Any],
+) -> None:  # fmt: skip
+    """Intents reach the non-deduplicating receiver once, and only from a commit; every
+    committed mail arrives, and each extra copy is one the platform recorded (mail_resent)."""
+    performed = Counter(key for key, _ in performs)
+    for key, n in performed.items():
+        if n > 1:
+            zero["intent_performed_twice"].append((key, n))
+        row = intents.get(key)
+        if row is None or jobs.get(row[1], (None, ""))[1] != "succeeded":
+            zero["intent_performed_without_commit"].append(key)
+    for key, (_, _job, state, _unknown) in intents.items():
+        if state == "done" and not performed[key]:
+            zero["intent_done_but_never_performed"].append(key)
+    succeeded = {j: r for j, r in jobs.items() if r[1] == "succeeded"}
+    keyed = {row[1] for row in intents.values()}
+    received = Counter(mails)
+    for job, row in succeeded.items():
+        plan = row[7] or {}
+        if plan.get("intent") and job not in keyed:
+            zero["intent_missing_for_a_committed_plan"].append(job)
+        if plan.get("mail"):
+            copies = received[f"{job}:mail"]
+            if copies == 0:
+                zero["mail_missing_for_a_committed_plan"].append(job)
+            if copies - 1 > resent[job]:
+                zero["mail_duplicate_not_recorded"].append((job, copies, resent[job]))
+    states = Counter(r[2] for r in intents.values())
+    info.update(
+        intents=dict(states),
+        intents_failed_for_an_operator=states.get("failed", 0),
+        intents_performed=sum(performed.values()),
+        mails_received=len(mails),
+        mail_duplicates_detected=sum(resent.values()),
+    )
 
 
 def _pct(values: list[float], q: float) -> float | None:

@@ -63,6 +63,8 @@ def plan(rng: random.Random, rows: int) -> dict[str, Any]:
         "seconds": round(rng.uniform(0.5, 3.0), 2) if rng.random() < 0.15 else 0,
         "fail_attempts": 1 if rng.random() < 0.1 else 0,
         "linger": round(rng.uniform(0.5, 1.5), 2) if rng.random() < 0.3 else 0,
+        "mail": rng.random() < 0.3,
+        "intent": rng.random() < 0.3,
     }
 
 
@@ -91,6 +93,21 @@ def drained(world: nemesis.World, deadline: float) -> bool:
     while time.monotonic() < deadline:
         try:
             left = world.sql("SELECT count(*) FROM jobs_job WHERE state IN ('queued', 'running')")
+            if left[0][0] == 0:
+                return True
+        except Exception:  # noqa: BLE001 - the database may still be recovering
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def relayed(world: nemesis.World, deadline: float) -> bool:
+    """Every intent settled by the relay (done, or failed for an operator) before `deadline`."""
+    while time.monotonic() < deadline:
+        try:
+            left = world.sql(
+                "SELECT count(*) FROM jobs_intent WHERE state NOT IN ('done', 'failed')"
+            )
             if left[0][0] == 0:
                 return True
         except Exception:  # noqa: BLE001 - the database may still be recovering
@@ -132,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench.chaos.workload.models import ChaosRow
         from tests.integration.pgproxy import PgProxy
         from tests.receiver import receiver
+        from tests.slow_receivers import fencing_receiver
+        from tests.smtp_receiver import smtp_server
 
         received = stack.enter_context(receiver())
+        fencing = stack.enter_context(fencing_receiver())
+        mailbox = stack.enter_context(smtp_server())
         rows = max(3, args.jobs // 10)
         ChaosRow.objects.bulk_create([ChaosRow(id=i) for i in range(1, rows + 1)])
         proxy = PgProxy("127.0.0.1", pg.port)
@@ -147,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         clusters = []
         for n in range(args.clusters):
             env = {"JOBS_WORKERS": str(args.workers), "CHAOS_RECEIVER": received.url,
+                   "CHAOS_FENCING_RECEIVER": fencing.url, "CHAOS_SMTP_PORT": str(mailbox.port),
                    "JOBS_ORPHAN_GRACE_SECONDS": "0"}  # fmt: skip
             url = f"postgres://postgres@127.0.0.1:{pg.port}/{DATABASE}"
             if n == 0:  # through the fault proxy
@@ -185,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             if cluster.proc is None or cluster.proc.poll() is not None:
                 cluster.start()
         drain_ok = drained(world, time.monotonic() + args.drain_seconds)
+        relay_ok = relayed(world, time.monotonic() + args.drain_seconds)
         from jobs.effects import janitor
 
         while janitor.sweep("chaos-checker"):
@@ -207,12 +230,26 @@ def main(argv: list[str] | None = None) -> int:
             "pooler_restarts": bouncer.restarts if bouncer else None,
             "drained": drain_ok,
             "cluster_stop_seconds": stop_seconds,
-            **check(pg.dsn(DATABASE), history_file, list(received.calls), media),
+            **check(
+                pg.dsn(DATABASE),
+                history_file,
+                list(received.calls),
+                media,
+                performs=list(fencing.performed),
+                mails=_mail_keys(mailbox.messages),
+            ),
         }
         report["must_be_zero"]["jobs_not_drained_by_deadline"] = 0 if drain_ok else 1
+        report["must_be_zero"]["intents_not_settled_by_deadline"] = 0 if relay_ok else 1
         (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         print_report(report, out)
         return 1 if any(report["must_be_zero"].values()) else 0
+
+
+def _mail_keys(messages: list[bytes]) -> list[str]:
+    from email import message_from_bytes
+
+    return [str(message_from_bytes(m)["X-Idempotency-Key"]) for m in messages]
 
 
 def _by_kind(log: list[dict[str, Any]]) -> dict[str, int]:

@@ -19,6 +19,7 @@ from bench.chaos.workload.models import ChaosRow
 from jobs import handler
 from jobs.context import JobContext
 from jobs.core.exceptions import LeaseLost
+from jobs.effects import send_mail
 
 
 def _post(url: str, key: str, body: dict[str, Any]) -> str:
@@ -53,6 +54,15 @@ def work(ctx: JobContext) -> dict[str, Any]:
             return verdict
 
         ctx.effect("notify", call)
+    if plan.get("mail"):
+        log("mail", "before")
+        send_mail(ctx, "mail", f"job {job}", f"attempt {attempt}", ["ops@example.invalid"])
+        log("mail", "after")
+    if plan.get("intent"):  # performed by the relay, only if this attempt commits
+        hook = os.environ["CHAOS_FENCING_RECEIVER"]
+        ctx.intent("publish", "webhook", {
+            "url": hook + "/hook", "check_url": hook + "/check", "json": {"job": job},
+        })  # fmt: skip
     rows = ChaosRow.objects.filter(pk__in=plan.get("rows", []))
 
     def token_write() -> None:
