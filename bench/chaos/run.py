@@ -89,11 +89,11 @@ def enqueue_wave(plans: list[tuple[int, dict[str, Any]]]) -> int:
     raise RuntimeError("could not enqueue a wave after 50 tries")
 
 
-def drained(world: nemesis.World, deadline: float) -> bool:
+def settled(world: nemesis.World, left_query: str, deadline: float) -> bool:
+    """Poll until `left_query` counts nothing left, or `deadline` passes."""
     while time.monotonic() < deadline:
         try:
-            left = world.sql("SELECT count(*) FROM jobs_job WHERE state IN ('queued', 'running')")
-            if left[0][0] == 0:
+            if world.sql(left_query)[0][0] == 0:
                 return True
         except Exception:  # noqa: BLE001 - the database may still be recovering
             pass
@@ -101,19 +101,9 @@ def drained(world: nemesis.World, deadline: float) -> bool:
     return False
 
 
-def relayed(world: nemesis.World, deadline: float) -> bool:
-    """Every intent settled by the relay (done, or failed for an operator) before `deadline`."""
-    while time.monotonic() < deadline:
-        try:
-            left = world.sql(
-                "SELECT count(*) FROM jobs_intent WHERE state NOT IN ('done', 'failed')"
-            )
-            if left[0][0] == 0:
-                return True
-        except Exception:  # noqa: BLE001 - the database may still be recovering
-            pass
-        time.sleep(0.25)
-    return False
+JOBS_LEFT = "SELECT count(*) FROM jobs_job WHERE state IN ('queued', 'running')"
+# Every intent settled by the relay: done, or failed for an operator.
+INTENTS_LEFT = "SELECT count(*) FROM jobs_intent WHERE state NOT IN ('done', 'failed')"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         for cluster in clusters:  # a cluster stopped by a fault stays up from here on
             if cluster.proc is None or cluster.proc.poll() is not None:
                 cluster.start()
-        drain_ok = drained(world, time.monotonic() + args.drain_seconds)
-        relay_ok = relayed(world, time.monotonic() + args.drain_seconds)
+        drain_ok = settled(world, JOBS_LEFT, time.monotonic() + args.drain_seconds)
+        relay_ok = settled(world, INTENTS_LEFT, time.monotonic() + args.drain_seconds)
         from jobs.effects import janitor
 
         while janitor.sweep("chaos-checker"):
