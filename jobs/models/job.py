@@ -10,16 +10,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Q
 from django.db.models.functions import Now
-from django.db.models.sql import Query
 
 from jobs.core import bounds
 from jobs.core import enqueue as enqueue_rules
 from jobs.core.exceptions import DuplicateJob
-from jobs.core.sql import enqueue as enqueue_sql
 from jobs.core.states import TERMINAL_STATES, AttemptOutcome, EventType, JobState, Write
+from jobs.models import one_statement
 
 TERMINAL = [state for state in JobState if state in TERMINAL_STATES]  # in enum order
 
@@ -63,15 +61,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def _enqueue_in_one_statement(self, row: dict[str, Any]) -> "Job | None":
         """The job and its `enqueued` event in one statement; None when it could not decide."""
-        conn = connections[self.db]
-        columns, casts, values = _insert_values(self.model(**row), conn)
-        event = JobEvent(attempt=0, type=EventType.ENQUEUED, data={})
-        event_columns, event_casts, event_values = _insert_values(event, conn, skip="job_id")
-        unique_key = row["unique_key"]
-        sql = _statement(conn, columns, casts, event_columns, event_casts, unique_key is not None)
-        params = [*values, *event_values] + ([unique_key] if unique_key is not None else [])
-        found = list(self.raw(sql, params))
-        return found[0] if found else None
+        return one_statement.enqueue(  # type: ignore[return-value]
+            self.model, JobEvent, connections[self.db], row, enqueue_rules.UNIQUE_KEY_CONSTRAINT
+        )
 
     def _enqueue_with_savepoint(self, row: dict[str, Any]) -> "Job":
         unique_key = row["unique_key"]
@@ -107,67 +99,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             f"a live job holds unique_key {unique_key!r} but this transaction cannot see it "
             "(REPEATABLE READ or SERIALIZABLE snapshot); retry in a new transaction"
         )
-
-
-def _insert_values(
-    obj: models.Model, conn: BaseDatabaseWrapper, skip: str = ""
-) -> tuple[list[str], list[str], list[Any]]:
-    """What Django's INSERT of `obj` would write: columns, their types, values (db-prepared).
-
-    Taken from the model's fields, so a column added with a default needs nothing here; a field
-    left to its database default (db_default) is left out, as Django's own INSERT does.
-    """
-    columns: list[str] = []
-    casts: list[str] = []
-    values: list[Any] = []
-    for field in obj._meta.local_concrete_fields:
-        if field.primary_key or field.generated or field.attname == skip:
-            continue
-        value = field.pre_save(obj, add=True)
-        if hasattr(value, "resolve_expression"):  # DatabaseDefault: the column's own default
-            continue
-        columns.append(conn.ops.quote_name(str(field.column)))
-        casts.append(str(field.cast_db_type(conn)))
-        values.append(field.get_db_prep_save(value, conn))
-    return columns, casts, values
-
-
-_STATEMENTS: dict[tuple[Any, ...], str] = {}
-
-
-def _statement(
-    conn: BaseDatabaseWrapper,
-    columns: list[str],
-    casts: list[str],
-    event_columns: list[str],
-    event_casts: list[str],
-    keyed: bool,
-) -> str:
-    """The one-statement enqueue for these columns, built once per shape and connection."""
-    shape = (conn.alias, tuple(columns), tuple(event_columns), keyed)
-    if shape not in _STATEMENTS:
-        returning = [conn.ops.quote_name(str(f.column)) for f in Job._meta.concrete_fields]
-        _STATEMENTS[shape] = enqueue_sql.enqueue_statement(
-            columns,
-            casts,
-            event_columns,
-            event_casts,
-            returning,
-            _live_holder(conn) if keyed else None,
-        )
-    return _STATEMENTS[shape]
-
-
-def _live_holder(conn: BaseDatabaseWrapper) -> str:
-    """The partial unique index's own condition, as SQL: a job that holds its unique key."""
-    constraint = next(
-        c for c in Job._meta.constraints if c.name == enqueue_rules.UNIQUE_KEY_CONSTRAINT
-    )
-    query = Query(model=Job, alias_cols=False)
-    where = query.build_where(constraint.condition)  # type: ignore[attr-defined]
-    sql, params = where.as_sql(query.get_compiler(connection=conn), conn)
-    # Inlined as literals: the states are constants of the statement, which is built once.
-    return str(conn.ops.compose_sql(sql, params))  # type: ignore[attr-defined]  # PostgreSQL's
 
 
 class Job(models.Model):
