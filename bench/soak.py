@@ -15,7 +15,8 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    (default 70 % of the drain just measured), open loop: every 100 ms it inserts the jobs due by
    then, each with its `enqueued` event (the rows `jobs.enqueue()` writes), in one statement.
 3. Retention, as docs/operations.md says to run it: `manage.py jobs prune --older-than-days D`
-   every `--prune-every` seconds, D = `--retention-minutes` / 1440.
+   every `--prune-every` seconds (start to start, in a thread of its own, like cron; one that
+   outlasts the period is followed by the next at once), D = `--retention-minutes` / 1440.
 4. Every `--interval` seconds (a "minute") it records, after `--warmup-minutes` of the stream:
    - claim p50 / p99: Palisade's own claim statement (jobs.core.sql.PostgresDriver, batch 8)
      timed on a side connection every 0.25 s, inside a transaction that is rolled back (it claims
@@ -169,17 +170,38 @@ def measure_drain(conn: psycopg.Connection[Any], n: int, procs: list[Any]) -> fl
     return n / (last - first).total_seconds()
 
 
-def prune(env: dict[str, str], days: float) -> dict[str, Any]:
-    import subprocess
+class Pruner(threading.Thread):
+    """Retention as cron would run it: `manage.py jobs prune` every `every` seconds (start to
+    start); a prune that outlasts the period is followed by the next one at once, never two."""
 
-    began = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "manage.py", "jobs", "prune", f"--older-than-days={days!r}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if out.returncode != 0:
-        raise RuntimeError(f"prune failed: {out.stderr[-2000:]}")
-    return {"seconds": round(time.monotonic() - began, 2), "said": out.stdout.strip()}
+    def __init__(self, env: dict[str, str], days: float, every: float) -> None:
+        super().__init__(daemon=True)
+        self.env, self.days, self.every = env, days, every
+        self.runs: list[dict[str, Any]] = []
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        import subprocess
+
+        try:
+            while not self.stopping.wait(max(0.0, self.every - self.last_seconds())):
+                began = time.monotonic()
+                out = subprocess.run(
+                    [sys.executable, "manage.py", "jobs", "prune",
+                     f"--older-than-days={self.days!r}"],
+                    cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=3600,
+                )  # fmt: skip
+                if out.returncode != 0:
+                    raise RuntimeError(f"prune failed: {out.stderr[-2000:]}")
+                self.runs.append(
+                    {"seconds": round(time.monotonic() - began, 2), "said": out.stdout.strip()}
+                )
+        except BaseException as exc:  # noqa: BLE001 -- the main loop reports it and stops
+            self.error = exc
+
+    def last_seconds(self) -> float:
+        return self.runs[-1]["seconds"] if self.runs else 0.0
 
 
 def minute(
@@ -301,7 +323,9 @@ def main() -> None:
     cluster = spawn(
         [sys.executable, "manage.py", "qcluster"], env, RESULTS_DIR / "logs" / "soak-qcluster.log"
     )
-    stream = probe = None
+    stream: Stream | None = None
+    probe: ClaimProbe | None = None
+    pruner: Pruner | None = None
     try:
         drain = None
         if args.rate is None:
@@ -311,41 +335,40 @@ def main() -> None:
         print(f"stream: {rate:.0f} jobs/s; warm-up {args.warmup_minutes:g} min, "
               f"then {rows_wanted} rows of {args.interval:g} s")  # fmt: skip
         stream, probe = Stream(dsn, rate), ClaimProbe(dsn)
-        stream.start()
-        probe.start()
-        days = args.retention_minutes / 1440
-        prunes: list[dict[str, Any]] = []
-        next_prune = time.monotonic() + args.prune_every
+        pruner = Pruner(env, args.retention_minutes / 1440, args.prune_every)
+        for thread in (stream, probe, pruner):
+            thread.start()
         measuring_at = time.monotonic() + args.warmup_minutes * 60
         last: dict[str, Any] = {}
         rows: list[dict[str, Any]] = []
         while len(rows) < rows_wanted:
-            if stream.error or probe.error or cluster.poll() is not None:
-                raise RuntimeError(f"stopped: {stream.error or probe.error or 'qcluster exited'}")
-            now = time.monotonic()
-            if now >= next_prune:
-                prunes.append(prune(env, days))
-                next_prune = now + args.prune_every
-            if now >= measuring_at:
-                if not last:
-                    probe.take()
-                    last = {
-                        "db_now": conn.execute("SELECT clock_timestamp()").fetchone()[0],
-                        "sent": stream.sent,
-                        "tables": table_figures(conn)["tables"],
-                    }
-                else:
-                    rows.append(minute(conn, probe, stream, last))
-                    print_rows(rows[-1:], first=len(rows))
-                measuring_at += args.interval
-            time.sleep(min(0.2, max(0.0, min(next_prune, measuring_at) - time.monotonic())))
+            failed = stream.error or probe.error or pruner.error
+            if failed or cluster.poll() is not None:
+                raise RuntimeError(f"stopped: {failed or 'qcluster exited'}")
+            if time.monotonic() < measuring_at:
+                time.sleep(min(0.2, measuring_at - time.monotonic()))
+                continue
+            if not last:
+                probe.take()
+                last = {
+                    "db_now": conn.execute("SELECT clock_timestamp()").fetchone()[0],
+                    "sent": stream.sent,
+                    "tables": table_figures(conn)["tables"],
+                }
+            else:
+                rows.append(minute(conn, probe, stream, last))
+                print_rows(rows[-1:], first=len(rows))
+            measuring_at = max(measuring_at + args.interval, time.monotonic() + 1)
     finally:
-        for thread in (stream, probe):
+        for thread in (stream, probe, pruner):
             if thread is not None:
                 thread.stopping.set()
-                thread.join(timeout=10)
+        for thread in (stream, probe, pruner):
+            if thread is not None:
+                thread.join(timeout=120)
         stop(cluster)
         stop_all()
+    prunes = pruner.runs if pruner is not None else []
     compared = verdict(rows, window)
     print(f"\nlast {window} rows over first {window} (target: within {TOLERANCE:.0%}):")
     for c in compared:
