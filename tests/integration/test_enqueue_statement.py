@@ -128,7 +128,10 @@ def blocked_on_a_lock(probe) -> bool:  # type: ignore[no-untyped-def]
 def enqueue_in_thread(results: dict[str, Any], **options: Any) -> threading.Thread:
     def run() -> None:
         try:
-            results["job"] = jobs.enqueue("test.echo", **options)
+            statements = Statements()
+            with connection.execute_wrapper(statements):
+                results["job"] = jobs.enqueue("test.echo", **options)
+            results["sent"] = [sql for sql, _ in statements.sent]
         except Exception as exc:  # noqa: BLE001 -- handed to the test, which fails on it
             results["error"] = exc
         finally:
@@ -177,8 +180,12 @@ def test_two_enqueues_of_one_key_make_one_job(second_connection, holder_commits)
     assert len(live) == 1
     if holder_commits:
         assert (racer["job"].pk, racer["job"].duplicate) == (holder["holder"].pk, True)
+        # The holder committed after the racer's statement began: its snapshot cannot see it,
+        # so the statement returned nothing and the savepoint path found the holder.
+        assert any(sql.startswith("SAVEPOINT") for sql in racer["sent"])
     else:
         assert (racer["job"].pk, racer["job"].duplicate) == (live[0], False)
+        assert len(racer["sent"]) == 1  # the insert went ahead once the holder was gone
     assert JobEvent.objects.filter(job_id=live[0], type=EventType.ENQUEUED).count() == 1
 
 
@@ -213,9 +220,12 @@ def test_under_repeatable_read_a_free_key_is_still_enqueued_and_a_visible_holder
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        first = jobs.enqueue("test.echo", unique_key="rr")
-        second = jobs.enqueue("test.echo", unique_key="rr")
+        first, sent = sent_while(lambda: jobs.enqueue("test.echo", unique_key="rr"))
+        second, sent_again = sent_while(lambda: jobs.enqueue("test.echo", unique_key="rr"))
     assert (first.duplicate, second.duplicate, second.pk) == (False, True, first.pk)
+    # ON CONFLICT could abort the transaction here: the key goes through a savepoint, while a
+    # holder the snapshot sees is still returned by the one statement.
+    assert any(sql.startswith("SAVEPOINT") for sql, _ in sent) and len(sent_again) == 1
     assert JobEvent.objects.filter(job=first).count() == 1
 
 
