@@ -181,8 +181,11 @@ def test_two_enqueues_of_one_key_make_one_job(second_connection, holder_commits)
     if holder_commits:
         assert (racer["job"].pk, racer["job"].duplicate) == (holder["holder"].pk, True)
         # The holder committed after the racer's statement began: its snapshot cannot see it,
-        # so the statement returned nothing and the savepoint path found the holder.
-        assert any(sql.startswith("SAVEPOINT") for sql in racer["sent"])
+        # so the statement returned nothing and the savepoint path (here in autocommit: its own
+        # transaction) tried the insert again and read the holder.
+        assert racer["sent"][0].startswith("WITH inserted AS"), racer["sent"]
+        assert racer["sent"][1].startswith('INSERT INTO "jobs_job"'), racer["sent"]
+        assert len(racer["sent"]) == 3 and "SELECT" in racer["sent"][2], racer["sent"]
     else:
         assert (racer["job"].pk, racer["job"].duplicate) == (live[0], False)
         assert len(racer["sent"]) == 1  # the insert went ahead once the holder was gone
