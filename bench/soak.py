@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/soak.py [--minutes 30] [--rate JOBS_PER_S] [--workers 2]
         [--warmup-minutes 6] [--retention-minutes 5] [--prune-every 60] [--interval 60]
+        [--vacuum-every 0]
 
 Hours long (on a quiet machine): `bench/soak.py --minutes 480 --warmup-minutes 10`.
 
@@ -26,6 +27,9 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    - per job table (jobs_job, jobs_attempt, jobs_jobevent, and django-q2's broker tables):
      live and dead tuples, heap size, indexes size (pg_stat_user_tables, pg_relation_size,
      pg_indexes_size), each index's size, and autovacuum / autoanalyze runs in the minute.
+   Where the server runs with autovacuum off (this machine's PostgreSQL does: a CI setting),
+   it says so; `--vacuum-every S` then runs VACUUM (ANALYZE) of the job tables every S seconds in
+   its stead (its runs are the `vacuum_runs` figures).
 5. The verdict: the mean of the last `--window` minutes (default 5, at most half the run) over
    the mean of the first `--window`, for every figure; the target is within 20 %.
 
@@ -73,7 +77,7 @@ SELECT id, 0, 'enqueued', '', '{}' FROM j
 """
 TABLE_STATS = """
 SELECT relname, n_live_tup, n_dead_tup, pg_relation_size(relid), pg_indexes_size(relid),
-       autovacuum_count, autoanalyze_count
+       autovacuum_count, autoanalyze_count, vacuum_count
   FROM pg_stat_user_tables WHERE relname = ANY(%s)
 """
 INDEX_SIZES = """
@@ -136,6 +140,26 @@ class ClaimProbe(threading.Thread):
             self.error = exc
 
 
+class Vacuumer(threading.Thread):
+    """`--vacuum-every`: plain VACUUM (ANALYZE) of the job tables, for a server whose autovacuum
+    is off (a CI configuration): what autovacuum would do, on a fixed period instead."""
+
+    def __init__(self, dsn: str, every: float) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.every = dsn, every
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stopping.wait(self.every):
+                    for table in TABLES[:3]:
+                        conn.execute(f"VACUUM (ANALYZE) {table}")
+        except BaseException as exc:  # noqa: BLE001 -- the main loop reports it and stops
+            self.error = exc
+
+
 def table_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     tables = {
         r[0]: {
@@ -145,6 +169,7 @@ def table_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             "indexes_bytes": r[4],
             "autovacuum_count": r[5],
             "autoanalyze_count": r[6],
+            "vacuum_count": r[7],
         }
         for r in conn.execute(TABLE_STATS, [list(TABLES)]).fetchall()
     }
@@ -236,6 +261,7 @@ def minute(
         before = last["tables"].get(name, t)
         t["autovacuum_runs"] = t["autovacuum_count"] - before["autovacuum_count"]
         t["autoanalyze_runs"] = t["autoanalyze_count"] - before["autoanalyze_count"]
+        t["vacuum_runs"] = t["vacuum_count"] - before["vacuum_count"]
     last.update(db_now=db_now, sent=stream.sent, tables=figures["tables"])
     return row
 
@@ -249,7 +275,7 @@ def flat(row: dict[str, Any]) -> dict[str, float]:
         "backlog": row["backlog"],
     }
     for name, t in sorted(row["tables"].items()):
-        for key in ("dead", "heap_bytes", "indexes_bytes", "autovacuum_runs", "autoanalyze_runs"):
+        for key in ("dead", "heap_bytes", "indexes_bytes", "autovacuum_runs", "vacuum_runs"):
             out[f"{name} {key}"] = t[key]
     for name, size in sorted(row["indexes"].items()):
         out[f"index {name} bytes"] = size
@@ -276,8 +302,8 @@ def print_rows(rows: list[dict[str, Any]], first: int = 1) -> None:
     if first == 1:
         head = "row  enq/s drain/s backlog claim p50/p99 ms"
         for t in ("jobs_job", "jobs_attempt", "jobs_jobevent"):
-            head += f" | {t[5:]:>11} heapMB idxMB av"
-        print(head + "   (dead tuples, sizes, autovacuum runs)")
+            head += f" | {t[5:]:>11} heapMB idxMB av/v"
+        print(head + "   (dead tuples, sizes, autovacuum / VACUUM runs)")
     for i, r in enumerate(rows, first):
         line = (
             f"{i:3d} {r['enqueued_per_s']:6.0f} {r['drained_per_s']:7.0f} {r['backlog']:7d}"
@@ -287,7 +313,8 @@ def print_rows(rows: list[dict[str, Any]], first: int = 1) -> None:
             t = r["tables"].get(name, {})
             line += (
                 f" | {t.get('dead', 0):>11d} {mb(t.get('heap_bytes', 0)):>6}"
-                f" {mb(t.get('indexes_bytes', 0)):>5} {t.get('autovacuum_runs', 0):2d}"
+                f" {mb(t.get('indexes_bytes', 0)):>5}"
+                f" {t.get('autovacuum_runs', 0):2d}/{t.get('vacuum_runs', 0):d}"
             )
         print(line)
 
@@ -303,6 +330,10 @@ def main() -> None:
     p.add_argument("--retention-minutes", type=float, default=5.0, help="prune's cut-off")
     p.add_argument("--prune-every", type=float, default=60.0, help="seconds between prunes")
     p.add_argument("--interval", type=float, default=60.0, help="seconds per report row")
+    p.add_argument(
+        "--vacuum-every", type=float, default=0.0,
+        help="seconds between VACUUMs of the job tables (0: leave it to autovacuum)",
+    )  # fmt: skip
     p.add_argument("--window", type=int, default=5, help="rows compared, first and last")
     p.add_argument(
         "--server", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
@@ -320,12 +351,17 @@ def main() -> None:
     env = palisade_database(args.server, DB, JOBS_WORKERS=str(args.workers))
     dsn = f"{args.server}/{DB}"
     conn = psycopg.connect(dsn, autocommit=True)
+    autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
+    if autovacuum != "on" and not args.vacuum_every:
+        print("WARNING: this server runs with autovacuum = off: dead tuples are never reclaimed")
+        print("         and tables only grow; see --vacuum-every")
     cluster = spawn(
         [sys.executable, "manage.py", "qcluster"], env, RESULTS_DIR / "logs" / "soak-qcluster.log"
     )
     stream: Stream | None = None
     probe: ClaimProbe | None = None
     pruner: Pruner | None = None
+    vacuumer: Vacuumer | None = None
     try:
         drain = None
         if args.rate is None:
@@ -336,13 +372,15 @@ def main() -> None:
               f"then {rows_wanted} rows of {args.interval:g} s")  # fmt: skip
         stream, probe = Stream(dsn, rate), ClaimProbe(dsn)
         pruner = Pruner(env, args.retention_minutes / 1440, args.prune_every)
-        for thread in (stream, probe, pruner):
-            thread.start()
+        vacuumer = Vacuumer(dsn, args.vacuum_every) if args.vacuum_every else None
+        for thread in (stream, probe, pruner, vacuumer):
+            if thread is not None:
+                thread.start()
         measuring_at = time.monotonic() + args.warmup_minutes * 60
         last: dict[str, Any] = {}
         rows: list[dict[str, Any]] = []
         while len(rows) < rows_wanted:
-            failed = stream.error or probe.error or pruner.error
+            failed = stream.error or probe.error or pruner.error or (vacuumer and vacuumer.error)
             if failed or cluster.poll() is not None:
                 raise RuntimeError(f"stopped: {failed or 'qcluster exited'}")
             if time.monotonic() < measuring_at:
@@ -360,10 +398,10 @@ def main() -> None:
                 print_rows(rows[-1:], first=len(rows))
             measuring_at = max(measuring_at + args.interval, time.monotonic() + 1)
     finally:
-        for thread in (stream, probe, pruner):
+        for thread in (stream, probe, pruner, vacuumer):
             if thread is not None:
                 thread.stopping.set()
-        for thread in (stream, probe, pruner):
+        for thread in (stream, probe, pruner, vacuumer):
             if thread is not None:
                 thread.join(timeout=120)
         stop(cluster)
@@ -380,7 +418,7 @@ def main() -> None:
     print(f"machine: {uptime()}")
     write_report(
         args.output, started, load_start, args, drain_jobs_per_s=drain, rate=rate,
-        window=window, rows=rows, prunes=prunes, verdict=compared,
+        window=window, rows=rows, prunes=prunes, verdict=compared, autovacuum=autovacuum,
     )  # fmt: skip
 
 
