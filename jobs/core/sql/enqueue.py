@@ -7,7 +7,8 @@ derived from the model, so a column added later with a default needs no change h
 Hazards, and why the statement looks the way it does:
 - A data-modifying CTE inserts the job and, from its RETURNING, the event; the NOTIFY trigger on
   jobs_job rides on the caller's COMMIT as before. In autocommit the statement is its own
-  transaction: no BEGIN, no COMMIT, one round trip.
+  transaction: no BEGIN, no COMMIT, one round trip. A duplicate's INSERT inserts nothing, but a
+  per-statement trigger still fires: a drain wakes and finds nothing new.
 - Unique keys: `ON CONFLICT DO NOTHING` (the only unique index a new job can collide on besides
   the serial primary key is jobs_job_unique_key_live), so a key held by a live job never raises,
   and never aborts the caller's transaction -- no savepoint needed. The last SELECT returns that
