@@ -1,6 +1,7 @@
 """The records: the only truth about a job (django-q2's tables are transport).
 
 - job.py      -- Job (and `Job.objects.enqueue()`), Attempt, JobEvent, RejectedWrite;
+- one_statement.py -- PostgreSQL's one-statement enqueue: the row in, a real Job out;
 - effects.py  -- IdempotencyKey, StagedOutput, Intent, and the FencedRow mixin;
 - schedule.py -- Schedule (cron);
 - queue.py    -- QueueControl (a queue paused or limited by an operator).

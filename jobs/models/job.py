@@ -9,7 +9,7 @@ create/bulk_create/raw INSERT by the application).
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
@@ -17,6 +17,7 @@ from jobs.core import bounds
 from jobs.core import enqueue as enqueue_rules
 from jobs.core.exceptions import DuplicateJob
 from jobs.core.states import TERMINAL_STATES, AttemptOutcome, EventType, JobState, Write
+from jobs.models import one_statement
 
 TERMINAL = [state for state in JobState if state in TERMINAL_STATES]  # in enum order
 
@@ -47,9 +48,24 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         holding the same key is returned instead of a second job (`job.duplicate` is then True).
         Invalid input raises a ValueError subclass and writes nothing. Never commits on its own:
         the row (and its wake-up NOTIFY, sent by a database trigger) becomes visible when the
-        caller commits.
+        caller commits. On PostgreSQL the job and its event are one statement
+        (jobs/core/sql/enqueue.py); the savepoint path below is SQLite's, and PostgreSQL's when
+        that statement cannot decide (a holder its snapshot cannot see).
         """
         row = enqueue_rules.fields(kind, payload, **options)
+        if connections[self.db].vendor == "postgresql":
+            job = self._enqueue_in_one_statement(row)
+            if job is not None:
+                return job
+        return self._enqueue_with_savepoint(row)
+
+    def _enqueue_in_one_statement(self, row: dict[str, Any]) -> "Job | None":
+        """The job and its `enqueued` event in one statement; None when it could not decide."""
+        return one_statement.enqueue(  # type: ignore[return-value]
+            self.model, JobEvent, connections[self.db], row, enqueue_rules.UNIQUE_KEY_CONSTRAINT
+        )
+
+    def _enqueue_with_savepoint(self, row: dict[str, Any]) -> "Job":
         unique_key = row["unique_key"]
         for _ in range(enqueue_rules.UNIQUE_KEY_TRIES):
             try:

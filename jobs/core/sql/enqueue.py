@@ -1,0 +1,67 @@
+"""PostgreSQL's one-statement enqueue: the job row and its `enqueued` event in one round trip.
+
+Owns: the SQL text of `Job.objects.enqueue()` on PostgreSQL. Never: decides what a valid job is
+(jobs/core/enqueue.py `fields`) nor which columns a job has -- the caller passes the columns it
+derived from the model, so a column added later with a default needs no change here.
+
+Hazards, and why the statement looks the way it does:
+- A data-modifying CTE inserts the job and, from its RETURNING, the event; the NOTIFY trigger on
+  jobs_job rides on the caller's COMMIT as before. In autocommit the statement is its own
+  transaction: no BEGIN, no COMMIT, one round trip. A duplicate's INSERT inserts nothing, but a
+  per-statement trigger still fires: a drain wakes and finds nothing new.
+- Unique keys: `ON CONFLICT DO NOTHING` (the only unique index a new job can collide on besides
+  the serial primary key is jobs_job_unique_key_live), so a key held by a live job never raises,
+  and never aborts the caller's transaction -- no savepoint needed. The last SELECT returns that
+  holder instead, marked `duplicate`. Both parts read the statement's snapshot: a holder
+  committed after it began (a concurrent enqueue we waited on) is in neither, and the statement
+  returns no row; the caller then takes its slower savepoint path, which reads with a new
+  snapshot.
+- Under REPEATABLE READ or SERIALIZABLE, ON CONFLICT against a committed holder the snapshot
+  cannot see raises a serialization failure, which would abort the caller's transaction: there the
+  insert is skipped (`transaction_isolation` gate) and, unless a visible holder is returned, the
+  statement returns no row and the caller's savepoint path decides (DuplicateJob, as before).
+- Placeholders carry explicit casts: INSERT ... SELECT resolves untyped literals to text, which
+  has no assignment cast to jsonb.
+"""
+
+from collections.abc import Sequence
+
+# A row of the statement: the returned columns, then `duplicate`.
+DUPLICATE_COLUMN = "duplicate"
+
+
+def enqueue_statement(
+    columns: Sequence[str],
+    casts: Sequence[str],
+    event_columns: Sequence[str],
+    event_casts: Sequence[str],
+    returning: Sequence[str],
+    live_holder: str | None,
+) -> str:
+    """The statement inserting one job (columns = %s placeholders cast to `casts`) and its event.
+
+    Parameters, in order: the job's values, the event's values (its `job_id` comes from the
+    inserted row), then -- with `live_holder`, the SQL condition of a live job holding a key --
+    the unique key once. `returning` names the job columns returned by both the inserted and the
+    holder row.
+    """
+    values = ", ".join(f"%s::{cast}" for cast in casts)
+    event_values = ", ".join(f"%s::{cast}" for cast in event_casts)
+    out = ", ".join(returning)
+    holder_out = ", ".join(f"h.{c}" for c in returning)
+    gate = conflict = holder = ""
+    if live_holder is not None:
+        gate = " WHERE current_setting('transaction_isolation') = 'read committed'"
+        conflict = " ON CONFLICT DO NOTHING"
+        holder = (
+            f" UNION ALL (SELECT {holder_out}, true FROM jobs_job h"
+            f" WHERE h.unique_key = %s AND {live_holder}"
+            " AND NOT EXISTS (SELECT 1 FROM inserted) LIMIT 1)"
+        )
+    return (
+        f"WITH inserted AS (INSERT INTO jobs_job ({', '.join(columns)}) SELECT {values}{gate}"
+        f"{conflict} RETURNING {out}), "
+        f"event AS (INSERT INTO jobs_jobevent (job_id, {', '.join(event_columns)}) "
+        f"SELECT id, {event_values} FROM inserted) "
+        f"SELECT {out}, false AS {DUPLICATE_COLUMN} FROM inserted{holder}"
+    )
