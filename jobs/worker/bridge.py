@@ -67,9 +67,22 @@ class ResilientORMBroker(ORM):
     """django-q2's ORM broker whose poll survives a database outage without the 10 s stall."""
 
     def __init__(self, list_key: str | None = None) -> None:
-        super().__init__(list_key=list_key)  # type: ignore[arg-type]
         self.outage = OutageLog("django-q2 pusher (broker poll)")
         self.ack_outage = OutageLog("django-q2 monitor (broker acknowledge)")
+        # django-q2's ORM broker reads the connection's autocommit flag when it is made (in the
+        # sentinel, the pusher and the monitor): with the database down at that moment it raised
+        # and took the whole cluster down (found by bench/chaos: a cluster restarted during a
+        # PostgreSQL crash). Wait for the database instead, as every other loop here does.
+        starting = OutageLog("django-q2 broker (start)")
+        while True:
+            try:
+                super().__init__(list_key=list_key)  # type: ignore[arg-type]
+                break
+            except DatabaseError as exc:
+                starting.failed(exc)
+                connections[Conf.ORM].close()
+                time.sleep(starting.backoff())  # waiting for the database, not for a condition
+        starting.recovered()
 
     def dequeue(self) -> Any:
         try:
