@@ -76,6 +76,13 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         resent = Counter(r[0] for r in conn.execute(
             "SELECT job_id FROM jobs_jobevent WHERE type = 'mail_resent'"
         ))  # fmt: skip
+        unknown = conn.execute(
+            "SELECT e.job_id, j.state FROM jobs_jobevent e JOIN jobs_job j ON j.id = e.job_id "
+            "WHERE e.type = 'unresolved'"
+        ).fetchall()
+        orphans_removed = conn.execute(
+            "SELECT count(*) FROM jobs_jobevent WHERE type = 'orphaned'"
+        ).fetchone()[0]
         expired = conn.execute(
             "SELECT extract(epoch FROM a.ended_at - coalesce(a.heartbeat_at, a.claimed_at)) "
             "FROM jobs_attempt a WHERE a.outcome = 'expired'"
@@ -151,6 +158,9 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
     _check_intents_and_mail(jobs, intents, resent, performs or [], mails or [], zero, info)
     latencies = sorted(float(r[0]) for r in expired if r[0] is not None)
     info.update(
+        unknown_outcome_writes=len(unknown),
+        unknown_outcome_jobs_ended=dict(Counter(state for _, state in unknown)),
+        orphaned_outputs_removed_by_the_janitor=orphans_removed,
         jobs=len(jobs),
         states=dict(Counter(j[1] for j in jobs.values())),
         history_lines=lines,
