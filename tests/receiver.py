@@ -36,19 +36,38 @@ class Received:
             return len(self.calls)
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet request handler that answers JSON (every test receiver's base)."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve `handler` on a free local port on a thread; yields the base URL, stops on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
 def _handler(received: Received) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _answer(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"null")
@@ -72,13 +91,5 @@ def _handler(received: Received) -> type[BaseHTTPRequestHandler]:
 @contextmanager
 def receiver() -> Iterator[Received]:
     received = Received()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(received))
-    received.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(received)) as received.url:
         yield received
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)

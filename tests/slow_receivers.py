@@ -10,16 +10,17 @@
   per-read timeout never cuts); counts its connections.
 """
 
-import json
 import socketserver
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from tests.receiver import JsonHandler, serving
 
 
 @dataclass
@@ -40,18 +41,7 @@ class Fencing:
 
 
 def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _answer(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_POST(self) -> None:  # noqa: N802
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             key = self.headers.get("Idempotency-Key", "")
@@ -94,18 +84,11 @@ def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
 @contextmanager
 def fencing_receiver(hold_first: bool = False) -> Iterator[Fencing]:
     r = Fencing(hold_first=hold_first)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _fencing_handler(r))
-    server.daemon_threads = True
-    r.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield r
-    finally:
-        r.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(_fencing_handler(r)) as r.url:
+        try:
+            yield r
+        finally:
+            r.release.set()  # a held first call returns before the server stops
 
 
 @dataclass
