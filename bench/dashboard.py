@@ -6,7 +6,7 @@ open, and what open dashboards (five screens, or the 12 narrow sockets) cost the
     .venv/bin/python bench/dashboard.py [--rows 1000000] [--samples 200] [--latency 100]
                                         [--drain-jobs 4000] [--repeat 3] [--narrow 12]
                                         [--drain-with narrow|five] [--db NAME] [--reuse]
-                                        [--phases server,latency,drain]
+                                        [--phases server,latency,drain] [--only WORDS]
 
 Phases, against a fresh database `palisade_bench_dash` (--db; dropped, recreated, migrated --
 or, with --reuse, the one a previous run seeded):
@@ -14,7 +14,8 @@ or, with --reuse, the one a previous run seeded):
   seed     --rows jobs inserted by SQL (kinds, queues, states, payloads, every tenth keyed), one
            attempt and two events per finished job, plus one job with 50 attempts, 5,000 events
            and 49 rejected writes; VACUUM ANALYZE.
-  server   in-process Django test client, logged in: each URL --samples times after a warm-up;
+  server   in-process Django test client, logged in: each URL --samples times after a warm-up
+           (--only 'payload text,50 attempts': only the screens whose label holds one of these);
            the time of `client.get` (routing, queries, template rendering) -- "server time".
            EXPLAIN of the list queries goes into the JSON.
   latency  daphne + Debian chromium (Playwright) showing the jobs list's first page; Python
@@ -194,7 +195,7 @@ def superuser() -> Any:
     return user or User.objects.create_superuser("bench", "bench@example.com", "bench")
 
 
-def server_times(big: int, rows: int, samples: int) -> dict[str, Any]:
+def server_times(big: int, rows: int, samples: int, only: str = "") -> dict[str, Any]:
     from django.db import connection
     from django.test import Client
 
@@ -227,6 +228,9 @@ def server_times(big: int, rows: int, samples: int) -> dict[str, Any]:
         "queues": "/queues/",
         "cron": "/cron/",
     }
+    if only:
+        wanted = [w.strip() for w in only.split(",") if w.strip()]
+        urls = {k: v for k, v in urls.items() if any(w in k for w in wanted)}
     results: dict[str, Any] = {}
     for label, url in urls.items():
         for _ in range(5):
@@ -468,6 +472,12 @@ def main() -> int:
     parser.add_argument("--db", default=DB_NAME)
     parser.add_argument("--reuse", action="store_true", help="keep a database already seeded")
     parser.add_argument("--phases", default="server,latency,drain")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="server phase: only the screens whose label contains one of "
+        "these comma-separated words (e.g. 'payload text,50 attempts,queues,cron')",
+    )
     args = parser.parse_args()
     phases = set(args.phases.split(","))
     use_database(args.db)
@@ -487,7 +497,13 @@ def main() -> int:
     out: dict[str, Any] = {"rows": args.rows, "started": datetime.now(UTC).isoformat()}
     out["loadavg_at_start"] = os.getloadavg()
     if "server" in phases:
-        out["server"] = server_times(big, args.rows, args.samples)
+        out["server"] = server_times(big, args.rows, args.samples, args.only)
+    if not phases & {"latency", "drain"}:
+        stop_all()
+        path = RESULTS_DIR / f"dashboard-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+        path.write_text(json.dumps(out, indent=2, default=str))
+        log(f"results: {path}")
+        return 0
     proc, base = start_daphne()
     try:
         with sync_playwright() as p:

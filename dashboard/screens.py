@@ -66,7 +66,7 @@ def jobs_context(params: QueryDict) -> dict[str, Any]:
         "next_query": following.urlencode() if page.next_before else "",
         "first_query": _without_cursor(params),
         "query": params.urlencode(),
-        "search_window": selectors.SEARCH_WINDOW,
+        "search_window": f"{selectors.SEARCH_WINDOW:,}",
     }
 
 

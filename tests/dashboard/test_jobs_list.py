@@ -76,3 +76,37 @@ def test_a_search_that_only_looks_like_an_id_is_not_taken_for_one(
 def test_a_cursor_beyond_a_bigint_is_reported_not_queried(operator_client: Client) -> None:
     response = operator_client.get(reverse("dashboard:jobs"), {"before": str(2**70)})
     assert response.status_code == 200
+
+
+def test_payload_text_search_folds_ascii_case_and_takes_wildcards_literally(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    acme = make_job(payload={"customer": "ACME Corp", "note": "50%_off"})
+    make_job(payload={"customer": "zeta", "note": "50 off"})
+    assert ids_in(operator_client, q="acme corp") == [acme.pk]
+    assert ids_in(operator_client, q="aCmE") == [acme.pk]
+    assert ids_in(operator_client, q="50%_") == [acme.pk]  # not "50, anything, one character"
+    assert ids_in(operator_client, q="0_o") == []
+    assert ids_in(operator_client, q="Zeta") != []
+
+
+def test_a_payload_search_pages_through_older_windows_and_says_what_it_searched(
+    operator_client: Client, make_job: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each page examines at most SEARCH_WINDOW jobs; a window that ends before the page fills
+    says so and its "older" link searches the next window, so every job can still be found."""
+    monkeypatch.setattr(selectors, "SEARCH_WINDOW", 3)
+    wanted = make_job(payload={"customer": "needle"})
+    for _ in range(7):
+        make_job(payload={"customer": "hay"})
+    first = operator_client.get(reverse("dashboard:jobs"), {"q": "needle"})
+    assert [j.pk for j in first.context["page"].jobs] == []
+    assert "Searched the newest 3 jobs for this text" in first.content.decode()
+    assert "look at 3 jobs per page" in first.content.decode()
+    found, before, pages = [], first.context["page"].next_before, 0
+    while before and pages < 10:
+        page = operator_client.get(reverse("dashboard:jobs"), {"q": "needle", "before": before})
+        found += [j.pk for j in page.context["page"].jobs]
+        before, pages = page.context["page"].next_before, pages + 1
+    assert found == [wanted.pk]
+    assert pages <= 3  # windows of 3 below the first: 8 jobs in all

@@ -38,6 +38,14 @@ def test_payload_text_search_is_bounded_to_the_newest_window() -> None:
     assert "jobs_job_pkey" in text
 
 
+def test_an_ascii_payload_search_folds_case_in_the_c_collation() -> None:
+    """The locale's ILIKE/UPPER widen every payload's characters first: three times the cost
+    over a window of payloads (docs/benchmarks.md, "Dashboard at 1M jobs")."""
+    sql = str(selectors._search(Job.objects.all(), "Acme").query)
+    assert 'COLLATE "C" ILIKE' in sql and "UPPER" not in sql
+    assert "UPPER" in str(selectors._search(Job.objects.all(), "Müller").query)
+
+
 # -- every filter's first page is bounded ------------------------------------------------------
 
 
