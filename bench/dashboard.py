@@ -13,7 +13,8 @@ or, with --reuse, the one a previous run seeded):
 
   seed     --rows jobs inserted by SQL (kinds, queues, states, payloads, every tenth keyed), one
            attempt and two events per finished job, plus one job with 50 attempts, 5,000 events
-           and 49 rejected writes; VACUUM ANALYZE.
+           and 49 rejected writes; 20 cron schedules with 2,500 finished runs each (the cron
+           page; added to a reused database that lacks them); VACUUM ANALYZE.
   server   in-process Django test client, logged in: each URL --samples times after a warm-up
            (--only 'payload text,50 attempts': only the screens whose label holds one of these);
            the time of `client.get` (routing, queries, template rendering) -- "server time".
@@ -112,6 +113,48 @@ SELECT id, 1, e.type, 'bench-host:' || (id % 4), CASE e.type WHEN 'claimed' THEN
        ELSE finished_at END, '{}'
   FROM jobs_job, (VALUES ('claimed'), ('succeeded')) AS e(type) ORDER BY id
 """
+
+
+SCHEDULES = 20
+RUNS_PER_SCHEDULE = 2_500
+SEED_SCHEDULES = """
+INSERT INTO jobs_schedule (name, kind, cron, timezone, payload, queue, missed, enabled, next_at,
+                           last_tick_at, ticks_enqueued, ticks_skipped, source, updated_at)
+SELECT 'bench-' || lpad(s::text, 2, '0'), 'report.render', '*/5 * * * *', 'Europe/Paris', '{}',
+       'reports', 'latest', true, now() + interval '5 minutes', now(), %(runs)s, 0, 'bench', now()
+  FROM generate_series(1, %(n)s) s
+"""
+SEED_SCHEDULE_JOBS = """
+INSERT INTO jobs_job (kind, payload, queue, priority, state, attempt, run_at, created_at,
+                      updated_at, finished_at, unique_key, result, result_ref, error)
+SELECT 'report.render', jsonb_build_object('customer', 'cust-' || (k %% 5000), 'order', k,
+       'note', md5(name || k)), 'reports', 0, 'succeeded', 1, t, t, t + interval '2 seconds',
+       t + interval '2 seconds', 'schedule:' || name || ':' || to_char(t, 'YYYY-MM-DD"T"HH24:MI'),
+       '{}', '', ''
+  FROM jobs_schedule, LATERAL (SELECT k, now() - make_interval(mins => 5 * k) AS t
+                                 FROM generate_series(1, %(runs)s) k) ticks
+ WHERE source = 'bench'
+ ORDER BY t
+"""
+
+
+def seed_schedules(conn: psycopg.Connection[Any]) -> None:
+    """SCHEDULES cron schedules with RUNS_PER_SCHEDULE finished runs each (the cron page's
+    rows), once per database: a reused database seeded before they existed gets them too."""
+    if conn.execute("SELECT 1 FROM jobs_schedule WHERE source = 'bench' LIMIT 1").fetchone():
+        return
+    log(f"seeding {SCHEDULES} schedules with {RUNS_PER_SCHEDULE:,} runs each")
+    conn.execute(SEED_SCHEDULES, {"n": SCHEDULES, "runs": RUNS_PER_SCHEDULE})
+    floor = conn.execute("SELECT max(id) FROM jobs_job").fetchone()[0]
+    conn.execute(SEED_SCHEDULE_JOBS, {"runs": RUNS_PER_SCHEDULE})
+    conn.execute(
+        "INSERT INTO jobs_attempt (job_id, number, worker, claimed_at, heartbeat_at, ended_at, "
+        "outcome, staging_ref, error) SELECT id, 1, 'bench-host:1', created_at, created_at, "
+        "finished_at, state, '', '' FROM jobs_job WHERE id > %s",
+        (floor,),
+    )
+    for table in ("jobs_job", "jobs_attempt", "jobs_schedule"):
+        conn.execute(f"VACUUM ANALYZE {table}")
 
 
 def log(message: str) -> None:
@@ -493,6 +536,7 @@ def main() -> int:
         conn = create_database()
         log(f"seeding {args.rows:,} jobs")
         big = seed(conn, args.rows)
+    seed_schedules(conn)
     setup_django()
     out: dict[str, Any] = {"rows": args.rows, "started": datetime.now(UTC).isoformat()}
     out["loadavg_at_start"] = os.getloadavg()

@@ -77,10 +77,10 @@ def _without_cursor(params: QueryDict) -> str:
 
 
 def job_context(job_id: int) -> dict[str, Any] | None:
-    detail = selectors.job_detail(job_id)
+    now = timezone.now()
+    detail = selectors.job_detail(job_id, now)
     if detail is None:
         return None
-    now = timezone.now()
     line = timeline.build(
         detail.job,
         detail.attempts,
@@ -91,6 +91,14 @@ def job_context(job_id: int) -> dict[str, Any] | None:
         lease_seconds=_lease_seconds(detail.job),
     )
     return {"detail": detail, "job": detail.job, "timeline": line}
+
+
+def job_events_context(job_id: int, before: int | None) -> dict[str, Any] | None:
+    job = Job.objects.filter(pk=job_id).only("id", "kind").first()
+    if job is None:
+        return None
+    page = selectors.job_events(job_id, before)
+    return {"job": job, "page": page, "first_page": before is None}
 
 
 def _lease_seconds(job: Job) -> float:

@@ -18,6 +18,7 @@ from django.db.models import Count, Lookup, Max, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinute
 from django.utils import timezone
 
+from dashboard import timeline
 from dashboard.filters import SCAN_ROWS, bounded_ids, driver_of, filtered
 from dashboard.timeline import MINOR_TYPES
 from jobs.core.states import JobState
@@ -151,7 +152,7 @@ class JobDetail:
     job: Job
     attempts: list[Attempt]
     events: list[JobEvent]  # every boundary event (claims, expiries, commits, failures, ...)
-    minor: list[tuple[int, str, datetime]]  # newest MINOR_LIMIT minor ones: attempt, type, at
+    minor: list[tuple[int, str, datetime, int]]  # the newest minor ones, binned (minor_marks)
     log: list[JobEvent]  # the newest LOG_ROWS events, for the event log table
     rejected: list[RejectedWrite]
     events_total: int
@@ -163,7 +164,8 @@ class JobDetail:
 
 
 MINOR_LIMIT = 10_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
-LOG_ROWS = 100
+LOG_ROWS = 50  # the job page's event log: the newest; older ones on job_events pages
+EVENT_PAGE_ROWS = 100
 
 
 SHOWN_JSON_CHARS = 64 * 1024  # of a payload or result on the job page
@@ -185,7 +187,7 @@ def _shown_json(text: str | None) -> str:
         return text
 
 
-def job_detail(job_id: int) -> JobDetail | None:
+def job_detail(job_id: int, now: datetime | None = None) -> JobDetail | None:
     job = (
         Job.objects.filter(pk=job_id)
         .defer("payload", "result", "progress")
@@ -200,20 +202,20 @@ def job_detail(job_id: int) -> JobDetail | None:
     attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
     events_qs = JobEvent.objects.filter(job_id=job_id)
     boundaries = list(events_qs.exclude(type__in=MINOR_TYPES).order_by("id"))
-    minor = list(
-        events_qs.filter(type__in=MINOR_TYPES)
-        .order_by("-id")
-        .values_list("attempt", "type", "at")[:MINOR_LIMIT]
-    )
+    rejected = list(RejectedWrite.objects.filter(job_id=job_id).order_by("id"))
+    newest_minor = events_qs.filter(type__in=MINOR_TYPES).order_by("-id")[:MINOR_LIMIT]
+    seen = newest_minor.aggregate(n=Count("id"), last=Max("at"))
+    axis = timeline.bounds(attempts, boundaries, rejected, now or timezone.now(), seen["last"])
+    minor = minor_marks(job_id, *axis) if axis and seen["n"] else []
     log = list(events_qs.order_by("-id")[:LOG_ROWS])[::-1]
-    total = len(boundaries) + (len(minor) if len(minor) < MINOR_LIMIT else events_qs.count())
+    total = len(boundaries) + (seen["n"] if seen["n"] < MINOR_LIMIT else events_qs.count())
     return JobDetail(
         job,
         attempts,
         boundaries,
         minor,
         log,
-        list(RejectedWrite.objects.filter(job_id=job_id).order_by("id")),
+        rejected,
         total,
         payload_json=_shown_json(job.payload_text),  # type: ignore[attr-defined]
         result_json=_shown_json(job.result_text),  # type: ignore[attr-defined]
@@ -228,6 +230,47 @@ def job_detail(job_id: int) -> JobDetail | None:
             Intent.objects.filter(job_id=job_id).defer("data").order_by("id")[:WRITE_ROWS]
         ),
     )
+
+
+MinorBin = tuple[int, str, datetime, int]  # attempt, type, newest at, count
+
+
+def minor_marks(job_id: int, start: datetime, end: datetime) -> list[MinorBin]:
+    """The newest MINOR_LIMIT heartbeats/checkpoints of a job, counted per attempt, type and
+    percent of the timeline's axis [start, end] -- the bins timeline.build draws -- as (attempt,
+    type, newest at, count): the database groups them, so a job with thousands of beats sends a
+    few hundred rows, not thousands. Elsewhere than PostgreSQL: one row per mark, count 1."""
+    newest = JobEvent.objects.filter(job_id=job_id, type__in=MINOR_TYPES).order_by("-id")
+    if connection.vendor != "postgresql":
+        rows = newest.values_list("attempt", "type", "at")[:MINOR_LIMIT]
+        return [(attempt, type_, at, 1) for attempt, type_, at in rows]
+    sql, params = newest.values("attempt", "type", "at")[:MINOR_LIMIT].query.sql_with_params()
+    span = max((end - start).total_seconds(), 0.001)  # as timeline._Axis places a mark
+    place = "least(greatest(extract(epoch FROM m.at - %s) / %s, 0), 1) * 100"
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT m.attempt, m.type, max(m.at), count(*) FROM ({sql}) AS m "
+            f"GROUP BY m.attempt, m.type, floor(round(({place})::numeric, 3))",
+            [*params, start, span],
+        )
+        return [tuple(row) for row in cur.fetchall()]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class EventPage:
+    events: list[JobEvent]  # newest first
+    next_before: int | None  # the keyset cursor of the next (older) page, None on the last
+
+
+def job_events(job_id: int, before: int | None) -> EventPage:
+    """A page of a job's events older than `before` (an event id), newest first: one backward
+    scan of jobs_event_job_idx (job_id, id) that stops after a page."""
+    qs = JobEvent.objects.filter(job_id=job_id)
+    if before is not None:
+        qs = qs.filter(pk__lt=before)
+    rows = list(qs.order_by("-id")[: EVENT_PAGE_ROWS + 1])
+    more = len(rows) > EVENT_PAGE_ROWS
+    return EventPage(rows[:EVENT_PAGE_ROWS], rows[EVENT_PAGE_ROWS - 1].pk if more else None)
 
 
 WRITE_ROWS = 200  # effects, staged outputs and intents shown per job

@@ -88,9 +88,9 @@ def _collapse(markers: list[Marker]) -> list[Marker]:
     for m in (m for m in markers if m.kind in MINOR_TYPES):
         key = (m.kind, int(m.pos))
         if key in bins:
-            bins[key].count += 1
+            bins[key].count += m.count
         else:
-            bins[key] = Marker(m.pos, m.kind, m.label, m.at, event=m.event)
+            bins[key] = Marker(m.pos, m.kind, m.label, m.at, m.count, event=m.event)
     return sorted(kept + list(bins.values()), key=lambda m: m.pos)
 
 
@@ -106,32 +106,51 @@ def _rejected_label(r: RejectedWrite) -> str:
     )
 
 
+def bounds(
+    attempts: list[Attempt],
+    events: Iterable[JobEvent],
+    rejected: list[RejectedWrite],
+    now: datetime,
+    minor_last: datetime | None = None,
+) -> tuple[datetime, datetime] | None:
+    """The axis: from the first claim to the last thing drawn (an end, an event, a rejected
+    write, the newest minor mark `minor_last`), plus 2 % of room. None without attempts.
+    selectors.minor_marks bins heartbeats on this same axis before build() draws it."""
+    if not attempts:
+        return None
+    stamps = [a.claimed_at for a in attempts] + [e.at for e in events if e.type != "rejected"]
+    stamps += [r.at for r in rejected] + [a.ended_at or now for a in attempts]
+    if minor_last is not None:
+        stamps.append(minor_last)
+    start = min(a.claimed_at for a in attempts)
+    end = max(stamps)
+    return start, end + max((end - start) * 0.02, timedelta(milliseconds=5))
+
+
 def build(
     job: Job,
     attempts: list[Attempt],
     events: Iterable[JobEvent],
     rejected: list[RejectedWrite],
     now: datetime | None = None,
-    minor: Iterable[tuple[int, str, datetime]] = (),
+    minor: Iterable[tuple[int, str, datetime] | tuple[int, str, datetime, int]] = (),
     lease_seconds: float | None = None,
 ) -> Timeline | None:
-    """`events` are model rows (any type); `minor` are (attempt, type, at) tuples of heartbeats
-    and checkpoints, read as tuples because a long job has thousands of them. With
-    `lease_seconds`, an expired attempt also shows where its lease ran out (its last heartbeat
-    plus the lease), apart from the reaper's reclaim."""
+    """`events` are model rows (any type); `minor` are heartbeats and checkpoints as (attempt,
+    type, at) tuples, or already binned as (attempt, type, at, count) by selectors.minor_marks
+    (a long job has thousands). With `lease_seconds`, an expired attempt also shows where its
+    lease ran out (its last heartbeat plus the lease), apart from the reclaim."""
     if not attempts:
         return None
     now = now or timezone.now()
     events = [e for e in events if e.type != "rejected"]  # drawn from RejectedWrite instead
-    minor_by_attempt: dict[int, list[tuple[str, datetime]]] = {}
-    for attempt, type_, at in minor:
-        minor_by_attempt.setdefault(attempt, []).append((type_, at))
-    stamps = [a.claimed_at for a in attempts] + [e.at for e in events] + [r.at for r in rejected]
-    stamps += [at for beats in minor_by_attempt.values() for _, at in beats[:1] + beats[-1:]]
-    stamps += [a.ended_at or now for a in attempts]
-    start = min(a.claimed_at for a in attempts)
-    end = max(stamps)
-    end = end + max((end - start) * 0.02, timedelta(milliseconds=5))  # room for the last mark
+    minor_by_attempt: dict[int, list[tuple[str, datetime, int]]] = {}
+    for attempt, type_, at, *count in minor:
+        minor_by_attempt.setdefault(attempt, []).append((type_, at, count[0] if count else 1))
+    last = max((at for beats in minor_by_attempt.values() for _, at, _ in beats), default=None)
+    span = bounds(attempts, events, rejected, now, last)
+    assert span is not None
+    start, end = span
     axis = _Axis(start, end)
     by_attempt: dict[int, list[JobEvent]] = {}
     for e in events:
@@ -162,7 +181,7 @@ def _bar(
     job: Job,
     a: Attempt,
     events: list[JobEvent],  # this attempt's own
-    minor: list[tuple[str, datetime]],  # this attempt's heartbeats/checkpoints: type, at
+    minor: list[tuple[str, datetime, int]],  # this attempt's heartbeats/checkpoints: type, at, n
     rejected: list[RejectedWrite],
     axis: _Axis,
     now: datetime,
@@ -171,7 +190,7 @@ def _bar(
     left, right = axis.pos(a.claimed_at), axis.pos(ended)
     mine = [r for r in rejected if r.attempt_presented == a.number]
     markers = [Marker(axis.pos(e.at), e.type, "", e.at, event=e) for e in events]
-    markers += [Marker(axis.pos(at), type_, "", at) for type_, at in minor]  # labels made lazily
+    markers += [Marker(axis.pos(at), type_, "", at, n) for type_, at, n in minor]  # lazy labels
     if a.heartbeat_at and a.heartbeat_at != a.claimed_at:
         label = f"Last heartbeat of attempt {a.number} at {iso_ms(a.heartbeat_at)}"
         markers.append(Marker(axis.pos(a.heartbeat_at), "heartbeat", label, a.heartbeat_at))

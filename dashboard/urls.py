@@ -11,6 +11,7 @@ urlpatterns = [
     path("", views.overview, name="overview"),
     path("jobs/", views.jobs_list, name="jobs"),
     path("jobs/<int:job_id>/", views.job_detail, name="job"),
+    path("jobs/<int:job_id>/events/", views.job_events, name="job-events"),
     path("rejected/", views.rejected, name="rejected"),
     path("workers/", views.workers, name="workers"),
     path("drill/", views.drill, name="drill"),

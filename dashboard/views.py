@@ -3,7 +3,7 @@
 import time
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect
@@ -51,6 +51,19 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     if context is None:
         raise Http404("no such job")
     return _page(request, "dashboard/job.html", "live", context, "job")
+
+
+@viewer
+def job_events(request: HttpRequest, job_id: int) -> HttpResponse:
+    """A job's older events, a page at a time (the job page shows the newest); not live."""
+    before = request.GET.get("before", "")
+    if before and not (before.isascii() and before.isdigit() and len(before) <= 18):
+        return HttpResponseBadRequest("before: an event id (digits) was expected")
+    context = screens.job_events_context(job_id, int(before) if before else None)
+    if context is None:
+        raise Http404("no such job")
+    context |= {"can_act": can_act(request.user), "static_page": True}
+    return render(request, "dashboard/job_events.html", context)
 
 
 @viewer

@@ -3,8 +3,10 @@
 from datetime import datetime
 
 from django import template
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
-from dashboard.timeline import iso_ms
+from dashboard.timeline import Bar, iso_ms
 
 register = template.Library()
 
@@ -47,3 +49,61 @@ def epoch_ms(at: datetime | None) -> str:
 @register.filter
 def get_item(mapping: dict, key: str) -> object:
     return mapping.get(key)
+
+
+MARK = '<span class="mark mark-{}" style="left: {}%" title="{}" data-at="{}">{}</span>'
+LANE = (
+    '<div class="lane" data-attempt="{n}">\n'
+    '    <span class="lane-label">#{n} <small>{worker}</small></span>\n'
+    '    <div class="track">\n'
+    '      <div class="bar outcome-{outcome}{won}" style="left: {left}%; width: {width}%"'
+    ' title="attempt {n}: {shown}; claimed {claimed}{ended}">'
+    '<span class="bar-label">{shown}{commit}</span></div>\n'
+    "      {tail}{marks}\n"
+    "    </div>\n"
+    "  </div>"
+)
+TAIL = (
+    '<div class="tail" style="left: {}%; width: {}%"'
+    ' title="attempt {} kept running as a zombie"></div>'
+)
+
+
+@register.simple_tag
+def timeline_lane(bar: Bar) -> SafeString:
+    """One attempt's lane of the timeline: its bar, zombie tail and marks. Built here, not by
+    template loops: a long job draws 50 lanes and hundreds of marks, and the template engine's
+    per-variable lookups cost more than all the rest of its page. format_html escapes every
+    value; positions are plain floats (a CSS length is never localized)."""
+    a = bar.attempt
+    marks = format_html_join(
+        "",
+        MARK,
+        (
+            (
+                m.kind,
+                m.pos,
+                m.title,
+                m.at_iso,
+                format_html("<b>{}</b>", m.count) if m.count > 1 else "",
+            )
+            for m in bar.markers
+        ),
+    )
+    ended = format_html(", ended {}", iso_ms(a.ended_at)) if a.ended_at else ""
+    tail = format_html(TAIL, bar.tail_left, bar.tail_width, a.number) if bar.tail_width else ""
+    return format_html(
+        LANE,
+        n=a.number,
+        worker=a.worker,
+        outcome=a.outcome,
+        won=" won" if bar.won else "",
+        left=bar.left,
+        width=bar.width,
+        shown=a.get_outcome_display(),
+        claimed=iso_ms(a.claimed_at),
+        ended=ended,
+        commit=" · commit won" if bar.won else "",
+        tail=tail,
+        marks=marks,
+    )
