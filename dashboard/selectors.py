@@ -43,10 +43,10 @@ class _AsciiIContains(Lookup):  # type: ignore[type-arg]
     lookup_name = "ascii_icontains"
     prepare_rhs = False
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         lhs, lhs_params = self.process_lhs(compiler, connection)
         rhs, rhs_params = self.process_rhs(compiler, connection)
-        return f'({lhs}) COLLATE "C" ILIKE {rhs}', [*lhs_params, *rhs_params]
+        return f'({lhs}) COLLATE "C" ILIKE {rhs}', (*lhs_params, *rhs_params)
 
 
 def _like_escaped(text: str) -> str:

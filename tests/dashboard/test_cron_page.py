@@ -9,6 +9,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from dashboard import cron as cron_page
@@ -71,6 +72,34 @@ def test_the_last_runs_show_outcome_and_duration_newest_first(
     assert runs.index(f"#{newer.pk}") < runs.index(f"#{older.pk}")
     assert "Succeeded" in runs and "Failed" in runs and "2.5 s" in runs
     assert runs.count("<li>") == 2  # the other schedule's run is not this one's
+
+
+def test_the_page_reads_every_schedules_runs_in_one_statement(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    """The query count does not grow with the schedules; each keeps its own runs, newest first,
+    even when one name is a LIKE pattern of another's ("a_b%" is not "axb...")."""
+    counts = []
+    for names in (["a_b%"], ["a_b%", "axbc", "nightly", "hourly", "weekly"]):
+        for name in names:
+            if not Schedule.objects.filter(name=name).exists():
+                plant(name)
+                for day in (1, 2, 3, 4, 5, 6):
+                    make_job(
+                        state="succeeded",
+                        attempt=1,
+                        unique_key=f"schedule:{name}:2026-01-0{day}T02:00:00Z",
+                    )
+        with CaptureQueriesContext(connection) as ran:
+            response = operator_client.get(reverse("dashboard:cron"))
+        counts.append(len(ran.captured_queries))
+    rows = {r.schedule.name: r.runs for r in response.context["schedules"]}
+    assert counts[0] == counts[1], counts
+    for name, runs in rows.items():
+        keys = [run.job.unique_key for run in runs]
+        assert len(keys) == cron_page.RUNS_SHOWN
+        assert all(k.startswith(f"schedule:{name}:") for k in keys), (name, keys)
+        assert keys == sorted(keys, reverse=True)
 
 
 def test_a_schedules_runs_are_read_from_their_partial_index() -> None:
