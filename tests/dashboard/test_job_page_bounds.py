@@ -151,3 +151,19 @@ def test_the_events_page_escapes_what_workers_wrote(operator_client: Client, mak
     html = operator_client.get(reverse("dashboard:job-events", args=[job.pk])).content.decode()
     assert "<script>x()" not in html and "&lt;script&gt;x()" in html
     assert "<b>odd" not in html and "<i>" not in html
+
+
+def test_the_timeline_escapes_worker_names_and_event_types(
+    operator_client: Client, make_job
+) -> None:  # type: ignore[no-untyped-def]
+    """The lanes and marks are built by a template tag, not the template: still escaped."""
+    job = long_job(make_job, attempts=2, beats=10)
+    Attempt.objects.filter(job=job, number=1).update(worker='<script>lane()</script>"')
+    JobEvent.objects.filter(job=job, type="claimed").update(
+        worker='x" onmouseover="mark()', type='claimed"><i>'
+    )
+    html = operator_client.get(reverse("dashboard:job", args=[job.pk])).content.decode()
+    timeline_html = html[html.index('id="timeline"') : html.index('<p class="legend">')]
+    assert "<script>lane()" not in html and "&lt;script&gt;lane()&lt;/script&gt;&quot;" in html
+    assert 'onmouseover="mark()' not in timeline_html and "x&quot; onmouseover=" in timeline_html
+    assert "<i>" not in timeline_html and "mark-claimed&quot;&gt;&lt;i&gt;" in timeline_html
