@@ -17,7 +17,9 @@ or, with --reuse, the one a previous run seeded):
            page; added to a reused database that lacks them); VACUUM ANALYZE.
   server   in-process Django test client, logged in: each URL --samples times after a warm-up
            (--only 'payload text,50 attempts': only the screens whose label holds one of these);
-           the time of `client.get` (routing, queries, template rendering) -- "server time".
+           the time of `client.get` (routing, queries, template rendering) -- "server time" --
+           and this process's CPU time in it (Python's share: the database's is not in it, and
+           it depends far less on what else runs on the machine than the wall time does).
            EXPLAIN of the list queries goes into the JSON.
   latency  daphne + Debian chromium (Playwright) showing the jobs list's first page; Python
            enqueues one job at a time (a transition writing an event) and notes the wall clock
@@ -278,13 +280,17 @@ def server_times(big: int, rows: int, samples: int, only: str = "") -> dict[str,
     for label, url in urls.items():
         for _ in range(5):
             assert client.get(url).status_code == 200, url
-        times = []
+        times, cpu = [], []
         for _ in range(samples):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             client.get(url)
             times.append((time.perf_counter() - t) * 1000)
-        results[label] = {"url": url, **summarize(times)}
-        log(f"{label:42s} p50 {results[label]['p50']:7.1f} ms  p95 {results[label]['p95']:7.1f} ms")
+            cpu.append((time.process_time() - c) * 1000)
+        results[label] = {"url": url, **summarize(times), "cpu": summarize(cpu)}
+        log(
+            f"{label:42s} p50 {results[label]['p50']:7.1f} ms  p95 {results[label]['p95']:7.1f} ms"
+            f"  (Python CPU p50 {results[label]['cpu']['p50']:5.1f} ms)"
+        )
     with connection.cursor() as cur:
         plans = {}
         for label, filters in {
