@@ -7,6 +7,7 @@ open, and what open dashboards (five screens, or the 12 narrow sockets) cost the
                                         [--drain-jobs 4000] [--repeat 3] [--narrow 12]
                                         [--drain-with narrow|five] [--db NAME] [--reuse]
                                         [--phases server,latency,drain] [--only WORDS]
+                                        [--ab OTHER_CHECKOUT]
 
 Phases, against a fresh database `palisade_bench_dash` (--db; dropped, recreated, migrated --
 or, with --reuse, the one a previous run seeded):
@@ -20,7 +21,10 @@ or, with --reuse, the one a previous run seeded):
            the time of `client.get` (routing, queries, template rendering) -- "server time" --
            and this process's CPU time in it (Python's share: the database's is not in it, and
            it depends far less on what else runs on the machine than the wall time does).
-           EXPLAIN of the list queries goes into the JSON.
+           EXPLAIN of the list queries goes into the JSON. With --ab DIR, the same screens are
+           served by this checkout and by DIR (say, `git archive` of the commit before a
+           change, with this file copied in) in two processes, one request each in turn: a
+           before/after on a shared machine where both sides meet the same load.
   latency  daphne + Debian chromium (Playwright) showing the jobs list's first page; Python
            enqueues one job at a time (a transition writing an event) and notes the wall clock
            after COMMIT; the page notes the wall clock after applying the push that carries an
@@ -240,14 +244,8 @@ def superuser() -> Any:
     return user or User.objects.create_superuser("bench", "bench@example.com", "bench")
 
 
-def server_times(big: int, rows: int, samples: int, only: str = "") -> dict[str, Any]:
-    from django.db import connection
-    from django.test import Client
-
-    from dashboard import selectors
-
-    client = Client()
-    client.force_login(superuser())
+def screen_urls(big: int, rows: int, only: str = "") -> dict[str, str]:
+    """Every screen the server phase times, by label (--only: those whose label holds a word)."""
     mid = rows // 2
     urls = {
         "jobs list, first page": "/jobs/",
@@ -276,6 +274,18 @@ def server_times(big: int, rows: int, samples: int, only: str = "") -> dict[str,
     if only:
         wanted = [w.strip() for w in only.split(",") if w.strip()]
         urls = {k: v for k, v in urls.items() if any(w in k for w in wanted)}
+    return urls
+
+
+def server_times(big: int, rows: int, samples: int, only: str = "") -> dict[str, Any]:
+    from django.db import connection
+    from django.test import Client
+
+    from dashboard import selectors
+
+    client = Client()
+    client.force_login(superuser())
+    urls = screen_urls(big, rows, only)
     results: dict[str, Any] = {}
     for label, url in urls.items():
         for _ in range(5):
@@ -307,6 +317,71 @@ def server_times(big: int, rows: int, samples: int, only: str = "") -> dict[str,
             cur.execute(f"EXPLAIN {sql}", params)
             plans[label] = [r[0] for r in cur.fetchall()]
     return {"urls": results, "explain": plans}
+
+
+def serve_requests() -> None:
+    """--serve: time one GET per URL read from stdin, answer "<wall ms> <cpu ms>" (--ab's child)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(superuser())
+    for line in sys.stdin:
+        url = line.strip()
+        t, c = time.perf_counter(), time.process_time()
+        status = client.get(url).status_code
+        wall, cpu = (time.perf_counter() - t) * 1000, (time.process_time() - c) * 1000
+        print(f"{wall:.3f} {cpu:.3f}" if status == 200 else f"error {status}", flush=True)
+
+
+def ab_times(other: Path, big: int, rows: int, samples: int, only: str) -> dict[str, Any]:
+    """--ab DIR: the same screens served by this checkout and by DIR (another checkout of the
+    project, e.g. the commit before a change, holding this file too), one request each in
+    turn, the order swapped every pair, so both see the same moments of a shared machine."""
+    sides = {"this": ROOT, "other": other.resolve()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(root / "bench" / "dashboard.py"), "--db", DB_NAME, "--serve"],
+            cwd=root, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        for name, root in sides.items()
+    }  # fmt: skip
+
+    def one(name: str, url: str) -> tuple[float, float]:
+        proc = procs[name]
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(url + "\n")
+        proc.stdin.flush()
+        answer = proc.stdout.readline().split()
+        if len(answer) != 2 or answer[0] == "error":
+            raise RuntimeError(f"{name} {url}: {answer}")
+        return float(answer[0]), float(answer[1])
+
+    results: dict[str, Any] = {"other": str(sides["other"])}
+    try:
+        for label, url in screen_urls(big, rows, only).items():
+            for _ in range(5):
+                one("this", url), one("other", url)
+            got: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in procs}
+            for i in range(samples):
+                for name in ("this", "other") if i % 2 == 0 else ("other", "this"):
+                    wall, cpu = one(name, url)
+                    got[name][0].append(wall)
+                    got[name][1].append(cpu)
+            results[label] = {
+                n: {"url": url, **summarize(w), "cpu": summarize(c)} for n, (w, c) in got.items()
+            }
+            this, that = results[label]["this"], results[label]["other"]
+            log(
+                f"{label:38s} this p50 {this['p50']:6.1f} p95 {this['p95']:6.1f} cpu "
+                f"{this['cpu']['p50']:5.1f} | other p50 {that['p50']:6.1f} p95 {that['p95']:6.1f} "
+                f"cpu {that['cpu']['p50']:5.1f} ms | load {os.getloadavg()[0]:.1f}"
+            )
+    finally:
+        for proc in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=30)
+    return results
 
 
 def _free_port() -> int:
@@ -522,6 +597,13 @@ def main() -> int:
     parser.add_argument("--reuse", action="store_true", help="keep a database already seeded")
     parser.add_argument("--phases", default="server,latency,drain")
     parser.add_argument(
+        "--ab",
+        type=Path,
+        help="server phase against another checkout too (e.g. the commit before a change), "
+        "one request each in turn",
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
         "--only",
         default="",
         help="server phase: only the screens whose label contains one of "
@@ -530,6 +612,10 @@ def main() -> int:
     args = parser.parse_args()
     phases = set(args.phases.split(","))
     use_database(args.db)
+    if args.serve:
+        setup_django()
+        serve_requests()
+        return 0
     (RESULTS_DIR / "logs").mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
@@ -546,7 +632,9 @@ def main() -> int:
     setup_django()
     out: dict[str, Any] = {"rows": args.rows, "started": datetime.now(UTC).isoformat()}
     out["loadavg_at_start"] = os.getloadavg()
-    if "server" in phases:
+    if "server" in phases and args.ab:
+        out["server_ab"] = ab_times(args.ab, big, args.rows, args.samples, args.only)
+    elif "server" in phases:
         out["server"] = server_times(big, args.rows, args.samples, args.only)
     if not phases & {"latency", "drain"}:
         stop_all()
