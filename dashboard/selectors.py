@@ -38,8 +38,8 @@ class _AsciiIContains(Lookup):  # type: ignore[type-arg]
     For an ASCII search text this finds what the database collation's ILIKE finds (short of
     exotic letters whose lower case is ASCII, such as the Kelvin sign), for less: on the 50,000
     newest payloads 31-39 ms against 46-97 ms for UPPER(...) LIKE (psql, alternated, loaded
-    machine): the locale's ILIKE and UPPER convert every payload to wide characters first. Used on PostgreSQL only; SQLite's LIKE already
-    folds ASCII only."""
+    machine): the locale's ILIKE and UPPER convert every payload to wide characters first. Used
+    on PostgreSQL only; SQLite's LIKE already folds ASCII only."""
 
     lookup_name = "ascii_icontains"
     prepare_rhs = False
