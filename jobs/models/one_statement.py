@@ -42,8 +42,8 @@ class _Plan:
     """One statement shape: its SQL, and the fields whose row values are its parameters."""
 
     sql: str
-    slots: list[Field]  # in parameter order; the payload's is sent as the checked JSON text
-    payload: int  # the payload's position among them
+    slots: list[Field]  # in parameter order
+    payload: Field  # among them, sent as the JSON text the rules checked
 
 
 _INSERTABLE: dict[tuple[str, type[models.Model]], list[tuple[Any, str, str]]] = {}
@@ -76,10 +76,14 @@ def enqueue(
     if plan is None:  # a field computed per call (a callable default, auto_now): the long way
         sql, params = _generic(job_model, event_model, conn, row, unique_constraint)
     else:
-        sql = plan.sql
-        params = [field.get_db_prep_save(row[field.attname], conn) for field in plan.slots]
-        if payload_json is not None:
-            params[plan.payload] = payload_json  # text, cast to jsonb by the statement
+        sql, params = plan.sql, []
+        for field in plan.slots:
+            value = row[field.attname]
+            if field is plan.payload and payload_json is not None:
+                value = payload_json  # text, cast to jsonb by the statement
+            elif value is not None:  # NULL is NULL for every field: no need to ask it
+                value = field.get_db_prep_save(value, conn)
+            params.append(value)
         if keyed:
             params.append(row["unique_key"])
     found = _execute(conn, sql, params)
@@ -154,7 +158,7 @@ def _plan(
     ]
     holder = unique_constraint if row["unique_key"] is not None else None
     sql = _statement(job_model, conn, columns, values, event_columns, event_values, holder)
-    payload = next(i for i, f in enumerate(slots) if f.attname == "payload")
+    payload = next(f for f in slots if f.attname == "payload")
     return _Plan(sql, slots, payload)
 
 
