@@ -1,32 +1,44 @@
 #!/usr/bin/env python
-"""Single enqueue, one call and one commit each: the one-statement enqueue against the previous
-four round trips, and against PostgreSQL's own floor, alternated in one process.
+"""Single enqueue, one call and one commit each, against PostgreSQL's own floor, alternated in
+one process; wall-clock rates and the CPU each call costs the client and the server.
 
     .venv/bin/python bench/enqueue_single.py [--rounds 5] [--n 500] [--pgbench-seconds 5]
+        [--async-commit] [--before REF]
 
 Each round, in a rotated order, on a database of its own (palisade_bench_enqueue, or
 BENCH_ENQUEUE_DB), in autocommit:
 
-  statement   `jobs.enqueue("demo.noop", {})`, one statement on PostgreSQL (sql/enqueue.py)
+  statement   `jobs.enqueue("demo.noop", {})`: one prepared statement (jobs/models/one_statement.py)
   keyed       the same with a fresh `unique_key` each call
-  savepoint   the previous implementation, kept as the fallback path
-              (`Job.objects._enqueue_with_savepoint`): BEGIN, INSERT job, INSERT event, COMMIT
-  pgbench     `pgbench -n -c 1 -T S -f` one single-row INSERT per transaction into a scratch
-              table (id bigserial, kind text, payload jsonb): the floor of one durable commit
+  unprepared  the same with JOBS['ENQUEUE_PREPARE'] = "off" (what runs behind a pooler)
+  before      with `--before REF`: jobs/models/one_statement.py and jobs/core/sql/enqueue.py as
+              they were at git REF (e.g. the commit before this change), loaded from git into
+              this process; the rules (jobs/core/enqueue.py) are today's
+  savepoint   the oldest path, kept as the fallback (`Job.objects._enqueue_with_savepoint`):
+              BEGIN, INSERT job, INSERT event, COMMIT
+  floor_py    one single-row INSERT into a scratch table (id bigserial, kind text, payload jsonb),
+              prepared, through this process's psycopg connection: the floor with our client
+  pgbench     `pgbench -n -c 1 -T S -f` the same INSERT, one per transaction: the issue's floor
   statement_in_tx, savepoint_in_tx
-              the two paths, N calls inside one `transaction.atomic()`: what an enqueue adds to
+              the paths, N calls inside one `transaction.atomic()`: what an enqueue adds to
               the caller's transaction (the savepoint path: SAVEPOINT, 2 INSERTs, RELEASE)
 
-`--async-commit` runs every system with `synchronous_commit = off` (pgbench too, by PGOPTIONS):
-without the WAL flush per commit, what is left is round trips and CPU -- the part this change
-removes, and the only part still measurable when other work on the machine saturates the disk.
+Besides calls per second (wall clock of this process), every system but pgbench reports the CPU
+one call costs: this thread's (client) and its PostgreSQL backend's (server, from the kernel's
+/proc/<pid>/schedstat), and how long the backend waited for a CPU (runqueue) -- figures that the
+other work on a shared machine disturbs far less than the wall clock.
 
-Rates are calls per second by the wall clock of this process; medians and ranges of the rounds.
+`--async-commit` runs every system with `synchronous_commit = off` (pgbench too, by PGOPTIONS):
+without the WAL flush per commit, what is left is round trips and CPU.
+
+Rates: medians and ranges of the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import os
 import re
 import statistics
@@ -49,11 +61,12 @@ DB = os.environ.get("BENCH_ENQUEUE_DB", "palisade_bench_enqueue")
 SCRATCH = (
     "CREATE TABLE IF NOT EXISTS bench_floor (id bigserial PRIMARY KEY, kind text, payload jsonb)"
 )
+FLOOR = "INSERT INTO bench_floor (kind, payload) VALUES ('demo.noop', '{}')"
 
 
 def pgbench(server: str, seconds: float) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
-        f.write("INSERT INTO bench_floor (kind, payload) VALUES ('demo.noop', '{}');\n")
+        f.write(FLOOR + ";\n")
     out = subprocess.run(
         ["pgbench", "-n", "-c", "1", "-T", str(int(seconds)), "-f", f.name, f"{server}/{DB}"],
         capture_output=True, text=True, timeout=seconds + 60,
@@ -65,12 +78,31 @@ def pgbench(server: str, seconds: float) -> float:
     return float(found.group(1))
 
 
+def schedstat(pid: int) -> tuple[int, int]:
+    """(ns on a CPU, ns waiting for one) of process `pid` so far."""
+    run, wait, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    return int(run), int(wait)
+
+
+def module_at(ref: str, path: str, name: str) -> Any:
+    """`path` as it was at git `ref`, loaded as module `name` (its imports are today's)."""
+    source = subprocess.run(
+        ["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)  # noqa: S102 -- our own repo
+    return module
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--n", type=int, default=500, help="enqueues per system per round")
     p.add_argument("--pgbench-seconds", type=float, default=5.0, help="0: skip pgbench")
     p.add_argument("--async-commit", action="store_true", help="synchronous_commit = off")
+    p.add_argument("--before", metavar="REF", help="also time one_statement.py as of git REF")
     p.add_argument(
         "--server", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
     )
@@ -80,16 +112,18 @@ def main() -> None:
     print(f"machine: {load_start}")
     palisade_database(args.server, DB)
     from django.db import connection, transaction
+    from django.test.utils import override_settings
 
     from jobs import enqueue
     from jobs.core import enqueue as rules
-    from jobs.models import Job
+    from jobs.models import Job, JobEvent
 
     with connection.cursor() as cur:
         cur.execute(SCRATCH)
         if args.async_commit:
             cur.execute("SET synchronous_commit = off")
             os.environ["PGOPTIONS"] = "-c synchronous_commit=off"  # for pgbench
+    backend = connection.connection.info.backend_pid
     counter = iter(range(10**9))
 
     def statement() -> Any:
@@ -101,6 +135,10 @@ def main() -> None:
     def savepoint() -> Any:
         return Job.objects._enqueue_with_savepoint(rules.fields("demo.noop", {}))
 
+    def floor_py() -> Any:
+        with connection.connection.cursor() as cur:
+            cur.execute(FLOOR, prepare=True)
+
     def in_tx(call: Any) -> Any:
         def run() -> None:
             with transaction.atomic():
@@ -109,12 +147,35 @@ def main() -> None:
 
         return run
 
-    systems: dict[str, Any] = {"statement": statement, "keyed": keyed, "savepoint": savepoint}
+    systems: dict[str, Any] = {"statement": statement, "keyed": keyed, "unprepared": statement}
+    # a system's settings, around its calls (not per call: a settings change clears caches)
+    unprepared = {**settings_jobs(), "ENQUEUE_PREPARE": "off"}
+    contexts = {"unprepared": lambda: override_settings(JOBS=unprepared)}
+    if args.before:
+        old = module_at(args.before, "jobs/models/one_statement.py", "one_statement_before")
+        old.enqueue_sql = module_at(args.before, "jobs/core/sql/enqueue.py", "enqueue_sql_before")
+
+        def before() -> Any:
+            row = rules.fields("demo.noop", {})
+            return old.enqueue(Job, JobEvent, connection, row, rules.UNIQUE_KEY_CONSTRAINT)
+
+        systems["before"] = before
+    systems.update(savepoint=savepoint, floor_py=floor_py)
     systems["statement_in_tx"] = in_tx(statement)
     systems["savepoint_in_tx"] = in_tx(savepoint)
     if args.pgbench_seconds:
         systems["pgbench"] = None
+    for name, call in systems.items():  # warm-up: prepared statements, caches, plans
+        if call is not None and not name.endswith("_in_tx"):
+            with contexts.get(name, contextlib.nullcontext)():
+                for _ in range(20):
+                    call()
     rates: dict[str, list[float]] = {name: [] for name in systems}
+    cpu: dict[str, dict[str, list[float]]] = {
+        name: {"client_us": [], "server_us": [], "server_wait_us": []}
+        for name in systems
+        if name != "pgbench"
+    }
     names = list(systems)
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
@@ -123,23 +184,41 @@ def main() -> None:
                 rates[name].append(pgbench(args.server, args.pgbench_seconds))
                 continue
             call = systems[name]
-            began = time.perf_counter()
-            if name.endswith("_in_tx"):
-                call()
-            else:
-                for _ in range(args.n):
+            server_before, client_before = schedstat(backend), time.thread_time_ns()
+            with contexts.get(name, contextlib.nullcontext)():
+                began = time.perf_counter()
+                if name.endswith("_in_tx"):
                     call()
-            rates[name].append(args.n / (time.perf_counter() - began))
+                else:
+                    for _ in range(args.n):
+                        call()
+                rates[name].append(args.n / (time.perf_counter() - began))
+            client, server = time.thread_time_ns(), schedstat(backend)
+            cpu[name]["client_us"].append((client - client_before) / args.n / 1000)
+            cpu[name]["server_us"].append((server[0] - server_before[0]) / args.n / 1000)
+            cpu[name]["server_wait_us"].append((server[1] - server_before[1]) / args.n / 1000)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in rates.items()))
-    print(f"\n{'system':<10} {'median/s':>9}  range")
+    print(f"\n{'system':<16} {'median/s':>9}  {'range':<12} CPU us/call: client, server (wait)")
     for name, values in rates.items():
-        print(f"{name:<10} {statistics.median(values):9.0f}  {min(values):.0f}-{max(values):.0f}")
+        line = f"{name:<16} {statistics.median(values):9.0f}  {min(values):.0f}-{max(values):.0f}"
+        if name in cpu:
+            c = {k: statistics.median(v) for k, v in cpu[name].items()}
+            line = f"{line:<40} {c['client_us']:6.0f} {c['server_us']:6.0f} "
+            line += f"({c['server_wait_us']:.0f})"
+        print(line)
     if "pgbench" in rates:
         floor = statistics.median(rates["pgbench"])
-        for name in ("statement", "keyed", "savepoint"):
-            print(f"{name} / pgbench floor: {statistics.median(rates[name]) / floor:.0%}")
+        for name in ("statement", "keyed", "unprepared", "before", "savepoint", "floor_py"):
+            if name in rates:
+                print(f"{name} / pgbench floor: {statistics.median(rates[name]) / floor:.0%}")
     print(f"machine: {uptime()}")
-    write_report(args.output, started, load_start, args, rates=rates)
+    write_report(args.output, started, load_start, args, rates=rates, cpu_per_call=cpu)
+
+
+def settings_jobs() -> dict[str, Any]:
+    from django.conf import settings
+
+    return dict(getattr(settings, "JOBS", {}) or {})
 
 
 if __name__ == "__main__":

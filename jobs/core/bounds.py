@@ -102,6 +102,16 @@ def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
     """
     if value is None or isinstance(value, bool):
         return 5  # the common result of a no-op ("null", "true", "false"): nothing to inspect
+    return _checked_json(value, limit_bytes, what)[1]
+
+
+def json_text(value: Any, limit_bytes: int, what: str = "payload") -> str:
+    """`json_value`'s checks, returning the JSON text itself: what the database is then sent,
+    so a value is encoded once (enqueue passes it to the `jsonb` column as it is)."""
+    return _checked_json(value, limit_bytes, what)[0]
+
+
+def _checked_json(value: Any, limit_bytes: int, what: str) -> tuple[str, int]:
     if isinstance(value, dict | list | tuple) and _too_deep(value, JSON_DEPTH):
         raise InvalidPayload(f"{what} is nested deeper than {JSON_DEPTH} levels")
     try:
@@ -118,7 +128,7 @@ def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
         raise PayloadTooLarge(f"{what} is {size} bytes encoded; the limit is {limit_bytes}")
     if "\\u0000" in encoded and _ESCAPED_NUL.search(encoded):
         raise InvalidPayload(f"{what} holds a NUL character, which the database cannot store")
-    return size
+    return encoded, size
 
 
 def storable_error(text: str) -> str:

@@ -33,6 +33,9 @@ class JobsSettings:
     CLAIM_BATCH: int = 8
     MAX_ATTEMPTS: int = 3
     MAX_PAYLOAD_BYTES: int = 256 * 1024
+    # The enqueue statement as a server-side prepared statement: "auto" (unless the connection
+    # goes through a pooler), "on", "off" (jobs/models/prepared.py, docs/operations.md).
+    ENQUEUE_PREPARE: str = "auto"
     RETRY_BASE_SECONDS: float = 2.0
     RETRY_MAX_SECONDS: float = 3600.0
     QUEUES: tuple[str, ...] | None = None

@@ -2,9 +2,10 @@
 
 Owns: `validate()` (kind known, payload storable and within JOBS['MAX_PAYLOAD_BYTES'], queue name,
 priority, run_at, max_attempts, lease and unique_key within their bounds) and `fields()`, the row
-an enqueue inserts. Never: writes -- the insert is `Job.objects.enqueue()` (jobs/models.py), which
-`jobs.enqueue()` calls, inside the caller's transaction. Kept apart from the records so the
-records may use these rules without the rules importing the records back.
+an enqueue inserts (`checked()`: the row and the payload's JSON text, encoded once by the check
+and sent to the database as it is). Never: writes -- the insert is `Job.objects.enqueue()`
+(jobs/models/job.py), which `jobs.enqueue()` calls, inside the caller's transaction. Kept apart
+from the records so the records may use these rules without the rules importing the records back.
 """
 
 import re
@@ -30,9 +31,10 @@ def validate(
     max_attempts: int | None,
     lease_seconds: float | None,
     unique_key: str | None,
-) -> None:
+) -> str:
+    """Raise a ValueError subclass for the first bad argument; return the payload's JSON text."""
     get_handler(kind)  # raises UnknownKind
-    bounds.json_value(payload, jobs_settings().MAX_PAYLOAD_BYTES)
+    payload_json = bounds.json_text(payload, jobs_settings().MAX_PAYLOAD_BYTES)
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise InvalidQueue(f"queue {queue!r} must match {QUEUE_NAME.pattern}")
     bounds.priority(priority)
@@ -46,9 +48,15 @@ def validate(
         if not isinstance(unique_key, str):
             raise InvalidOption("unique_key must be a string")
         bounds.storable_text("unique_key", unique_key, bounds.TEXT_CHARS)
+    return payload_json
 
 
-def fields(
+def fields(kind: str, payload: Any = None, **options: Any) -> dict[str, Any]:
+    """Validate an enqueue's arguments and return the row to insert (ValueError subclasses)."""
+    return checked(kind, payload, **options)[0]
+
+
+def checked(
     kind: str,
     payload: Any = None,
     *,
@@ -58,11 +66,13 @@ def fields(
     max_attempts: int | None = None,
     lease_seconds: float | None = None,
     unique_key: str | None = None,
-) -> dict[str, Any]:
-    """Validate an enqueue's arguments and return the row to insert (ValueError subclasses)."""
+) -> tuple[dict[str, Any], str]:
+    """`fields()`, and the payload as the JSON text the check encoded."""
     if payload is None:
         payload = {}
-    validate(kind, payload, queue, priority, run_at, max_attempts, lease_seconds, unique_key)
+    payload_json = validate(
+        kind, payload, queue, priority, run_at, max_attempts, lease_seconds, unique_key
+    )
     row: dict[str, Any] = {
         "kind": kind,
         "payload": payload,
@@ -74,4 +84,4 @@ def fields(
     }
     if run_at is not None:
         row["run_at"] = run_at
-    return row
+    return row, payload_json

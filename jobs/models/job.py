@@ -49,21 +49,19 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         Invalid input raises a ValueError subclass and writes nothing. Never commits on its own:
         the row (and its wake-up NOTIFY, sent by a database trigger) becomes visible when the
         caller commits. On PostgreSQL the job and its event are one statement
-        (jobs/core/sql/enqueue.py); the savepoint path below is SQLite's, and PostgreSQL's when
+        (jobs/core/sql/enqueue.py), prepared once per connection unless a pooler is in the way
+        (jobs/models/prepared.py); the savepoint path below is SQLite's, and PostgreSQL's when
         that statement cannot decide (a holder its snapshot cannot see).
         """
-        row = enqueue_rules.fields(kind, payload, **options)
-        if connections[self.db].vendor == "postgresql":
-            job = self._enqueue_in_one_statement(row)
+        row, payload_json = enqueue_rules.checked(kind, payload, **options)
+        conn = connections[self.db]
+        if conn.vendor == "postgresql":
+            job = one_statement.enqueue(
+                self.model, JobEvent, conn, row, enqueue_rules.UNIQUE_KEY_CONSTRAINT, payload_json
+            )
             if job is not None:
-                return job
+                return job  # type: ignore[return-value]
         return self._enqueue_with_savepoint(row)
-
-    def _enqueue_in_one_statement(self, row: dict[str, Any]) -> "Job | None":
-        """The job and its `enqueued` event in one statement; None when it could not decide."""
-        return one_statement.enqueue(  # type: ignore[return-value]
-            self.model, JobEvent, connections[self.db], row, enqueue_rules.UNIQUE_KEY_CONSTRAINT
-        )
 
     def _enqueue_with_savepoint(self, row: dict[str, Any]) -> "Job":
         unique_key = row["unique_key"]

@@ -1,31 +1,55 @@
 """PostgreSQL's one-statement enqueue, seen from the records: the row in, a real `Job` out.
 
-Owns: turning an enqueue's row (jobs/core/enqueue.py `fields`, the one place of the rules) into
+Owns: turning an enqueue's row (jobs/core/enqueue.py `checked`, the one place of the rules) into
 the columns, types and values Django's own INSERT would write -- taken from the model's fields, so
-a column added later with a default needs nothing here -- and the statement's result back into a
-model instance with Django's converters. The SQL text is jobs/core/sql/enqueue.py's.
+a column added later with a default needs nothing here -- sending the statement, and reading its
+result back into a model instance with Django's converters. The SQL text is
+jobs/core/sql/enqueue.py's.
 
 Never: validates, commits or opens a transaction (`Job.objects.enqueue()` is the caller, inside
 the caller's transaction); never used on SQLite, which keeps the savepoint path.
 
-Everything derived from the model (columns, casts, converters, the live-holder condition) is
-computed once per connection alias and kept: an enqueue is on the hot path of applications.
+An enqueue is on the hot path of applications, so everything derived from the model is computed
+once per statement shape (`_Plan`: the columns, the values that are the same for every job, where
+the row's own values go), and the statement is sent on the connection's own psycopg connection
+with server-side binding, prepared once per connection (parse and plan skipped on every later
+call) -- unless Django must see it (a query log, `execute_wrapper`s: then Django's cursor, never
+prepared) or a prepared statement could reach the wrong server (jobs/models/prepared.py).
 """
 
+from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.fields import DateField, DateTimeField, Field
 from django.db.models.sql import Query
+from django.utils.asyncio import async_unsafe
 
 from jobs.core.sql import enqueue as enqueue_sql
 from jobs.core.states import EventType
+from jobs.models import prepared
 
 Columns = tuple[list[str], list[str], list[Any]]  # quoted columns, their casts, their values
+
+# pre_save methods that return the attribute as it is (DateField's only acts with auto_now*).
+_PLAIN_PRE_SAVE = (Field.pre_save, DateField.pre_save, DateTimeField.pre_save)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One statement shape: its SQL, and the fields whose row values are its parameters."""
+
+    sql: str
+    slots: list[Field]  # in parameter order
+    payload: Field  # among them, sent as the JSON text the rules checked
+
 
 _INSERTABLE: dict[tuple[str, type[models.Model]], list[tuple[Any, str, str]]] = {}
 _EVENTS: dict[str, Columns] = {}
 _READERS: dict[str, tuple[list[str], dict[int, Any]]] = {}
+_PLANS: dict[tuple[Any, ...], _Plan | None] = {}
 _STATEMENTS: dict[tuple[Any, ...], str] = {}
 
 
@@ -35,26 +59,34 @@ def enqueue(
     conn: BaseDatabaseWrapper,
     row: dict[str, Any],
     unique_constraint: str,
+    payload_json: str | None = None,
 ) -> models.Model | None:
     """Insert the job and its `enqueued` event in one statement and return the job, with
     `duplicate` set; or the live holder of its unique key (`duplicate` True); or None when the
-    statement could not decide (a holder its snapshot cannot see: the caller falls back)."""
-    columns, casts, values = insert_values(job_model(**row), conn)
-    event_columns, event_casts, event_values = _event_values(event_model, conn)
-    unique_key = row["unique_key"]
-    shape = (conn.alias, tuple(columns), unique_key is not None)
-    if shape not in _STATEMENTS:
-        returning = [conn.ops.quote_name(str(f.column)) for f in job_model._meta.concrete_fields]
-        holder = None
-        if unique_key is not None:
-            holder = _live_holder(job_model, conn, unique_constraint)
-        _STATEMENTS[shape] = enqueue_sql.enqueue_statement(
-            columns, casts, event_columns, event_casts, returning, holder
-        )
-    params = [*values, *event_values] + ([unique_key] if unique_key is not None else [])
-    with conn.cursor() as cur:
-        cur.execute(_STATEMENTS[shape], params)
-        found = cur.fetchone()
+    statement could not decide (a holder its snapshot cannot see: the caller falls back).
+
+    `payload_json`: the payload as the JSON text the rules checked, sent as it is (else the
+    payload field's own encoding)."""
+    keyed = row["unique_key"] is not None
+    shape = (conn.alias, job_model, tuple(row), keyed)
+    if shape in _PLANS:
+        plan = _PLANS[shape]
+    else:
+        plan = _PLANS[shape] = _plan(job_model, event_model, conn, row, unique_constraint)
+    if plan is None:  # a field computed per call (a callable default, auto_now): the long way
+        sql, params = _generic(job_model, event_model, conn, row, unique_constraint)
+    else:
+        sql, params = plan.sql, []
+        for field in plan.slots:
+            value = row[field.attname]
+            if field is plan.payload and payload_json is not None:
+                value = payload_json  # text, cast to jsonb by the statement
+            elif value is not None:  # NULL is NULL for every field: no need to ask it
+                value = field.get_db_prep_save(value, conn)
+            params.append(value)
+        if keyed:
+            params.append(row["unique_key"])
+    found = _execute(conn, sql, params)
     if found is None:
         return None
     attnames, converters = _reader(job_model, conn)
@@ -67,23 +99,145 @@ def enqueue(
     return job
 
 
+@async_unsafe
+def _execute(conn: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+    """One round trip: the statement's only row, or None."""
+    if conn.queries_logged or conn.execute_wrappers:  # Django must see it: its own cursor
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()  # type: ignore[no-any-return]
+    # What conn.cursor() and its execute() check, without their wrappers' cost.
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    conn.validate_thread_sharing()
+    conn.validate_no_broken_transaction()
+    with conn.wrap_database_errors:
+        raw = conn.connection
+        with psycopg.Cursor(raw) as cur:
+            if prepared.allowed(conn, raw):
+                prepared.execute(raw, cur, sql, params)
+            else:
+                cur.execute(sql, params, prepare=False)  # type: ignore[arg-type]
+            return cur.fetchone()
+
+
+def _plan(
+    job_model: type[models.Model],
+    event_model: type[models.Model],
+    conn: BaseDatabaseWrapper,
+    row: dict[str, Any],
+    unique_constraint: str,
+) -> _Plan | None:
+    """The shape's statement: the row's values as parameters, every other value Django's INSERT
+    would write as a literal. None when a value must be computed per call by the model (a
+    callable default, auto_now: then `_generic`). Kept for the process: a row's keys are few."""
+    sample = job_model(**row)
+    columns: list[str] = []
+    values: list[str] = []
+    slots: list[Field] = []
+    for field, column, sql_type in _insertable(job_model, conn):
+        plain = type(field).pre_save in _PLAIN_PRE_SAVE and not (
+            getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+        )
+        if not plain or (field.attname not in row and _callable_default(field)):
+            return None
+        if field.attname in row:
+            slots.append(field)
+            values.append(enqueue_sql.cast("%s", sql_type))
+        else:
+            value = field.pre_save(sample, add=True)
+            if hasattr(value, "resolve_expression"):  # DatabaseDefault: the column's own default
+                continue
+            literal = _literal(conn, field.get_db_prep_save(value, conn))
+            values.append(enqueue_sql.cast(literal, sql_type))
+        columns.append(column)
+    event_columns, event_casts, event_params = _event_values(event_model, conn)
+    event_values = [
+        enqueue_sql.cast(_literal(conn, value), sql_type)
+        for value, sql_type in zip(event_params, event_casts, strict=True)
+    ]
+    holder = unique_constraint if row["unique_key"] is not None else None
+    sql = _statement(job_model, conn, columns, values, event_columns, event_values, holder)
+    payload = next(f for f in slots if f.attname == "payload")
+    return _Plan(sql, slots, payload)
+
+
+def _callable_default(field: Field) -> bool:
+    return field.has_default() and callable(field.default)
+
+
+def _literal(conn: BaseDatabaseWrapper, value: Any) -> str:
+    """`value` as an SQL literal, by the backend's own quoting; `%` doubled for the driver."""
+    return str(conn.ops.compose_sql("%s", [value])).replace("%", "%%")  # type: ignore[attr-defined]
+
+
+def _generic(
+    job_model: type[models.Model],
+    event_model: type[models.Model],
+    conn: BaseDatabaseWrapper,
+    row: dict[str, Any],
+    unique_constraint: str,
+) -> tuple[str, list[Any]]:
+    """Every value from a model instance, as Django's INSERT computes it, per call."""
+    columns, casts, params = insert_values(job_model(**row), conn)
+    event_columns, event_casts, event_params = _event_values(event_model, conn)
+    keyed = row["unique_key"] is not None
+    sql = _statement(
+        job_model,
+        conn,
+        columns,
+        [enqueue_sql.cast("%s", t) for t in casts],
+        event_columns,
+        [enqueue_sql.cast("%s", t) for t in event_casts],
+        unique_constraint if keyed else None,
+    )
+    return sql, [*params, *event_params] + ([row["unique_key"]] if keyed else [])
+
+
+def _statement(
+    job_model: type[models.Model],
+    conn: BaseDatabaseWrapper,
+    columns: list[str],
+    values: list[str],
+    event_columns: list[str],
+    event_values: list[str],
+    unique_constraint: str | None,
+) -> str:
+    """The statement for these columns and values; with `unique_constraint`, for a keyed job."""
+    shape = (conn.alias, tuple(columns), tuple(values), tuple(event_values), unique_constraint)
+    if shape not in _STATEMENTS:
+        returning = [conn.ops.quote_name(str(f.column)) for f in job_model._meta.concrete_fields]
+        holder = None
+        if unique_constraint is not None:
+            holder = _live_holder(job_model, conn, unique_constraint)
+        _STATEMENTS[shape] = enqueue_sql.enqueue_statement(
+            columns, values, event_columns, event_values, returning, holder
+        )
+    return _STATEMENTS[shape]
+
+
+def _insertable(model: type[models.Model], conn: BaseDatabaseWrapper) -> list[tuple[Any, str, str]]:
+    """The fields Django's INSERT may write, with their quoted column and cast."""
+    shape = (conn.alias, model)
+    if shape not in _INSERTABLE:
+        _INSERTABLE[shape] = [
+            (f, conn.ops.quote_name(str(f.column)), str(f.cast_db_type(conn)))
+            for f in model._meta.local_concrete_fields
+            if not (f.primary_key or f.generated)
+        ]
+    return _INSERTABLE[shape]
+
+
 def insert_values(obj: models.Model, conn: BaseDatabaseWrapper, skip: str = "") -> Columns:
     """What Django's INSERT of `obj` would write: columns, their types, values (db-prepared).
 
     A field left to its database default (db_default, no value given) is left out, as Django's own
     INSERT does; `skip` leaves out one more (an attname).
     """
-    shape = (conn.alias, type(obj))
-    if shape not in _INSERTABLE:
-        _INSERTABLE[shape] = [
-            (f, conn.ops.quote_name(str(f.column)), str(f.cast_db_type(conn)))
-            for f in obj._meta.local_concrete_fields
-            if not (f.primary_key or f.generated)
-        ]
     columns: list[str] = []
     casts: list[str] = []
     values: list[Any] = []
-    for field, column, cast in _INSERTABLE[shape]:
+    for field, column, cast in _insertable(type(obj), conn):
         if field.attname == skip:
             continue
         value = field.pre_save(obj, add=True)

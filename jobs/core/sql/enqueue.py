@@ -20,8 +20,11 @@ Hazards, and why the statement looks the way it does:
   cannot see raises a serialization failure, which would abort the caller's transaction: there the
   insert is skipped (`transaction_isolation` gate) and, unless a visible holder is returned, the
   statement returns no row and the caller's savepoint path decides (DuplicateJob, as before).
-- Placeholders carry explicit casts: INSERT ... SELECT resolves untyped literals to text, which
-  has no assignment cast to jsonb.
+- Placeholders and literals carry explicit casts (`cast`): INSERT ... SELECT resolves untyped
+  literals to text, which has no assignment cast to jsonb.
+- Values that are the same for every job (the new job's state, attempt, ..., the whole event) are
+  literals in the text, rendered once by the caller: the statement is prepared once per
+  connection (jobs/models/prepared.py), and each call sends only the row's own values.
 """
 
 from collections.abc import Sequence
@@ -32,21 +35,22 @@ DUPLICATE_COLUMN = "duplicate"
 
 def enqueue_statement(
     columns: Sequence[str],
-    casts: Sequence[str],
+    values: Sequence[str],
     event_columns: Sequence[str],
-    event_casts: Sequence[str],
+    event_values: Sequence[str],
     returning: Sequence[str],
     live_holder: str | None,
 ) -> str:
-    """The statement inserting one job (columns = %s placeholders cast to `casts`) and its event.
+    """The statement inserting one job (`columns` = `values`) and its event.
 
-    Parameters, in order: the job's values, the event's values (its `job_id` comes from the
+    `values` and `event_values` are SQL expressions, each cast to its column's type: a `%s`
+    placeholder, or a literal the caller rendered for a value that is the same for every job (so
+    the statement carries only what changes: fewer parameters to send, bind and convert).
+    Parameters, in order: the job's placeholders, the event's (its `job_id` comes from the
     inserted row), then -- with `live_holder`, the SQL condition of a live job holding a key --
     the unique key once. `returning` names the job columns returned by both the inserted and the
     holder row.
     """
-    values = ", ".join(f"%s::{cast}" for cast in casts)
-    event_values = ", ".join(f"%s::{cast}" for cast in event_casts)
     out = ", ".join(returning)
     holder_out = ", ".join(f"h.{c}" for c in returning)
     gate = conflict = holder = ""
@@ -59,9 +63,15 @@ def enqueue_statement(
             " AND NOT EXISTS (SELECT 1 FROM inserted) LIMIT 1)"
         )
     return (
-        f"WITH inserted AS (INSERT INTO jobs_job ({', '.join(columns)}) SELECT {values}{gate}"
-        f"{conflict} RETURNING {out}), "
+        f"WITH inserted AS (INSERT INTO jobs_job ({', '.join(columns)}) SELECT {', '.join(values)}"
+        f"{gate}{conflict} RETURNING {out}), "
         f"event AS (INSERT INTO jobs_jobevent (job_id, {', '.join(event_columns)}) "
-        f"SELECT id, {event_values} FROM inserted) "
+        f"SELECT id, {', '.join(event_values)} FROM inserted) "
         f"SELECT {out}, false AS {DUPLICATE_COLUMN} FROM inserted{holder}"
     )
+
+
+def cast(expression: str, sql_type: str) -> str:
+    """`expression` as a value of `sql_type` (INSERT ... SELECT resolves an untyped literal or
+    placeholder to text, which has no assignment cast to jsonb)."""
+    return f"({expression})::{sql_type}"

@@ -1,0 +1,139 @@
+"""The enqueue statement is prepared once per connection and then costs one Bind/Execute
+(jobs/models/prepared.py, one_statement.py), seen on the wire by libpq's own protocol trace of
+the connection Django uses. Behind a transaction pooler it is never prepared:
+tests/acceptance/test_enqueue_pooler.py, with a real PgBouncer."""
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext, override_settings
+
+import jobs
+from jobs.core.exceptions import InvalidOption
+from jobs.core.states import EventType
+from jobs.models import Job, JobEvent
+
+
+@contextmanager
+def wire() -> Iterator[list[tuple[str, str]]]:
+    """The messages this process sends PostgreSQL meanwhile, as (type, statement name or SQL):
+    ("Parse", '"_pg3_0" "WITH ..."'), ("Bind", '"" "_pg3_0" ...'), ("Execute", ...),
+    ("Sync", ""), ("Query", '"BEGIN"')."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    sent: list[tuple[str, str]] = []
+    with tempfile.TemporaryFile("w+") as log:
+        pgconn.trace(log.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+            log.seek(0)
+            for line in log.read().splitlines():
+                fields = line.split("\t")
+                if fields[0] == "F":  # from the client; "B" lines are the server's answers
+                    sent.append((fields[2], fields[3].strip() if len(fields) > 3 else ""))
+
+
+def types(sent: list[tuple[str, str]]) -> list[str]:
+    return [kind for kind, _ in sent]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_its_first_call_an_enqueue_in_autocommit_is_one_bind_of_the_prepared_statement():
+    jobs.enqueue("test.echo", {"warm": True})  # this connection prepares the statement once
+    with wire() as sent:
+        job = jobs.enqueue("test.echo", {"n": 1})
+    # One round trip (one Sync), no Parse, no BEGIN/COMMIT: the statement's text is not sent.
+    assert types(sent) == ["Bind", "Describe", "Execute", "Sync"], sent
+    assert '"_pg3_' in sent[0][1], sent  # a named, prepared statement
+    assert Job.objects.get(pk=job.pk).payload == {"n": 1}
+    assert JobEvent.objects.filter(job=job, type=EventType.ENQUEUED).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_first_enqueue_on_a_connection_prepares_and_checks_for_a_pooler_once():
+    connection.close()
+    with wire() as sent:
+        jobs.enqueue("test.echo")
+        jobs.enqueue("test.echo")
+    assert types(sent) == [
+        *["Query"],  # SELECT pg_backend_pid(): is this PostgreSQL itself? (jobs/models/prepared.py)
+        *["Parse", "Sync"],
+        *["Bind", "Describe", "Execute", "Sync"],
+        *["Bind", "Describe", "Execute", "Sync"],
+    ], sent
+    assert "pg_backend_pid()" in sent[0][1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_the_callers_transaction_each_enqueue_adds_one_execute_and_no_savepoint():
+    jobs.enqueue("test.echo")
+    jobs.enqueue("test.echo", unique_key="warm")  # the keyed statement is prepared too
+    with wire() as sent:
+        with transaction.atomic():
+            first = jobs.enqueue("test.echo", unique_key="order-1")
+            again = jobs.enqueue("test.echo", unique_key="order-1")
+            jobs.enqueue("test.echo", {"after": "the duplicate"})
+    assert types(sent).count("Execute") == 3 and types(sent).count("Parse") == 0, sent
+    # The only simple queries are the caller's own BEGIN and COMMIT.
+    assert [sql for kind, sql in sent if kind == "Query"] == ['"BEGIN"', '"COMMIT"'], sent
+    assert again.duplicate and again.pk == first.pk
+    assert Job.objects.count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_enqueue_prepare_off_the_statement_is_sent_unnamed_in_one_round_trip():
+    with override_settings(JOBS={"ENQUEUE_PREPARE": "off"}):
+        jobs.enqueue("test.echo")
+        with wire() as sent:
+            job = jobs.enqueue("test.echo", {"n": 2})
+    assert types(sent) == ["Parse", "Bind", "Describe", "Execute", "Sync"], sent
+    assert sent[0][1].startswith('"" "WITH inserted AS'), sent  # the unnamed statement
+    assert Job.objects.get(pk=job.pk).payload == {"n": 2}
+
+
+@pytest.mark.django_db
+def test_an_unknown_enqueue_prepare_setting_is_refused_with_its_choices():
+    with (
+        override_settings(JOBS={"ENQUEUE_PREPARE": "sometimes"}),
+        pytest.raises(InvalidOption, match="'auto' \\(the default\\), 'on' or 'off'"),
+    ):
+        jobs.enqueue("test.echo")
+
+
+@pytest.mark.django_db
+def test_when_django_logs_queries_the_enqueue_goes_through_its_cursor_and_is_logged():
+    with CaptureQueriesContext(connection) as captured:
+        jobs.enqueue("test.echo")
+    assert len(captured) == 1 and captured[0]["sql"].startswith("WITH inserted AS")
+
+
+@pytest.mark.django_db
+def test_the_payload_stored_from_the_checked_json_text_is_the_one_djangos_encoding_stores():
+    payload = {
+        "text": "é ü — 日本 🎉",
+        "backslash-u0000 as text": "\\u0000",
+        "quote": 'say "hi"',
+        "nested": [1, 2.5, -0.0, 1e300, None, True, {"b": 2, "a": 1}],
+        "big": 2**63 + 1,
+        "percent": "100%s %%",
+    }
+    ours = jobs.enqueue("test.echo", payload)
+    djangos = Job.objects.create(kind="test.echo", payload=payload)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT a.payload = b.payload, a.payload::text FROM jobs_job a, jobs_job b "
+            "WHERE a.id = %s AND b.id = %s",
+            [ours.pk, djangos.pk],
+        )
+        same, text = cur.fetchone()
+    assert same, text
+    # jsonb normalises numbers (1e300 comes back as an int, -0.0 as 0) whichever path wrote it
+    stored = Job.objects.get(pk=djangos.pk).payload
+    assert ours.payload == Job.objects.get(pk=ours.pk).payload == stored
