@@ -52,7 +52,7 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
           mails: list[str] | None = None, logs: list[Path] | None = None,
           killed: set[int] | None = None, metric_delta: float | None = None,
           lanes: dict[str, str] | None = None, faults: list[dict[str, Any]] | None = None,
-          ) -> dict[str, Any]:  # fmt: skip
+          lease: float = 2.0) -> dict[str, Any]:  # fmt: skip
     zero: dict[str, list[Any]] = {name: [] for name in INVARIANTS}
     info: dict[str, Any] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -98,7 +98,14 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         )}  # fmt: skip
         intent_rows = conn.execute(
             "SELECT data->>'url', state, extract(epoch FROM done_at - created_at)::float, "
-            "outcome_unknown, reconciled FROM jobs_intent"
+            "outcome_unknown, reconciled, claims FROM jobs_intent"
+        ).fetchall()
+        # Lease expiry (last accepted beat + lease, database clock) to the job's next claim.
+        next_claim = conn.execute(
+            "SELECT extract(epoch FROM n.claimed_at - coalesce(a.heartbeat_at, a.claimed_at) "
+            "- make_interval(secs => %s))::float FROM jobs_attempt a JOIN jobs_attempt n "
+            "ON n.job_id = a.job_id AND n.number = a.number + 1 WHERE a.outcome = 'expired'",
+            (lease,),
         ).fetchall()
         expired = conn.execute(
             "SELECT extract(epoch FROM a.ended_at - coalesce(a.heartbeat_at, a.claimed_at)) "
@@ -178,6 +185,7 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
     evidence.unknown_outcomes(log_lines, outcomes, faults or [], info)
     evidence.lanes(intent_rows, lanes or {}, info)
     latencies = sorted(float(r[0]) for r in expired if r[0] is not None)
+    claims_after = sorted(float(r[0]) for r in next_claim if r[0] is not None)
     info.update(
         unknown_outcome_writes=len(unknown),
         unknown_outcome_jobs_ended=dict(Counter(state for _, state in unknown)),
@@ -190,8 +198,11 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         token_writes_refused_seen_by_handlers=sum(seen_refused.values()),
         token_writes_accepted=len(audit),
         expired_attempts=len(latencies),
+        lease_seconds=lease,
         reclaim_after_last_beat_p50_s=_pct(latencies, 0.5),
         reclaim_after_last_beat_p99_s=_pct(latencies, 0.99),
+        next_claim_after_lease_expiry_p50_s=_pct(claims_after, 0.5),
+        next_claim_after_lease_expiry_p99_s=_pct(claims_after, 0.99),
     )
     return {
         "must_be_zero": {k: len(v) for k, v in sorted(zero.items())},

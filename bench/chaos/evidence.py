@@ -151,11 +151,13 @@ def unknown_outcomes(lines: list[dict[str, Any]], outcomes: dict[tuple[int, int]
     )
 
 
-def lanes(intents: list[tuple[str, str, float | None, bool, bool]], receivers: dict[str, str],
-          info: dict[str, Any]) -> None:  # fmt: skip
-    """Per receiver lane: intents by state and the commit-to-done delay (p50/p99/max)."""
+def lanes(intents: list[tuple[str, str, float | None, bool, bool, int]],
+          receivers: dict[str, str], info: dict[str, Any]) -> None:  # fmt: skip
+    """Per receiver lane: intents by state and the commit-to-done delay (p50/p99/max), and the
+    longest delay of an intent done on its first claim (a lane held up by another lane's
+    hanging calls would show here; a claim lost with a killed relay waits out its lease)."""
     by_lane: dict[str, dict[str, Any]] = {}
-    for url, state, seconds, unknown, reconciled in intents:
+    for url, state, seconds, unknown, reconciled, claims in intents:
         lane = next((name for name, base in receivers.items() if url.startswith(base)), "other")
         entry = by_lane.setdefault(lane, {"states": Counter(), "delays": [], "outcome_unknown": 0,
                                           "reconciled": 0})  # fmt: skip
@@ -164,13 +166,17 @@ def lanes(intents: list[tuple[str, str, float | None, bool, bool]], receivers: d
         entry["reconciled"] += bool(reconciled)
         if seconds is not None:
             entry["delays"].append(seconds)
+            if claims == 1:
+                entry["first_claim_max"] = max(entry.get("first_claim_max", 0.0), seconds)
     out = {}
     for lane, e in sorted(by_lane.items()):
         d = sorted(e["delays"])
         out[lane] = {"states": dict(e["states"]), "outcome_unknown": e["outcome_unknown"],
                      "reconciled": e["reconciled"], "done_after_commit_p50_s": pct(d, 0.5),
                      "done_after_commit_p99_s": pct(d, 0.99),
-                     "done_after_commit_max_s": round(d[-1], 3) if d else None}  # fmt: skip
+                     "done_after_commit_max_s": round(d[-1], 3) if d else None,
+                     "done_on_first_claim_max_s": round(e.get("first_claim_max", 0.0), 3),
+                     }  # fmt: skip
     info["intents_by_lane"] = out
 
 
