@@ -24,7 +24,9 @@ Kinds (bench/chaos/targeted.py holds the ones armed on a commit or a transaction
 - terminate_mid_commit / terminate_mid_transaction: pg_terminate_backend of the slot's worker
   connection while its commit runs / inside a token-checked write's transaction.
 - pg_crash: kill -9 the private PostgreSQL and start it again (WAL replay).
-- partition / proxy_reset / commit_cut: through the fault proxy in front of cluster 0.
+- partition / proxy_reset / commit_cut: through the fault proxy in front of cluster 0 (a cut
+  lets the next commit -- the platform's own commit statement or a transaction's COMMIT, a
+  seeded choice -- reach the server and drops its answer).
 - pooler_restart: kill -9 the PgBouncer in front of cluster 1 and start it again.
 """
 
@@ -42,6 +44,7 @@ from typing import Any
 import psycopg
 
 from bench.chaos.clusters import Cluster, worker_pid
+from bench.chaos.proxy import COMMIT_MARKER
 
 KINDS = ("zombie", "zombie_commit", "kill_worker", "kill_mid_commit", "term_cluster",
          "terminate_backend", "terminate_mid_commit", "terminate_mid_transaction", "pg_crash",
@@ -156,7 +159,7 @@ class World:
                 break
             time.sleep(0.05)
         if found is None:
-            done["skipped"] = "slot ran no job" if pid else "slot has no worker yet"
+            done["skipped"] = "slot ran no job" if pid else "slot has run no job yet"
             return None
         done.update(job=found[0], attempt=found[1], pid=found[2])
         done.setdefault("phase", "other")
@@ -302,8 +305,12 @@ def _commit_cut(world: World, fault: Fault, done: dict[str, Any]) -> None:
     if world.proxy is None:
         done["skipped"] = "no proxy"
         return
-    world.proxy.cut_on(b"COMMIT", after_reply=True)
-    done["armed"] = True
+    # Half of them (a seeded choice) on the platform's own commit statement, which commits on
+    # its own (autocommit); the others on the COMMIT of a transaction (a token-checked write's,
+    # an effect's, a rejection's record).
+    job_commit = fault.pick % 2 == 1
+    world.proxy.cut_on(COMMIT_MARKER if job_commit else b"COMMIT", after_reply=True)
+    done.update(armed=True, on="job commit" if job_commit else "COMMIT")
 
 
 def _pooler_restart(world: World, fault: Fault, done: dict[str, Any]) -> None:

@@ -159,7 +159,12 @@ def _zombie_commit(world: World, fault: Fault, done: dict[str, Any]) -> None:
             deadline = time.monotonic() + world.lease * 8
             now, row = "?", []
             while time.monotonic() < deadline:
-                row = world.sql("SELECT attempt, state FROM jobs_job WHERE id = %s", target[0])
+                try:
+                    row = world.sql("SELECT attempt, state FROM jobs_job WHERE id = %s",
+                                    target[0])  # fmt: skip
+                except psycopg.Error:  # the database restarting (a pg_crash): look again
+                    time.sleep(0.1)
+                    continue
                 now = f"attempt {row[0][0]} {row[0][1]}" if row else "deleted"
                 if not row or row[0][1] not in ("running", "queued") or (
                         row[0][0] > target[1] and row[0][1] == "running"):  # fmt: skip
