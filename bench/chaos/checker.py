@@ -100,12 +100,19 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
             "SELECT data->>'url', state, extract(epoch FROM done_at - created_at)::float, "
             "outcome_unknown, reconciled, claims FROM jobs_intent"
         ).fetchall()
-        # Lease expiry (last accepted beat + lease, database clock) to the job's next claim.
+        # Lease deadline (as the reaper's `expired` event recorded it) to the job's next claim:
+        # jobs_reclaim_latency_seconds' own definition (jobs/core/sql/metrics.py). A reclaimed
+        # job is queued again with run_at = now, so under a backlog this includes its wait.
         next_claim = conn.execute(
-            "SELECT extract(epoch FROM n.claimed_at - coalesce(a.heartbeat_at, a.claimed_at) "
-            "- make_interval(secs => %s))::float FROM jobs_attempt a JOIN jobs_attempt n "
-            "ON n.job_id = a.job_id AND n.number = a.number + 1 WHERE a.outcome = 'expired'",
-            (lease,),
+            "SELECT extract(epoch FROM c.at - (x.data->>'lease_expires_at')::timestamptz)::float "
+            "FROM jobs_jobevent c JOIN jobs_jobevent x ON x.job_id = c.job_id "
+            "AND x.attempt = c.attempt - 1 AND x.type = 'expired' "
+            "WHERE c.type = 'claimed' AND x.data->>'lease_expires_at' IS NOT NULL"
+        ).fetchall()
+        backlog = conn.execute(  # how long jobs waited for their first claim (the queue's lag)
+            "SELECT extract(epoch FROM c.at - e.at)::float FROM jobs_jobevent c "
+            "JOIN jobs_jobevent e ON e.job_id = c.job_id AND e.type = 'enqueued' "
+            "WHERE c.type = 'claimed' AND c.attempt = 1"
         ).fetchall()
         expired = conn.execute(
             "SELECT extract(epoch FROM a.ended_at - coalesce(a.heartbeat_at, a.claimed_at)) "
@@ -186,6 +193,7 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
     evidence.lanes(intent_rows, lanes or {}, info)
     latencies = sorted(float(r[0]) for r in expired if r[0] is not None)
     claims_after = sorted(float(r[0]) for r in next_claim if r[0] is not None)
+    first_wait = sorted(float(r[0]) for r in backlog if r[0] is not None)
     info.update(
         unknown_outcome_writes=len(unknown),
         unknown_outcome_jobs_ended=dict(Counter(state for _, state in unknown)),
@@ -203,6 +211,8 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         reclaim_after_last_beat_p99_s=_pct(latencies, 0.99),
         next_claim_after_lease_expiry_p50_s=_pct(claims_after, 0.5),
         next_claim_after_lease_expiry_p99_s=_pct(claims_after, 0.99),
+        enqueue_to_first_claim_p50_s=_pct(first_wait, 0.5),
+        enqueue_to_first_claim_p99_s=_pct(first_wait, 0.99),
     )
     return {
         "must_be_zero": {k: len(v) for k, v in sorted(zero.items())},
