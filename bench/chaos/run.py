@@ -74,8 +74,8 @@ def plan(rng: random.Random, rows: int) -> dict[str, Any]:
 
 TARGETS = ("prompt", "slow", "hang")
 TARGET_WEIGHTS = (0.8, 0.15, 0.05)
-SLOW_SECONDS = 1.0  # the slow receivers answer this late (within every caller's deadline)
-HANG_SECONDS = 30.0  # the hanging ones: past the relay's 10 s and the handler's 3 s deadline
+SLOW_SECONDS = 0.5  # the slow receivers answer this late (within every caller's deadline)
+HANG_SECONDS = 30.0  # the hanging ones: past the relay's 10 s and the handler's 2 s deadline
 
 
 def enqueue_wave(plans: list[tuple[int, dict[str, Any]]]) -> int:

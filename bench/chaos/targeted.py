@@ -36,6 +36,7 @@ from bench.chaos.proxy import COMMIT_MARKER, commit_rows, socket_owner
 
 HOLD = 4.0  # seconds a lock waits for the statement it is armed for (under the 5 s DB timeout)
 SLOT_WAIT = 6.0  # seconds a targeted fault waits for its slot to reach a job's last phase
+ZOMBIE_COMMIT_WAIT = 60.0  # seconds a held commit waits for a later attempt to run its job
 COMMIT_TEXT = COMMIT_MARKER.decode()
 
 
@@ -155,8 +156,9 @@ def _zombie_commit(world: World, fault: Fault, done: dict[str, Any]) -> None:
         signal_pid(pid, signal.SIGSTOP)
         started = time.monotonic()
         done.update(fired=True, job=target[0], attempt=target[1], pid=pid, taken_over=False)
-        try:  # until a later attempt runs the job (or it ended): the fence has work to do
-            deadline = time.monotonic() + world.lease * 8
+        try:  # until a later attempt runs the job (or it ended): the fence has work to do --
+            # a requeued job may wait behind the queue's backlog before its next claim
+            deadline = time.monotonic() + ZOMBIE_COMMIT_WAIT
             now, row = "?", []
             while time.monotonic() < deadline:
                 try:

@@ -25,7 +25,7 @@ from jobs.core.exceptions import LeaseLost
 from jobs.effects import send_mail
 
 # A call to the effect receiver waits this long; its hanging endpoint hangs far longer.
-EFFECT_TIMEOUT = 3.0
+EFFECT_TIMEOUT = 2.0
 # The receivers by the plan's target: a prompt one, a slow one, one that hangs after doing the
 # work (run.py starts each and names it in these variables; the relay's lanes are per origin).
 EFFECT_RECEIVERS = {"prompt": "CHAOS_RECEIVER", "slow": "CHAOS_RECEIVER_SLOW",
