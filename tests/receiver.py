@@ -3,11 +3,15 @@
 POST /hook records the request under its `Idempotency-Key` header and answers whether it was the
 first one with that key (`performed`) or a repeat it deduplicated (`deduplicated`). GET
 /check?key=K answers 200 if K was received, else 404 (a target's reconciliation check). With
-`failing` set it answers 503 to every POST (a downstream that is down).
+`failing` set it answers 503 to every POST (a downstream that is down). With `delay` it answers
+every POST that many seconds late (a slow target); with `hang` it records the first POST of each
+key and then answers nothing for `hang` seconds (a target that hangs past the caller's deadline
+after doing the work; a repeat of the key is answered at once).
 """
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +26,10 @@ class Received:
     failing: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
+    delay: float = 0.0
+    hang: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)
+    hung: int = 0  # POSTs left unanswered (`hang`)
 
     def keys(self) -> set[str]:
         with self.lock:
@@ -79,7 +87,16 @@ def _handler(received: Received) -> type[BaseHTTPRequestHandler]:
                 seen = any(k == key for k, _, _ in received.calls)
                 verdict = "deduplicated" if seen else "performed"
                 received.calls.append((key, verdict, body))
-            self._answer(200, {"verdict": verdict, "key": key})
+                hang = received.hang > 0 and verdict == "performed"
+                received.hung += hang
+            if received.delay:
+                time.sleep(received.delay)  # a slow target: the work is done, the answer late
+            if hang and received.stop.wait(received.hang):
+                return  # the receiver is stopping: never answered
+            try:
+                self._answer(200, {"verdict": verdict, "key": key})
+            except OSError:
+                pass  # the caller gave up waiting
 
         def do_GET(self) -> None:  # noqa: N802
             key = parse_qs(urlparse(self.path).query).get("key", [""])[0]
@@ -89,7 +106,10 @@ def _handler(received: Received) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def receiver() -> Iterator[Received]:
-    received = Received()
+def receiver(delay: float = 0.0, hang: float = 0.0) -> Iterator[Received]:
+    received = Received(delay=delay, hang=hang)
     with serving(_handler(received)) as received.url:
-        yield received
+        try:
+            yield received
+        finally:
+            received.stop.set()  # a hanging call returns before the server stops

@@ -5,7 +5,10 @@
   `X-Relay-Token` presented for a key (by a call or a check) and refuses (409) a call whose token
   is lower, deciding it atomically with the effect. Its check (`GET /check?key=K&token=N`)
   answers 200 if K was performed, else 404. With `hold_first` its first call stalls inside its
-  work until the test sets `release` (a target slower than the relay's deadline).
+  work until the test sets `release` (a target slower than the relay's deadline). With `delay`
+  it answers every call that many seconds after deciding it (a slow target); with `hang` it
+  decides the first call of each key and then answers nothing for `hang` seconds (a target that
+  hangs past the relay's deadline after doing the work).
 - `trickling_server()`: answers every request one byte at a time, for ever (a target a
   per-read timeout never cuts); counts its connections.
 """
@@ -34,6 +37,11 @@ class Fencing:
     calls: int = 0
     ended: int = 0  # calls whose work is decided (performed or refused)
     url: str = ""
+    delay: float = 0.0
+    hang: float = 0.0
+    hung: int = 0  # calls left unanswered (`hang`)
+    stop: threading.Event = field(default_factory=threading.Event)
+    performed_at: list[float] = field(default_factory=list)  # time.time() of each perform
 
     def performs(self, key: str) -> list[int]:
         with self.lock:
@@ -56,14 +64,23 @@ def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
                 r.highest[key] = token
             if first and r.hold_first:
                 r.release.wait(30)  # slow work, longer than the relay waits
+            hang = False
             with r.lock:  # the effect and the token check decided together
                 if token < r.highest.get(key, 0):
                     r.refused.append((key, token))
                     status = 409
                 else:
+                    first_of_key = all(k != key for k, _ in r.performed)
                     r.performed.append((key, token))
+                    r.performed_at.append(time.time())
                     status = 200
+                    hang = r.hang > 0 and first_of_key
+                    r.hung += hang
                 r.ended += 1
+            if r.delay:
+                time.sleep(r.delay)  # a slow target: decided, answered late
+            if status == 200 and hang and r.stop.wait(r.hang):
+                return  # stopping: never answered
             try:
                 self._answer(status, {"token": token})
             except OSError:
@@ -82,13 +99,15 @@ def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def fencing_receiver(hold_first: bool = False) -> Iterator[Fencing]:
-    r = Fencing(hold_first=hold_first)
+def fencing_receiver(hold_first: bool = False, delay: float = 0.0, hang: float = 0.0
+                     ) -> Iterator[Fencing]:  # fmt: skip
+    r = Fencing(hold_first=hold_first, delay=delay, hang=hang)
     with serving(_fencing_handler(r)) as r.url:
         try:
             yield r
         finally:
             r.release.set()  # a held first call returns before the server stops
+            r.stop.set()
 
 
 @dataclass

@@ -15,7 +15,9 @@ Invariants, per job:
 - every refused token-checked write the handler saw has a rejection record, and no record
   exists that no handler saw;
 - no orphaned output after the janitor: every staged file belongs to a succeeded job's
-  committing attempt.
+  committing attempt;
+- every rejected write recorded exactly once: log line = table row = metric delta
+  (bench/chaos/evidence.py says what exactly is promised when a process is SIGKILLed).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from bench.chaos import history
+from bench.chaos import evidence, history
 
 TERMINAL_EVENTS = ("succeeded", "failed", "cancelled")
 INVARIANTS = (
@@ -40,12 +42,17 @@ INVARIANTS = (
     "orphaned_outputs_left", "intent_performed_twice", "intent_performed_without_commit",
     "intent_done_but_never_performed", "intent_missing_for_a_committed_plan",
     "mail_missing_for_a_committed_plan", "mail_duplicate_not_recorded",
+    "rejection_log_line_without_row", "rejection_row_without_log_line",
+    "rejection_metric_delta_not_row_count",
 )  # fmt: skip
 
 
 def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any]],
           media_root: Path, performs: list[tuple[str, int]] | None = None,
-          mails: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+          mails: list[str] | None = None, logs: list[Path] | None = None,
+          killed: set[int] | None = None, metric_delta: float | None = None,
+          lanes: dict[str, str] | None = None, faults: list[dict[str, Any]] | None = None,
+          lease: float = 2.0) -> dict[str, Any]:  # fmt: skip
     zero: dict[str, list[Any]] = {name: [] for name in INVARIANTS}
     info: dict[str, Any] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -83,6 +90,30 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         orphans_removed = conn.execute(
             "SELECT count(*) FROM jobs_jobevent WHERE type = 'orphaned'"
         ).fetchone()[0]
+        rejection_rows = conn.execute(
+            "SELECT job_id, attempt_presented, write, worker FROM jobs_rejectedwrite"
+        ).fetchall()
+        outcomes = {(j, n): o for j, n, o in conn.execute(
+            "SELECT job_id, number, outcome FROM jobs_attempt"
+        )}  # fmt: skip
+        intent_rows = conn.execute(
+            "SELECT data->>'url', state, extract(epoch FROM done_at - created_at)::float, "
+            "outcome_unknown, reconciled, claims FROM jobs_intent"
+        ).fetchall()
+        # Lease deadline (as the reaper's `expired` event recorded it) to the job's next claim:
+        # jobs_reclaim_latency_seconds' own definition (jobs/core/sql/metrics.py). A reclaimed
+        # job is queued again with run_at = now, so under a backlog this includes its wait.
+        next_claim = conn.execute(
+            "SELECT extract(epoch FROM c.at - (x.data->>'lease_expires_at')::timestamptz)::float "
+            "FROM jobs_jobevent c JOIN jobs_jobevent x ON x.job_id = c.job_id "
+            "AND x.attempt = c.attempt - 1 AND x.type = 'expired' "
+            "WHERE c.type = 'claimed' AND x.data->>'lease_expires_at' IS NOT NULL"
+        ).fetchall()
+        backlog = conn.execute(  # how long jobs waited for their first claim (the queue's lag)
+            "SELECT extract(epoch FROM c.at - e.at)::float FROM jobs_jobevent c "
+            "JOIN jobs_jobevent e ON e.job_id = c.job_id AND e.type = 'enqueued' "
+            "WHERE c.type = 'claimed' AND c.attempt = 1"
+        ).fetchall()
         expired = conn.execute(
             "SELECT extract(epoch FROM a.ended_at - coalesce(a.heartbeat_at, a.claimed_at)) "
             "FROM jobs_attempt a WHERE a.outcome = 'expired'"
@@ -156,7 +187,13 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
             zero["orphaned_outputs_left"].append(str(path))
 
     _check_intents_and_mail(jobs, intents, resent, performs or [], mails or [], zero, info)
+    log_lines = evidence.json_lines(logs or [])
+    evidence.rejections(log_lines, rejection_rows, killed or set(), metric_delta, zero, info)
+    evidence.unknown_outcomes(log_lines, outcomes, faults or [], info)
+    evidence.lanes(intent_rows, lanes or {}, info)
     latencies = sorted(float(r[0]) for r in expired if r[0] is not None)
+    claims_after = sorted(float(r[0]) for r in next_claim if r[0] is not None)
+    first_wait = sorted(float(r[0]) for r in backlog if r[0] is not None)
     info.update(
         unknown_outcome_writes=len(unknown),
         unknown_outcome_jobs_ended=dict(Counter(state for _, state in unknown)),
@@ -169,8 +206,13 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         token_writes_refused_seen_by_handlers=sum(seen_refused.values()),
         token_writes_accepted=len(audit),
         expired_attempts=len(latencies),
+        lease_seconds=lease,
         reclaim_after_last_beat_p50_s=_pct(latencies, 0.5),
         reclaim_after_last_beat_p99_s=_pct(latencies, 0.99),
+        next_claim_after_lease_expiry_p50_s=_pct(claims_after, 0.5),
+        next_claim_after_lease_expiry_p99_s=_pct(claims_after, 0.99),
+        enqueue_to_first_claim_p50_s=_pct(first_wait, 0.5),
+        enqueue_to_first_claim_p99_s=_pct(first_wait, 0.99),
     )
     return {
         "must_be_zero": {k: len(v) for k, v in sorted(zero.items())},

@@ -26,6 +26,9 @@ FAST = {
     "JOBS_POLL_SECONDS": "0.2",
     "JOBS_DB_TIMEOUT_SECONDS": "5",
     "JOBS_SHUTDOWN_GRACE_SECONDS": "3",
+    # One JSON object a line (the checker counts the rejection lines); stderr is unbuffered
+    # (PYTHONUNBUFFERED), so each record is one write(2) to a file opened for appending.
+    "JOBS_LOG_FORMAT": "json",
 }
 
 
@@ -65,6 +68,12 @@ class Cluster:
         except ProcessLookupError:
             return False
 
+    def pids(self) -> list[int]:
+        """Every live process of this cluster's group, in pid order."""
+        from bench.chaos.proxy import group_pids
+
+        return group_pids(self.pgid) if self.pgid is not None else []
+
     def signal_group(self, sig: int) -> None:
         if self.pgid is not None:
             try:
@@ -72,23 +81,36 @@ class Cluster:
             except ProcessLookupError:
                 pass
 
-    def terminate(self, grace: float = 15.0) -> float:
-        """SIGTERM the main process; SIGKILL the group after `grace`. Seconds it took."""
+    def terminate(self, grace: float = 15.0, killed: set[int] | None = None) -> float:
+        """SIGTERM the main process; SIGKILL the group after `grace` (the pids it SIGKILLs are
+        added to `killed`). Seconds it took."""
         if self.proc is None:
             return 0.0
         started = time.monotonic()
+        pgid = self.proc.pid
         self.signal_group(signal.SIGCONT)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
+                self._kill_group(pgid, killed)
                 self.proc.wait(10)
-        self.signal_group(signal.SIGKILL)  # whatever of the group outlived its main process
+        self._kill_group(pgid, killed)  # whatever of the group outlived its main process
         if self._out:
             self._out.close()
         return time.monotonic() - started
+
+    @staticmethod
+    def _kill_group(pgid: int, killed: set[int] | None) -> None:
+        from bench.chaos.proxy import group_pids
+
+        if killed is not None:
+            killed.update(group_pids(pgid))
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def faketime_library() -> str:

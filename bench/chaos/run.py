@@ -65,7 +65,17 @@ def plan(rng: random.Random, rows: int) -> dict[str, Any]:
         "linger": round(rng.uniform(0.5, 1.5), 2) if rng.random() < 0.3 else 0,
         "mail": rng.random() < 0.3,
         "intent": rng.random() < 0.3,
+        # Which receiver an effect / an intent goes to: prompt, slow, or hanging past the
+        # caller's deadline after doing the work.
+        "effect_target": rng.choices(TARGETS, TARGET_WEIGHTS)[0],
+        "intent_target": rng.choices(TARGETS, TARGET_WEIGHTS)[0],
     }
+
+
+TARGETS = ("prompt", "slow", "hang")
+TARGET_WEIGHTS = (0.8, 0.15, 0.05)
+SLOW_SECONDS = 0.5  # the slow receivers answer this late (within every caller's deadline)
+HANG_SECONDS = 30.0  # the hanging ones: past the relay's 10 s and the handler's 2 s deadline
 
 
 def enqueue_wave(plans: list[tuple[int, dict[str, Any]]]) -> int:
@@ -114,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     media, history_file = out / "media", out / "history.jsonl"
     rng = random.Random(args.seed)
     kinds = tuple(k for k in args.kinds.split(",") if k)
-    faults = nemesis.schedule(args.seed, args.faults, args.seconds, kinds)
+    faults = nemesis.schedule(args.seed, args.faults, args.seconds, kinds, args.clusters,
+                              args.workers)  # fmt: skip
     print(
         f"chaos: seed {args.seed}, {args.jobs} jobs, {len(faults)} faults over {args.seconds} s,"
         f" {args.clusters} clusters x {args.workers} workers; output {out}",
@@ -135,19 +146,28 @@ def main(argv: list[str] | None = None) -> int:
         import django
 
         django.setup()
+        from bench.chaos import evidence
         from bench.chaos.checker import check
+        from bench.chaos.proxy import ChaosProxy
         from bench.chaos.workload.models import ChaosRow
-        from tests.integration.pgproxy import PgProxy
         from tests.receiver import receiver
         from tests.slow_receivers import fencing_receiver
         from tests.smtp_receiver import smtp_server
 
         received = stack.enter_context(receiver())
+        received_slow = stack.enter_context(receiver(delay=SLOW_SECONDS))
+        received_hang = stack.enter_context(receiver(hang=HANG_SECONDS))
         fencing = stack.enter_context(fencing_receiver())
+        fencing_slow = stack.enter_context(fencing_receiver(delay=SLOW_SECONDS))
+        fencing_hang = stack.enter_context(fencing_receiver(hang=HANG_SECONDS))
+        effect_receivers = (received, received_slow, received_hang)
+        intent_receivers = {"prompt": fencing, "slow": fencing_slow, "hang": fencing_hang}
         mailbox = stack.enter_context(smtp_server())
+        metric_start = evidence.rejected_metric()
+        scraper = stack.enter_context(evidence.Scraper())
         rows = max(3, args.jobs // 10)
         ChaosRow.objects.bulk_create([ChaosRow(id=i) for i in range(1, rows + 1)])
-        proxy = PgProxy("127.0.0.1", pg.port)
+        proxy = ChaosProxy("127.0.0.1", pg.port)
         stack.callback(proxy.close)
         bouncer = None
         if args.clusters > 1 and pooler.available():
@@ -158,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         clusters = []
         for n in range(args.clusters):
             env = {"JOBS_WORKERS": str(args.workers), "CHAOS_RECEIVER": received.url,
-                   "CHAOS_FENCING_RECEIVER": fencing.url, "CHAOS_SMTP_PORT": str(mailbox.port),
+                   "CHAOS_RECEIVER_SLOW": received_slow.url,
+                   "CHAOS_RECEIVER_HANG": received_hang.url,
+                   "CHAOS_FENCING_RECEIVER": fencing.url, "CHAOS_FENCING_SLOW": fencing_slow.url,
+                   "CHAOS_FENCING_HANG": fencing_hang.url, "CHAOS_SMTP_PORT": str(mailbox.port),
                    "JOBS_ORPHAN_GRACE_SECONDS": "0"}  # fmt: skip
             url = f"postgres://postgres@127.0.0.1:{pg.port}/{DATABASE}"
             if n == 0:  # through the fault proxy
@@ -182,14 +205,17 @@ def main(argv: list[str] | None = None) -> int:
         for w in range(waves):
             enqueue_wave(plans[w * per_wave : (w + 1) * per_wave])
             wave_end = t0 + (w + 1) * args.seconds / waves
-            while pending and t0 + pending[0][0] <= wave_end:
-                at, kind = pending.pop(0)
-                time.sleep(max(0.0, t0 + at - time.monotonic()))  # the schedule's own clock
-                done = nemesis.inject(world, kind, random.Random(f"{args.seed}:{len(world.log)}"))
+            while pending and t0 + pending[0].at <= wave_end:
+                fault = pending.pop(0)
+                time.sleep(max(0.0, t0 + fault.at - time.monotonic()))  # the schedule's clock
+                done = nemesis.inject(world, fault)
                 what = json.dumps({k: v for k, v in done.items() if k != "kind"})
-                print(f"  {at:7.2f}s {kind:18} {what}", flush=True)
+                print(f"  {fault.at:7.2f}s {fault.kind:26} {what}", flush=True)
             time.sleep(max(0.0, wave_end - time.monotonic()))
         for thread in world.pending:  # every zombie woken before the drain is judged
+            thread.join()
+        proxy.intercept(b"", None)  # disarm a held commit that never came
+        for thread in world.pending:  # ... and every targeted fault still armed
             thread.join()
         proxy.heal()
         proxy.cut_on(b"\x00never\x00", after_reply=True)  # disarm a cut that never fired
@@ -200,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         relay_ok = settled(world, INTENTS_LEFT, time.monotonic() + args.drain_seconds)
         from jobs.effects import janitor
 
-        while janitor.sweep("chaos-checker"):
-            pass
-        stop_seconds = [round(c.terminate(), 2) for c in clusters]
+        orphans_found = _orphans_on_disk(world, media)
+        removed = 0
+        while swept := janitor.sweep("chaos-checker"):
+            removed += swept
+        stop_seconds = [round(c.terminate(killed=world.killed), 2) for c in clusters]
+        scraper.__exit__()
+        metric_delta = evidence.rejected_metric() - metric_start
         report = {
             "started_at": started_at.isoformat(),
             "config": {k: str(v) for k, v in vars(args).items()},
@@ -215,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             "faults_by_kind": _by_kind(world.log),
             "faults_skipped": sum(1 for f in world.log if "skipped" in f),
             "zombies_taken_over": sum(1 for f in world.log if f.get("taken_over")),
-            "pg_recovery_seconds": [round(s, 3) for s in world.recoveries],
+            "pg_recoveries": world.recoveries,
+            "faults_fired": _fired(world.log),
+            "orphans_found_before_final_sweep": orphans_found,
+            "orphans_removed_by_final_sweep": removed,
+            "metric_scrapes": {"ok": scraper.scrapes, "failed": scraper.errors},
+            "faults": world.log,
             "proxy": {"cuts": proxy.cuts, "resets": proxy.resets},
             "pooler_restarts": bouncer.restarts if bouncer else None,
             "drained": drain_ok,
@@ -223,11 +258,23 @@ def main(argv: list[str] | None = None) -> int:
             **check(
                 pg.dsn(DATABASE),
                 history_file,
-                list(received.calls),
+                [c for r in effect_receivers for c in r.calls],
                 media,
-                performs=list(fencing.performed),
+                performs=[p for r in intent_receivers.values() for p in r.performed],
                 mails=_mail_keys(mailbox.messages),
+                logs=[c.log for c in clusters],
+                killed=world.killed,
+                metric_delta=metric_delta,
+                lanes={name: r.url for name, r in intent_receivers.items()},
+                faults=world.log,
+                lease=world.lease,
             ),
+            "receivers": {
+                "effects_hung": received_hang.hung,
+                "effects_slow": len(received_slow.calls),
+                "intents_hung": fencing_hang.hung,
+                "intents_slow": len(fencing_slow.performed),
+            },  # fmt: skip
         }
         report["must_be_zero"]["jobs_not_drained_by_deadline"] = 0 if drain_ok else 1
         report["must_be_zero"]["intents_not_settled_by_deadline"] = 0 if relay_ok else 1
@@ -239,7 +286,32 @@ def main(argv: list[str] | None = None) -> int:
 def _mail_keys(messages: list[bytes]) -> list[str]:
     from email import message_from_bytes
 
-    return [str(message_from_bytes(m)["X-Idempotency-Key"]) for m in messages]
+    # "<job>:<step>", whatever else a key carries (a key that wrongly held the attempt makes a
+    # resent mail a duplicate the platform never recorded, not a missing one)
+    keys = (str(message_from_bytes(m)["X-Idempotency-Key"]) for m in messages)
+    return [":".join(k.split(":")[:2]) for k in keys]
+
+
+def _fired(log: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per kind: faults scheduled, that hit something, and skipped (nothing to hit)."""
+    out: dict[str, dict[str, int]] = {}
+    for fault in log:
+        entry = out.setdefault(fault["kind"], {"scheduled": 0, "fired": 0, "skipped": 0})
+        entry["scheduled"] += 1
+        hit = "skipped" not in fault and fault.get("fired", True) is not False
+        entry["fired" if hit else "skipped"] += 1
+    return out
+
+
+def _orphans_on_disk(world: nemesis.World, media: Path) -> int:
+    """Staged files not the committing attempt's, before the final janitor sweep."""
+    committed = {(j, a) for j, a in world.sql(
+        "SELECT id, attempt FROM jobs_job WHERE state = 'succeeded'")}  # fmt: skip
+    found = 0
+    for path in (media / "jobs").glob("*/attempt-*/*") if media.exists() else []:
+        if (int(path.parts[-3]), int(path.parts[-2].split("-")[1])) not in committed:
+            found += 1
+    return found
 
 
 def _by_kind(log: list[dict[str, Any]]) -> dict[str, int]:
@@ -258,8 +330,14 @@ def _commit() -> str:
 def print_report(report: dict[str, Any], out: Path) -> None:
     print("\nchaos report")
     print(f"  faults: {report['faults_by_kind']} (skipped {report['faults_skipped']})")
-    print(f"  zombies taken over: {report['zombies_taken_over']}; "
-          f"PostgreSQL recoveries (s): {report['pg_recovery_seconds']}")  # fmt: skip
+    for kind, n in sorted(report["faults_fired"].items()):
+        print(f"    {kind:26} scheduled {n['scheduled']:4}  fired {n['fired']:4}  "
+              f"skipped {n['skipped']:4}")  # fmt: skip
+    print(f"  zombies taken over: {report['zombies_taken_over']}; PostgreSQL recoveries "
+          f"(s to accepting / to first commit): {report['pg_recoveries']}")  # fmt: skip
+    print(f"  orphans on disk before the final sweep {report['orphans_found_before_final_sweep']}"
+          f", removed by it {report['orphans_removed_by_final_sweep']}; receivers "
+          f"{report['receivers']}; metric scrapes {report['metric_scrapes']}")  # fmt: skip
     for key, value in report["informational"].items():
         print(f"  {key}: {value}")
     print("  must be zero:")

@@ -223,6 +223,11 @@ def _fenced(c: Claim) -> Any:
     return Intent.objects.filter(pk=c.id, claims=c.token, state=Intent.State.PERFORMING)
 
 
+def still_claimed(c: Claim) -> bool | None:
+    """The row's outcome_unknown while this claim still holds it (None: decided or taken over)."""
+    return _fenced(c).values_list("outcome_unknown", flat=True).first()
+
+
 def _event(c: Claim, type_: str, relay: str, **data: Any) -> None:
     JobEvent.objects.create(
         job_id=c.job_id,

@@ -17,6 +17,7 @@ Hazards: the call threads are daemons: a stopping process does not wait for call
 import logging
 import threading
 from collections import Counter
+from dataclasses import replace
 
 from django.db import DatabaseError, connection
 
@@ -68,7 +69,14 @@ class Relay:
 
     def _handle(self, c: outbox.Claim) -> None:
         try:
-            outbox.handle(c, self.identity, self.lease_seconds)
+            try:
+                outbox.handle(c, self.identity, self.lease_seconds)
+            except DatabaseError:  # the connection died while the call was out: the row decides
+                connection.close()  # ... read on a fresh one, while the claim is still ours
+                unknown = outbox.still_claimed(c)
+                if unknown is not None:  # as the next relay would: unknown -> reconciled
+                    outbox.handle(replace(c, outcome_unknown=unknown), self.identity,
+                                  self.lease_seconds)  # fmt: skip
         except DatabaseError as exc:  # the row keeps the truth: its lease runs out, reconciled
             logger.warning("relay: intent %s left to its lease (database error: %s)", c.key, exc)
         except Exception:  # noqa: BLE001  a bug in a target must not kill the relay

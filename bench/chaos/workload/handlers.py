@@ -1,6 +1,9 @@
 """The handler every chaos job runs: a checkpoint, a staged output, a keyed effect at a real
-deduplicating HTTP receiver, a token-checked write to shared rows, then sometimes a long run or a
-failure, each outside call bracketed by history lines (before/after) for the checker.
+deduplicating HTTP receiver (prompt, slow, or one that hangs past the call's timeout after doing
+the work: the attempt fails and the next one's call is deduplicated), an outbox intent to a
+prompt, slow or hanging non-deduplicating receiver, a token-checked write to shared rows, then
+sometimes a long run or a failure, each outside call bracketed by history lines (before/after)
+for the checker.
 
 The plan is in the payload (decided by the seeded generator in bench/chaos/run.py), so every
 attempt of a job does the same things and the checker knows what each job meant to do.
@@ -21,13 +24,22 @@ from jobs.context import JobContext
 from jobs.core.exceptions import LeaseLost
 from jobs.effects import send_mail
 
+# A call to the effect receiver waits this long; its hanging endpoint hangs far longer.
+EFFECT_TIMEOUT = 2.0
+# The receivers by the plan's target: a prompt one, a slow one, one that hangs after doing the
+# work (run.py starts each and names it in these variables; the relay's lanes are per origin).
+EFFECT_RECEIVERS = {"prompt": "CHAOS_RECEIVER", "slow": "CHAOS_RECEIVER_SLOW",
+                    "hang": "CHAOS_RECEIVER_HANG"}  # fmt: skip
+INTENT_RECEIVERS = {"prompt": "CHAOS_FENCING_RECEIVER", "slow": "CHAOS_FENCING_SLOW",
+                    "hang": "CHAOS_FENCING_HANG"}  # fmt: skip
+
 
 def _post(url: str, key: str, body: dict[str, Any]) -> str:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), method="POST",
         headers={"Idempotency-Key": key, "Content-Type": "application/json"},
     )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=EFFECT_TIMEOUT) as answer:
         return str(json.loads(answer.read())["verdict"])
 
 
@@ -45,7 +57,8 @@ def work(ctx: JobContext) -> dict[str, Any]:
         ref = ctx.stage("out.txt", f"{job}:{attempt}")
         log("stage", "after", ref=ref)
     if plan.get("effect"):
-        url = os.environ["CHAOS_RECEIVER"] + "/hook"
+        target = EFFECT_RECEIVERS[plan.get("effect_target", "prompt")]
+        url = os.environ.get(target, os.environ["CHAOS_RECEIVER"]) + "/hook"
 
         def call(key: str) -> str:
             log("effect", "before", key=key)
@@ -59,7 +72,8 @@ def work(ctx: JobContext) -> dict[str, Any]:
         send_mail(ctx, "mail", f"job {job}", f"attempt {attempt}", ["ops@example.invalid"])
         log("mail", "after")
     if plan.get("intent"):  # performed by the relay, only if this attempt commits
-        hook = os.environ["CHAOS_FENCING_RECEIVER"]
+        target = INTENT_RECEIVERS[plan.get("intent_target", "prompt")]
+        hook = os.environ.get(target, os.environ["CHAOS_FENCING_RECEIVER"])
         ctx.intent("publish", "webhook", {
             "url": hook + "/hook", "check_url": hook + "/check", "json": {"job": job},
         })  # fmt: skip
