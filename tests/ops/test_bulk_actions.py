@@ -106,8 +106,9 @@ def test_sigint_to_cancel_all_matching_leaves_every_cancelled_job_audited(
     jobs cancelled and no LogEntry); the run after it, from the cursor it printed, finishes.
 
     A job past the second chunk's size is row-locked from a second connection, so the run is
-    waiting inside a later chunk (chunks end early after CHUNK_SECONDS) when SIGINT lands, however loaded the machine is (without the lock, a fast
-    run could finish first, or be interrupted while printing its summary)."""
+    waiting inside a later chunk (chunks end early after CHUNK_SECONDS) when SIGINT lands,
+    however loaded the machine is (without the lock, a fast run could finish first, or be
+    interrupted while printing its summary)."""
     User.objects.create_superuser("root", password="pw")
     total = 6_000
     Job.objects.bulk_create(
