@@ -356,11 +356,16 @@ def flat(row: dict[str, Any]) -> dict[str, float]:
     }
     for name, t in sorted(row["tables"].items()):
         for key in ("live", "dead_mean", "heap_bytes", "indexes_bytes", "autovacuum_runs",
-                    "vacuum_runs"):  # fmt: skip
-            out[f"{name} {key}"] = t[key]
+                    "autovacuum_seconds", "vacuum_runs"):  # fmt: skip
+            out[f"{name} {key}"] = t.get(key, 0)
     for name, size in sorted(row["indexes"].items()):
         out[f"index {name} bytes"] = size
     return out
+
+
+# Below these on both sides a figure is negligible whatever its ratio (a django-q2 table's 10
+# dead tuples becoming 30 is not decay): tuples, bytes.
+FLOORS = {" live": 1000, " dead_mean": 1000, " bytes": 2**20}
 
 
 def verdict(rows: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:
@@ -370,9 +375,31 @@ def verdict(rows: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:
         a = sum(f[name] for f in firsts) / len(firsts)
         b = sum(f.get(name, 0) for f in lasts) / len(lasts)
         ratio = b / a if a else (1.0 if b == 0 else float("inf"))
+        floor = next((v for k, v in FLOORS.items() if name.endswith(k)), 0)
+        negligible = max(a, b) < floor
         out.append({"figure": name, "first": a, "last": b, "ratio": ratio,
-                    "within": abs(ratio - 1) <= TOLERANCE})  # fmt: skip
+                    "negligible": negligible,
+                    "within": negligible or abs(ratio - 1) <= TOLERANCE})  # fmt: skip
     return out
+
+
+def autovacuum_seconds(rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> None:
+    """Each row's autovacuum time per table: the runs (from the log) that ended in its minute."""
+    for row in rows:
+        end = datetime.fromisoformat(row["at"])
+        begin = end.timestamp() - row["seconds"]
+        for name, t in row["tables"].items():
+            t["autovacuum_seconds"] = round(
+                sum(
+                    r.get("seconds", 0.0)
+                    for r in runs
+                    if r["table"] == name
+                    and begin
+                    <= datetime.fromisoformat(r["at"] + "+00:00").timestamp()
+                    < end.timestamp()
+                ),
+                2,
+            )
 
 
 def mb(n: float) -> str:
@@ -398,6 +425,32 @@ def print_rows(rows: list[dict[str, Any]], first: int = 1) -> None:
                 f" {mb(t.get('indexes_bytes', 0)):>5} {t.get('autovacuum_runs', 0):2d}"
             )
         print(line, flush=True)
+
+
+AUTOVACUUM_RUN = re.compile(
+    r"^(?P<at>\S+ \S+) UTC \[\d+\] LOG:  automatic vacuum of table \"[^\"]*\.public\."
+    r"(?P<table>\w+)\": index scans: (?P<index_scans>\d+)$"
+)
+REMOVED = re.compile(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable")
+ELAPSED = re.compile(r"elapsed: ([\d.]+) s")
+
+
+def autovacuum_runs(log: str) -> list[dict[str, Any]]:
+    """Every `automatic vacuum` of a job table in the server's log (log_autovacuum_min_duration
+    = 0): when, index scans, tuples removed / remaining / dead but not yet removable, seconds."""
+    runs: list[dict[str, Any]] = []
+    for line in log.splitlines():
+        found = AUTOVACUUM_RUN.match(line)
+        if found and found["table"] in TABLES:
+            runs.append({"at": found["at"], "table": found["table"],
+                         "index_scans": int(found["index_scans"])})  # fmt: skip
+        elif runs and line.startswith("\t") and "seconds" not in runs[-1]:
+            if removed := REMOVED.search(line):
+                runs[-1].update(removed=int(removed[1]), remain=int(removed[2]),
+                                not_removable=int(removed[3]))  # fmt: skip
+            elif elapsed := ELAPSED.search(line):
+                runs[-1]["seconds"] = float(elapsed[1])
+    return runs
 
 
 def own_server() -> PrivatePostgres:
@@ -546,21 +599,22 @@ def run(
         stop_all()
         conn.close()
     prunes = pruner.runs if pruner is not None else []
+    autovacuum_log: list[dict[str, Any]] = []
+    if pg is not None and pg.log.exists():
+        autovacuum_log = autovacuum_runs(pg.log.read_text(errors="replace"))
+        autovacuum_seconds(rows, autovacuum_log)
     compared = verdict(rows, window)
     print(f"\nlast {window} rows over first {window} (target: within {TOLERANCE:.0%}):")
     for c in compared:
-        mark = "ok " if c["within"] else "OUT"
+        mark = "n/a" if c["negligible"] else "ok " if c["within"] else "OUT"
         scale, unit = (2**20, " MB") if c["figure"].endswith("bytes") else (1, "")
         print(f"  {mark} {c['figure'].removesuffix(' bytes'):<48} {c['first'] / scale:>12.2f}"
               f" -> {c['last'] / scale:>12.2f}{unit}  x{c['ratio']:.2f}")  # fmt: skip
     print(f"prunes: {len(prunes)}, last: {prunes[-1]['said'] if prunes else 'none'}")
-    autovacuum_log = []
-    if pg is not None and pg.log.exists():
-        autovacuum_log = [
-            line.strip() for line in pg.log.read_text(errors="replace").splitlines()
-            if "automatic vacuum" in line or "automatic analyze" in line
-        ]  # fmt: skip
-        print(f"autovacuum runs in the server's log: {len(autovacuum_log)}")
+    for table in TABLES[:3]:
+        took = [r["seconds"] for r in autovacuum_log if r["table"] == table and "seconds" in r]
+        print(f"autovacuum of {table}: {len(took)} runs in the server's log, "
+              f"{sum(took):.1f} s in all, longest {max(took, default=0):.1f} s")  # fmt: skip
     print(f"machine: {uptime()}")
     write_report(
         args.output, started, load_start, args, drain_jobs_per_s=drain, rate=rate,
