@@ -19,7 +19,7 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
 
 1. The drain: `--measure-jobs` demo.noop jobs inserted, then `manage.py qcluster` (`--workers`
    workers, claim batch 8) started; drain = N / (last finish - first claim), database clock.
-   Skipped with `--rate`.
+   Measured with `--rate` too (the stream's share of it is printed).
 2. The stream: the same qcluster keeps running while a thread enqueues demo.noop jobs at `--rate`
    (default 70 % of the drain just measured), open loop: every 100 ms it inserts the jobs due by
    then, each with its `enqueued` event (the rows `jobs.enqueue()` writes), in one statement.
@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -476,7 +477,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0, help="measured minutes (after warm-up)")
     p.add_argument("--warmup-minutes", type=float, default=6.0, help="stream before measuring")
-    p.add_argument("--rate", type=float, default=None, help="jobs/s (default: 70%% of the drain)")
+    p.add_argument(
+        "--rate", type=float, default=None, help="jobs/s (default: --load x the drain measured)"
+    )
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured drain")
     p.add_argument("--measure-jobs", type=int, default=4000, help="jobs for the first drain")
     p.add_argument("--workers", type=int, default=2)
@@ -518,6 +521,9 @@ def main() -> None:
         run(args, server, rows_wanted, window, started, load_start, pg)
     finally:
         if pg is not None:
+            if pg.log.exists():  # kept for reading after the folder is gone
+                (RESULTS_DIR / "logs").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(pg.log, RESULTS_DIR / "logs" / "soak-server.log")
             pg.remove()
 
 
@@ -549,12 +555,11 @@ def run(
     vacuumer: Vacuumer | None = None
     rows: list[dict[str, Any]] = []
     try:
-        drain = None
-        if args.rate is None:
-            drain = measure_drain(conn, args.measure_jobs, [cluster])
-            print(f"drain: {drain:.0f} jobs/s ({args.measure_jobs} jobs, {args.workers} workers)")
-        rate = args.rate if args.rate is not None else drain * args.load  # type: ignore[operator]
-        print(f"stream: {rate:.0f} jobs/s; warm-up {args.warmup_minutes:g} min, "
+        drain = measure_drain(conn, args.measure_jobs, [cluster])
+        print(f"drain: {drain:.0f} jobs/s ({args.measure_jobs} jobs, {args.workers} workers)")
+        rate = args.rate if args.rate is not None else drain * args.load
+        print(f"stream: {rate:.0f} jobs/s ({rate / drain:.0%} of the drain); "
+              f"warm-up {args.warmup_minutes:g} min, "
               f"then {rows_wanted} rows of {args.interval:g} s", flush=True)  # fmt: skip
         stream, probe = Stream(dsn, rate), ClaimProbe(dsn)
         pruner = Pruner(env, args.retention_minutes / 1440, args.prune_every)
