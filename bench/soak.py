@@ -365,8 +365,8 @@ def flat(row: dict[str, Any]) -> dict[str, float]:
 
 
 # Below these on both sides a figure is negligible whatever its ratio (a django-q2 table's 10
-# dead tuples becoming 30 is not decay): tuples, bytes.
-FLOORS = {" live": 1000, " dead_mean": 1000, " bytes": 2**20}
+# dead tuples becoming 30 is not decay): tuples, bytes, seconds of autovacuum per minute.
+FLOORS = {" live": 1000, " dead_mean": 1000, " bytes": 2**20, " autovacuum_seconds": 0.5}
 
 
 def verdict(rows: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ The cascade runs as SQL on PostgreSQL: the relations Django's collector would fo
 (read from the models, so a table added later comes along), one `DELETE ... WHERE job_id =
 ANY(ids)` (or `UPDATE ... SET NULL`) per related table, then the jobs. It falls back to Django's
 collector (which loads every job row into a model instance) when a relation needs it: a nested
-cascade, a delete signal listener, another on_delete, SQLite. Measured in bench/soak.py under
-load: 3-4x the jobs pruned per second (docs/benchmarks.md, the soak).
+cascade, a delete signal listener, another on_delete, SQLite. Measured: 2.5x the jobs pruned
+per second on a quiet machine, 3.5-4x under load (docs/benchmarks.md, the soak).
 
 Safe while workers run:
 - queued and running jobs are never candidates, and the candidate rows are locked with
