@@ -46,6 +46,8 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    the mean of the first `--window`, for every figure; the target is within 20 %.
 
 Prints a table per minute and the verdict, and writes every raw number to bench/results/.
+`--verdict-of bench/results/soak.json --from-row 6` prints the verdict of a run already written
+from its sixth row (a warm-up that was still catching up is then left out).
 """
 
 from __future__ import annotations
@@ -384,6 +386,28 @@ def verdict(rows: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:
     return out
 
 
+def print_verdict(compared: list[dict[str, Any]], window: int, first_row: int = 1) -> None:
+    print(f"\nlast {window} rows over the {window} from row {first_row}"
+          f" (target: within {TOLERANCE:.0%}):")  # fmt: skip
+    for c in compared:
+        mark = "n/a" if c["negligible"] else "ok " if c["within"] else "OUT"
+        scale, unit = (2**20, " MB") if c["figure"].endswith("bytes") else (1, "")
+        print(f"  {mark} {c['figure'].removesuffix(' bytes'):<48} {c['first'] / scale:>12.2f}"
+              f" -> {c['last'] / scale:>12.2f}{unit}  x{c['ratio']:.2f}")  # fmt: skip
+
+
+def reread(path: Path, first_row: int, window: int) -> None:
+    """`--verdict-of`: the verdict of a run already written, its first rows left out (a warm-up
+    that was not yet a steady state), without running anything."""
+    import json
+
+    rows = json.loads(path.read_text())["rows"][first_row - 1 :]
+    if len(rows) < 2:
+        raise SystemExit(f"{path}: fewer than two rows from row {first_row}")
+    window = max(1, min(window, len(rows) // 2))
+    print_verdict(verdict(rows, window), window, first_row)
+
+
 def autovacuum_seconds(rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> None:
     """Each row's autovacuum time per table: the runs (from the log) that ended in its minute."""
     for row in rows:
@@ -497,7 +521,14 @@ def main() -> None:
         "settings)",
     )  # fmt: skip
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "soak.json")
+    p.add_argument("--verdict-of", type=Path, help="re-read a results JSON: its verdict only")
+    p.add_argument("--from-row", type=int, default=1, help="with --verdict-of: the first row")
     args = p.parse_args()
+    if args.verdict_of is not None:
+        if args.from_row < 1:
+            p.error("--from-row must be at least 1")
+        reread(args.verdict_of, args.from_row, args.window)
+        return
     rows_wanted = int(args.minutes * 60 // args.interval)
     if args.rate is not None and args.rate <= 0 or rows_wanted < 2 or args.prune_every <= 0:
         p.error("--rate must be positive, --minutes at least two --interval, --prune-every > 0")
@@ -609,12 +640,7 @@ def run(
         autovacuum_log = autovacuum_runs(pg.log.read_text(errors="replace"))
         autovacuum_seconds(rows, autovacuum_log)
     compared = verdict(rows, window)
-    print(f"\nlast {window} rows over first {window} (target: within {TOLERANCE:.0%}):")
-    for c in compared:
-        mark = "n/a" if c["negligible"] else "ok " if c["within"] else "OUT"
-        scale, unit = (2**20, " MB") if c["figure"].endswith("bytes") else (1, "")
-        print(f"  {mark} {c['figure'].removesuffix(' bytes'):<48} {c['first'] / scale:>12.2f}"
-              f" -> {c['last'] / scale:>12.2f}{unit}  x{c['ratio']:.2f}")  # fmt: skip
+    print_verdict(compared, window)
     print(f"prunes: {len(prunes)}, last: {prunes[-1]['said'] if prunes else 'none'}")
     for table in TABLES[:3]:
         took = [r["seconds"] for r in autovacuum_log if r["table"] == table and "seconds" in r]
