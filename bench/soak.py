@@ -3,15 +3,23 @@
 
     .venv/bin/python bench/soak.py [--minutes 30] [--rate JOBS_PER_S] [--workers 2]
         [--warmup-minutes 6] [--retention-minutes 5] [--prune-every 60] [--interval 60]
-        [--vacuum-every 0]
+        [--vacuum-every 0] [--server URL]
 
 Hours long (on a quiet machine): `bench/soak.py --minutes 480 --warmup-minutes 10`.
+
+The server: by default a PostgreSQL of its own (bench/chaos/pgserver.py: initdb into a temporary
+folder, its own port and socket folder, removed at the end) at stock settings -- autovacuum on
+with its defaults, default durability (fsync, full_page_writes and synchronous_commit on: the
+lines pgserver writes for the chaos suite's speed are overridden), shared_buffers 128MB -- plus
+log_autovacuum_min_duration = 0 so that every autovacuum run is in its log. `--server URL` uses
+an existing server instead (this machine's shared one runs with autovacuum off, see below).
+The settings that matter are read back with SHOW and printed and written with the results.
 
 What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
 
 1. The drain: `--measure-jobs` demo.noop jobs inserted, then `manage.py qcluster` (`--workers`
    workers, claim batch 8) started; drain = N / (last finish - first claim), database clock.
-   Skipped with `--rate`.
+   Measured with `--rate` too (the stream's share of it is printed).
 2. The stream: the same qcluster keeps running while a thread enqueues demo.noop jobs at `--rate`
    (default 70 % of the drain just measured), open loop: every 100 ms it inserts the jobs due by
    then, each with its `enqueued` event (the rows `jobs.enqueue()` writes), in one statement.
@@ -22,11 +30,15 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    - claim p50 / p99: Palisade's own claim statement (jobs.core.sql.PostgresDriver, batch 8)
      timed on a side connection every 0.25 s, inside a transaction that is rolled back (it claims
      nothing for good; each probe leaves a few dead tuples, negligible beside the stream);
-   - enqueued/s and drained/s (jobs whose finished_at falls in the minute) and the backlog
-     (queued jobs due);
+   - enqueued/s and drained/s (jobs whose finished_at falls in the minute), their run_at ->
+     finished_at latency p50 / p99, and the backlog (queued jobs due);
    - per job table (jobs_job, jobs_attempt, jobs_jobevent, and django-q2's broker tables):
-     live and dead tuples, heap size, indexes size (pg_stat_user_tables, pg_relation_size,
-     pg_indexes_size), each index's size, and autovacuum / autoanalyze runs in the minute.
+     live and dead tuples (dead: the mean of samples every 5 s, autovacuum makes it a sawtooth;
+     also the minute's largest), heap size, indexes size (pg_stat_user_tables,
+     pg_relation_size, pg_indexes_size), each index's size, and autovacuum / autoanalyze runs
+     in the minute;
+   - the jobs pruned in the minute and the machine's 1-minute load average (other work on the
+     machine shows there: read a slow minute beside it).
    Where the server runs with autovacuum off (this machine's PostgreSQL does: a CI setting),
    it says so; `--vacuum-every S` then runs VACUUM (ANALYZE) of the job tables every S seconds in
    its stead (its runs are the `vacuum_runs` figures).
@@ -34,12 +46,17 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    the mean of the first `--window`, for every figure; the target is within 20 %.
 
 Prints a table per minute and the verdict, and writes every raw number to bench/results/.
+`--verdict-of bench/results/soak.json --from-row 6` prints the verdict of a run already written
+from its sixth row (a warm-up that was still catching up is then left out).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
+import signal
 import sys
 import threading
 import time
@@ -53,6 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.chaos.pgserver import PrivatePostgres  # noqa: E402
 from bench.protocol import (  # noqa: E402
     RESULTS_DIR,
     percentile,
@@ -80,6 +98,34 @@ SELECT relname, n_live_tup, n_dead_tup, pg_relation_size(relid), pg_indexes_size
        autovacuum_count, autoanalyze_count, vacuum_count
   FROM pg_stat_user_tables WHERE relname = ANY(%s)
 """
+DEAD = "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE relname = ANY(%s)"
+FINISHED = """
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - run_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - run_at))
+  FROM jobs_job WHERE finished_at >= %s AND finished_at < %s
+"""
+# Stock settings but for the lines pgserver.py writes for the chaos suite's speed (fsync and
+# full_page_writes off): later lines of postgresql.conf win. Logging autovacuum changes nothing
+# it does and shows each run.
+OWN_SERVER_CONF = """
+# bench/soak.py: stock durability, autovacuum on at its defaults
+fsync = on
+full_page_writes = on
+synchronous_commit = on
+autovacuum = on
+log_autovacuum_min_duration = 0
+log_min_messages = warning
+"""
+SETTINGS = (
+    "server_version", "autovacuum", "autovacuum_naptime", "autovacuum_max_workers",
+    "autovacuum_vacuum_threshold", "autovacuum_vacuum_scale_factor",
+    "autovacuum_vacuum_insert_threshold", "autovacuum_vacuum_insert_scale_factor",
+    "autovacuum_analyze_scale_factor", "autovacuum_vacuum_cost_delay",
+    "autovacuum_vacuum_cost_limit", "vacuum_cost_limit", "maintenance_work_mem", "fsync",
+    "full_page_writes", "synchronous_commit", "wal_level", "shared_buffers", "max_wal_size",
+    "checkpoint_timeout", "max_connections",
+)  # fmt: skip
 INDEX_SIZES = """
 SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
  WHERE relname = ANY(%s)
@@ -219,9 +265,14 @@ class Pruner(threading.Thread):
                 )  # fmt: skip
                 if out.returncode != 0:
                     raise RuntimeError(f"prune failed: {out.stderr[-2000:]}")
-                self.runs.append(
-                    {"seconds": round(time.monotonic() - began, 2), "said": out.stdout.strip()}
-                )
+                said = out.stdout.strip()
+                found = re.search(r"pruned (\d+) finished jobs", said)
+                self.runs.append({
+                    "ended": time.monotonic(),
+                    "seconds": round(time.monotonic() - began, 2),
+                    "jobs": int(found.group(1)) if found else 0,
+                    "said": said,
+                })  # fmt: skip
         except BaseException as exc:  # noqa: BLE001 -- the main loop reports it and stops
             self.error = exc
 
@@ -229,40 +280,68 @@ class Pruner(threading.Thread):
         return self.runs[-1]["seconds"] if self.runs else 0.0
 
 
+def sample_dead(conn: psycopg.Connection[Any], last: dict[str, Any]) -> None:
+    """One sample of each table's dead tuples (n_dead_tup), kept for the minute's mean and max."""
+    for name, dead in conn.execute(DEAD, [list(TABLES)]).fetchall():
+        last["dead_samples"].setdefault(name, []).append(dead)
+
+
 def minute(
-    conn: psycopg.Connection[Any], probe: ClaimProbe, stream: Stream, last: dict[str, Any]
+    conn: psycopg.Connection[Any],
+    probe: ClaimProbe,
+    stream: Stream,
+    pruner: Pruner,
+    last: dict[str, Any],
 ) -> dict[str, Any]:
     """One row of the report: the figures since the previous row (`last`, updated in place)."""
     db_now = conn.execute("SELECT clock_timestamp()").fetchone()[0]
-    drained = conn.execute(
-        "SELECT count(*) FROM jobs_job WHERE finished_at >= %s AND finished_at < %s",
-        [last["db_now"], db_now],
-    ).fetchone()[0]
+    drained, e2e_p50, e2e_p99 = conn.execute(FINISHED, [last["db_now"], db_now]).fetchone()
     backlog = conn.execute(
         "SELECT count(*) FROM jobs_job WHERE state = 'queued' AND run_at <= clock_timestamp()"
     ).fetchone()[0]
     seconds = (db_now - last["db_now"]).total_seconds()
     claims = probe.take()
+    sample_dead(conn, last)
     figures = table_figures(conn)
+    prunes = pruner.runs[last["prunes"] :]
     row = {
         "at": db_now.isoformat(),
         "seconds": round(seconds, 2),
+        "load1": round(os.getloadavg()[0], 2),
         "enqueued_per_s": (stream.sent - last["sent"]) / seconds,
         "drained_per_s": drained / seconds,
+        "e2e_ms": {
+            "p50": (e2e_p50 or 0.0) * 1000,
+            "p99": (e2e_p99 or 0.0) * 1000,
+        },
         "backlog": backlog,
         "claim_ms": {
             "p50": percentile(claims, 0.5),
             "p99": percentile(claims, 0.99),
             "n": len(claims),
         },
+        "pruned": {
+            "runs": len(prunes),
+            "jobs": sum(r["jobs"] for r in prunes),
+            "seconds": round(sum(r["seconds"] for r in prunes), 2),
+        },
         **figures,
     }
     for name, t in figures["tables"].items():
         before = last["tables"].get(name, t)
+        samples = last["dead_samples"].get(name) or [t["dead"]]
+        t["dead_mean"] = sum(samples) / len(samples)
+        t["dead_max"] = max(samples)
         t["autovacuum_runs"] = t["autovacuum_count"] - before["autovacuum_count"]
         t["autoanalyze_runs"] = t["autoanalyze_count"] - before["autoanalyze_count"]
         t["vacuum_runs"] = t["vacuum_count"] - before["vacuum_count"]
-    last.update(db_now=db_now, sent=stream.sent, tables=figures["tables"])
+    last.update(
+        db_now=db_now,
+        sent=stream.sent,
+        tables=figures["tables"],
+        prunes=last["prunes"] + len(prunes),
+        dead_samples={},
+    )
     return row
 
 
@@ -272,14 +351,24 @@ def flat(row: dict[str, Any]) -> dict[str, float]:
         "claim p50 ms": row["claim_ms"]["p50"],
         "claim p99 ms": row["claim_ms"]["p99"],
         "drained/s": row["drained_per_s"],
+        "run_at->finished p50 ms": row["e2e_ms"]["p50"],
+        "run_at->finished p99 ms": row["e2e_ms"]["p99"],
         "backlog": row["backlog"],
+        "pruned jobs": row["pruned"]["jobs"],
+        "prune seconds": row["pruned"]["seconds"],
     }
     for name, t in sorted(row["tables"].items()):
-        for key in ("dead", "heap_bytes", "indexes_bytes", "autovacuum_runs", "vacuum_runs"):
-            out[f"{name} {key}"] = t[key]
+        for key in ("live", "dead_mean", "heap_bytes", "indexes_bytes", "autovacuum_runs",
+                    "autovacuum_seconds", "vacuum_runs"):  # fmt: skip
+            out[f"{name} {key}"] = t.get(key, 0)
     for name, size in sorted(row["indexes"].items()):
         out[f"index {name} bytes"] = size
     return out
+
+
+# Below these on both sides a figure is negligible whatever its ratio (a django-q2 table's 10
+# dead tuples becoming 30 is not decay): tuples, bytes, seconds of autovacuum per minute.
+FLOORS = {" live": 1000, " dead_mean": 1000, " bytes": 2**20, " autovacuum_seconds": 0.5}
 
 
 def verdict(rows: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:
@@ -287,11 +376,55 @@ def verdict(rows: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:
     out = []
     for name in firsts[0]:
         a = sum(f[name] for f in firsts) / len(firsts)
-        b = sum(f[name] for f in lasts) / len(lasts)
+        b = sum(f.get(name, 0) for f in lasts) / len(lasts)
         ratio = b / a if a else (1.0 if b == 0 else float("inf"))
+        floor = next((v for k, v in FLOORS.items() if name.endswith(k)), 0)
+        negligible = max(a, b) < floor
         out.append({"figure": name, "first": a, "last": b, "ratio": ratio,
-                    "within": abs(ratio - 1) <= TOLERANCE})  # fmt: skip
+                    "negligible": negligible,
+                    "within": negligible or abs(ratio - 1) <= TOLERANCE})  # fmt: skip
     return out
+
+
+def print_verdict(compared: list[dict[str, Any]], window: int, first_row: int = 1) -> None:
+    print(f"\nlast {window} rows over the {window} from row {first_row}"
+          f" (target: within {TOLERANCE:.0%}):")  # fmt: skip
+    for c in compared:
+        mark = "n/a" if c["negligible"] else "ok " if c["within"] else "OUT"
+        scale, unit = (2**20, " MB") if c["figure"].endswith("bytes") else (1, "")
+        print(f"  {mark} {c['figure'].removesuffix(' bytes'):<48} {c['first'] / scale:>12.2f}"
+              f" -> {c['last'] / scale:>12.2f}{unit}  x{c['ratio']:.2f}")  # fmt: skip
+
+
+def reread(path: Path, first_row: int, window: int) -> None:
+    """`--verdict-of`: the verdict of a run already written, its first rows left out (a warm-up
+    that was not yet a steady state), without running anything."""
+    import json
+
+    rows = json.loads(path.read_text())["rows"][first_row - 1 :]
+    if len(rows) < 2:
+        raise SystemExit(f"{path}: fewer than two rows from row {first_row}")
+    window = max(1, min(window, len(rows) // 2))
+    print_verdict(verdict(rows, window), window, first_row)
+
+
+def autovacuum_seconds(rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> None:
+    """Each row's autovacuum time per table: the runs (from the log) that ended in its minute."""
+    for row in rows:
+        end = datetime.fromisoformat(row["at"])
+        begin = end.timestamp() - row["seconds"]
+        for name, t in row["tables"].items():
+            t["autovacuum_seconds"] = round(
+                sum(
+                    r.get("seconds", 0.0)
+                    for r in runs
+                    if r["table"] == name
+                    and begin
+                    <= datetime.fromisoformat(r["at"] + "+00:00").timestamp()
+                    < end.timestamp()
+                ),
+                2,
+            )
 
 
 def mb(n: float) -> str:
@@ -300,30 +433,77 @@ def mb(n: float) -> str:
 
 def print_rows(rows: list[dict[str, Any]], first: int = 1) -> None:
     if first == 1:
-        head = "row  enq/s drain/s backlog claim p50/p99 ms"
+        head = "row load1  enq/s drain/s backlog  claim p50/p99 ms   e2e p50/p99 ms pruned"
         for t in ("jobs_job", "jobs_attempt", "jobs_jobevent"):
-            head += f" | {t[5:]:>11} heapMB idxMB av/v"
-        print(head + "   (dead tuples, sizes, autovacuum / VACUUM runs)")
+            head += f" | {t[5:]:>9} heapMB idxMB av"
+        print(head + "   (mean dead tuples, sizes, autovacuum runs)")
     for i, r in enumerate(rows, first):
         line = (
-            f"{i:3d} {r['enqueued_per_s']:6.0f} {r['drained_per_s']:7.0f} {r['backlog']:7d}"
-            f" {r['claim_ms']['p50']:6.2f}/{r['claim_ms']['p99']:6.2f}"
+            f"{i:3d} {r['load1']:5.2f} {r['enqueued_per_s']:6.0f} {r['drained_per_s']:7.0f}"
+            f" {r['backlog']:7d} {r['claim_ms']['p50']:7.2f}/{r['claim_ms']['p99']:7.2f}"
+            f" {r['e2e_ms']['p50']:7.1f}/{r['e2e_ms']['p99']:7.1f} {r['pruned']['jobs']:6d}"
         )
         for name in ("jobs_job", "jobs_attempt", "jobs_jobevent"):
             t = r["tables"].get(name, {})
             line += (
-                f" | {t.get('dead', 0):>11d} {mb(t.get('heap_bytes', 0)):>6}"
-                f" {mb(t.get('indexes_bytes', 0)):>5}"
-                f" {t.get('autovacuum_runs', 0):2d}/{t.get('vacuum_runs', 0):d}"
+                f" | {t.get('dead_mean', 0):>9.0f} {mb(t.get('heap_bytes', 0)):>6}"
+                f" {mb(t.get('indexes_bytes', 0)):>5} {t.get('autovacuum_runs', 0):2d}"
             )
-        print(line)
+        print(line, flush=True)
+
+
+AUTOVACUUM_RUN = re.compile(
+    r"^(?P<at>\S+ \S+) UTC \[\d+\] LOG:  automatic vacuum of table \"[^\"]*\.public\."
+    r"(?P<table>\w+)\": index scans: (?P<index_scans>\d+)$"
+)
+REMOVED = re.compile(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable")
+ELAPSED = re.compile(r"elapsed: ([\d.]+) s")
+
+
+def autovacuum_runs(log: str) -> list[dict[str, Any]]:
+    """Every `automatic vacuum` of a job table in the server's log (log_autovacuum_min_duration
+    = 0): when, index scans, tuples removed / remaining / dead but not yet removable, seconds."""
+    runs: list[dict[str, Any]] = []
+    for line in log.splitlines():
+        found = AUTOVACUUM_RUN.match(line)
+        if found and found["table"] in TABLES:
+            runs.append({"at": found["at"], "table": found["table"],
+                         "index_scans": int(found["index_scans"])})  # fmt: skip
+        elif runs and line.startswith("\t") and "seconds" not in runs[-1]:
+            if removed := REMOVED.search(line):
+                runs[-1].update(removed=int(removed[1]), remain=int(removed[2]),
+                                not_removable=int(removed[3]))  # fmt: skip
+            elif elapsed := ELAPSED.search(line):
+                runs[-1]["seconds"] = float(elapsed[1])
+    return runs
+
+
+def own_server() -> PrivatePostgres:
+    """A PostgreSQL of the soak's own at stock settings (see the module docstring)."""
+    pg = PrivatePostgres().init()
+    with open(pg.data / "postgresql.conf", "a") as conf:
+        conf.write(OWN_SERVER_CONF)
+    pg.start()
+    return pg
+
+
+def server_settings(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    return {
+        name: conn.execute("SELECT current_setting(%s)", [name]).fetchone()[0] for name in SETTINGS
+    }
+
+
+def interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0, help="measured minutes (after warm-up)")
     p.add_argument("--warmup-minutes", type=float, default=6.0, help="stream before measuring")
-    p.add_argument("--rate", type=float, default=None, help="jobs/s (default: 70%% of the drain)")
+    p.add_argument(
+        "--rate", type=float, default=None, help="jobs/s (default: --load x the drain measured)"
+    )
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured drain")
     p.add_argument("--measure-jobs", type=int, default=4000, help="jobs for the first drain")
     p.add_argument("--workers", type=int, default=2)
@@ -336,22 +516,64 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--window", type=int, default=5, help="rows compared, first and last")
     p.add_argument(
-        "--server", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
-    )
+        "--server", default=os.environ.get("BENCH_PG"),
+        help="an existing server, postgres://user@host:port (default: one of its own, stock "
+        "settings)",
+    )  # fmt: skip
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "soak.json")
+    p.add_argument("--verdict-of", type=Path, help="re-read a results JSON: its verdict only")
+    p.add_argument("--from-row", type=int, default=1, help="with --verdict-of: the first row")
     args = p.parse_args()
+    if args.verdict_of is not None:
+        if args.from_row < 1:
+            p.error("--from-row must be at least 1")
+        reread(args.verdict_of, args.from_row, args.window)
+        return
     rows_wanted = int(args.minutes * 60 // args.interval)
     if args.rate is not None and args.rate <= 0 or rows_wanted < 2 or args.prune_every <= 0:
         p.error("--rate must be positive, --minutes at least two --interval, --prune-every > 0")
     if args.retention_minutes * 60 < args.interval:
         p.error("--retention-minutes must cover one --interval (drained jobs are counted late)")
+    if args.interval < 10 or args.vacuum_every < 0 or args.workers < 1:
+        p.error("--interval must be at least 10 s, --vacuum-every >= 0, --workers >= 1")
     window = max(1, min(args.window, rows_wanted // 2))
+    # SIGTERM (kill, nohup's end) unwinds like Ctrl-C: children stopped, own server removed.
+    signal.signal(signal.SIGTERM, interrupted)
     started, load_start = datetime.now(UTC), uptime()
     print(f"machine: {load_start}")
-    env = palisade_database(args.server, DB, JOBS_WORKERS=str(args.workers))
-    dsn = f"{args.server}/{DB}"
+    pg: PrivatePostgres | None = None
+    try:
+        if args.server is None:
+            pg = own_server()
+            server = f"postgres://postgres@127.0.0.1:{pg.port}"
+            print(f"own server: {server} (data in {pg.data}, log {pg.log})")
+        else:
+            server = args.server.rstrip("/")
+        run(args, server, rows_wanted, window, started, load_start, pg)
+    finally:
+        if pg is not None:
+            if pg.log.exists():  # kept for reading after the folder is gone
+                (RESULTS_DIR / "logs").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(pg.log, RESULTS_DIR / "logs" / "soak-server.log")
+            pg.remove()
+
+
+def run(
+    args: argparse.Namespace,
+    server: str,
+    rows_wanted: int,
+    window: int,
+    started: datetime,
+    load_start: str,
+    pg: PrivatePostgres | None,
+) -> None:
+    env = palisade_database(server, DB, JOBS_WORKERS=str(args.workers))
+    dsn = f"{server}/{DB}"
     conn = psycopg.connect(dsn, autocommit=True)
-    autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
+    settings = server_settings(conn)
+    print("server: " + ("own (stock settings), " if pg else f"{server}, ")
+          + ", ".join(f"{k}={v}" for k, v in settings.items()))  # fmt: skip
+    autovacuum = settings["autovacuum"]
     if autovacuum != "on" and not args.vacuum_every:
         print("WARNING: this server runs with autovacuum = off: dead tuples are never reclaimed")
         print("         and tables only grow; see --vacuum-every")
@@ -362,14 +584,14 @@ def main() -> None:
     probe: ClaimProbe | None = None
     pruner: Pruner | None = None
     vacuumer: Vacuumer | None = None
+    rows: list[dict[str, Any]] = []
     try:
-        drain = None
-        if args.rate is None:
-            drain = measure_drain(conn, args.measure_jobs, [cluster])
-            print(f"drain: {drain:.0f} jobs/s ({args.measure_jobs} jobs, {args.workers} workers)")
-        rate = args.rate if args.rate is not None else drain * args.load  # type: ignore[operator]
-        print(f"stream: {rate:.0f} jobs/s; warm-up {args.warmup_minutes:g} min, "
-              f"then {rows_wanted} rows of {args.interval:g} s")  # fmt: skip
+        drain = measure_drain(conn, args.measure_jobs, [cluster])
+        print(f"drain: {drain:.0f} jobs/s ({args.measure_jobs} jobs, {args.workers} workers)")
+        rate = args.rate if args.rate is not None else drain * args.load
+        print(f"stream: {rate:.0f} jobs/s ({rate / drain:.0%} of the drain); "
+              f"warm-up {args.warmup_minutes:g} min, "
+              f"then {rows_wanted} rows of {args.interval:g} s", flush=True)  # fmt: skip
         stream, probe = Stream(dsn, rate), ClaimProbe(dsn)
         pruner = Pruner(env, args.retention_minutes / 1440, args.prune_every)
         vacuumer = Vacuumer(dsn, args.vacuum_every) if args.vacuum_every else None
@@ -377,14 +599,17 @@ def main() -> None:
             if thread is not None:
                 thread.start()
         measuring_at = time.monotonic() + args.warmup_minutes * 60
+        next_sample = time.monotonic()
         last: dict[str, Any] = {}
-        rows: list[dict[str, Any]] = []
         while len(rows) < rows_wanted:
             failed = stream.error or probe.error or pruner.error or (vacuumer and vacuumer.error)
             if failed or cluster.poll() is not None:
                 raise RuntimeError(f"stopped: {failed or 'qcluster exited'}")
             if time.monotonic() < measuring_at:
-                time.sleep(min(0.2, measuring_at - time.monotonic()))
+                if last and time.monotonic() >= next_sample:
+                    sample_dead(conn, last)
+                    next_sample = time.monotonic() + 5.0
+                time.sleep(max(0.0, min(0.2, measuring_at - time.monotonic())))
                 continue
             if not last:
                 probe.take()
@@ -392,9 +617,11 @@ def main() -> None:
                     "db_now": conn.execute("SELECT clock_timestamp()").fetchone()[0],
                     "sent": stream.sent,
                     "tables": table_figures(conn)["tables"],
+                    "prunes": len(pruner.runs),
+                    "dead_samples": {},
                 }
             else:
-                rows.append(minute(conn, probe, stream, last))
+                rows.append(minute(conn, probe, stream, pruner, last))
                 print_rows(rows[-1:], first=len(rows))
             measuring_at = max(measuring_at + args.interval, time.monotonic() + 1)
     finally:
@@ -406,19 +633,24 @@ def main() -> None:
                 thread.join(timeout=120)
         stop(cluster)
         stop_all()
+        conn.close()
     prunes = pruner.runs if pruner is not None else []
+    autovacuum_log: list[dict[str, Any]] = []
+    if pg is not None and pg.log.exists():
+        autovacuum_log = autovacuum_runs(pg.log.read_text(errors="replace"))
+        autovacuum_seconds(rows, autovacuum_log)
     compared = verdict(rows, window)
-    print(f"\nlast {window} rows over first {window} (target: within {TOLERANCE:.0%}):")
-    for c in compared:
-        mark = "ok " if c["within"] else "OUT"
-        scale, unit = (2**20, " MB") if c["figure"].endswith("bytes") else (1, "")
-        print(f"  {mark} {c['figure'].removesuffix(' bytes'):<48} {c['first'] / scale:>12.2f}"
-              f" -> {c['last'] / scale:>12.2f}{unit}  x{c['ratio']:.2f}")  # fmt: skip
+    print_verdict(compared, window)
     print(f"prunes: {len(prunes)}, last: {prunes[-1]['said'] if prunes else 'none'}")
+    for table in TABLES[:3]:
+        took = [r["seconds"] for r in autovacuum_log if r["table"] == table and "seconds" in r]
+        print(f"autovacuum of {table}: {len(took)} runs in the server's log, "
+              f"{sum(took):.1f} s in all, longest {max(took, default=0):.1f} s")  # fmt: skip
     print(f"machine: {uptime()}")
     write_report(
         args.output, started, load_start, args, drain_jobs_per_s=drain, rate=rate,
         window=window, rows=rows, prunes=prunes, verdict=compared, autovacuum=autovacuum,
+        server="own" if pg else server, settings=settings, autovacuum_log=autovacuum_log,
     )  # fmt: skip
 
 

@@ -6,6 +6,13 @@ outbox intent (pending, performing or failed: the relay or an operator still owe
 deleted, with everything that hangs off them (attempts, events, rejected writes, idempotency
 keys, ...: Django's cascade, so tables added later come along).
 
+The cascade runs as SQL on PostgreSQL: the relations Django's collector would follow from Job
+(read from the models, so a table added later comes along), one `DELETE ... WHERE job_id =
+ANY(ids)` (or `UPDATE ... SET NULL`) per related table, then the jobs. It falls back to Django's
+collector (which loads every job row into a model instance) when a relation needs it: a nested
+cascade, a delete signal listener, another on_delete, SQLite. Measured: 2.5x the jobs pruned
+per second on a quiet machine, 3.5-4x under load (docs/benchmarks.md, the soak).
+
 Safe while workers run:
 - queued and running jobs are never candidates, and the candidate rows are locked with
   `FOR UPDATE SKIP LOCKED` in the deleting transaction, so a row an admin action or a late
@@ -22,6 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import CASCADE, SET_NULL, Model
+from django.db.models.deletion import get_candidate_relations_to_delete
+from django.db.models.signals import post_delete, pre_delete
 
 from jobs.core.states import TERMINAL_STATES
 from jobs.models import Job
@@ -76,6 +86,52 @@ def _candidates_sql(batch_size: int, lock: bool) -> tuple[str, list[Any]]:
     return sql, [*states]
 
 
+def _listened(model: type[Model]) -> bool:
+    return pre_delete.has_listeners(model) or post_delete.has_listeners(model)
+
+
+def sql_cascade() -> list[tuple[str, str, str, str]] | None:
+    """Django's cascade from Job as (action, table, column, label) per related table, or None
+    where only Django's collector would do it right (see the module docstring)."""
+    if connection.vendor != "postgresql" or _listened(Job) or Job._meta.private_fields:
+        return None
+    plan = []
+    rel: Any
+    for rel in get_candidate_relations_to_delete(Job._meta):  # type: ignore[arg-type]
+        model: Any = rel.related_model
+        if rel.many_to_many or _listened(model) or model._meta.private_fields:
+            return None
+        if any(True for _ in get_candidate_relations_to_delete(model._meta)):
+            return None  # a nested cascade: the collector follows it
+        if rel.on_delete is CASCADE:
+            action = "DELETE"
+        elif rel.on_delete is SET_NULL:
+            action = "SET NULL"
+        else:
+            return None  # PROTECT, RESTRICT, DO_NOTHING, SET_DEFAULT, ...: the collector's call
+        plan.append((action, model._meta.db_table, rel.field.column, model._meta.label))
+    return plan
+
+
+def _delete(cur: Any, plan: list[tuple[str, str, str, str]], ids: list[int]) -> dict[str, int]:
+    """One batch's cascade, in the caller's transaction: related rows first, then the jobs."""
+    quote = connection.ops.quote_name
+    deleted: dict[str, int] = {}
+    for action, table, column, label in plan:
+        if action == "DELETE":
+            cur.execute(f"DELETE FROM {quote(table)} WHERE {quote(column)} = ANY(%s)", [ids])
+            if cur.rowcount:
+                deleted[label] = cur.rowcount
+        else:
+            cur.execute(
+                f"UPDATE {quote(table)} SET {quote(column)} = NULL WHERE {quote(column)} = ANY(%s)",
+                [ids],
+            )
+    cur.execute(f"DELETE FROM {quote(Job._meta.db_table)} WHERE id = ANY(%s)", [ids])
+    deleted[Job._meta.label] = cur.rowcount
+    return deleted
+
+
 def _age(older_than_days: float) -> float | str:
     seconds = older_than_days * 86400
     if connection.vendor == "postgresql":
@@ -106,6 +162,7 @@ def prune(
     report = PruneReport()
     started = time.monotonic()
     sql, params = _candidates_sql(batch_size, lock=True)
+    plan = sql_cascade()
     while max_batches is None or report.batches < max_batches:
         with transaction.atomic():
             with connection.cursor() as cur:
@@ -113,9 +170,12 @@ def prune(
                     sql, [*params, _age(older_than_days), _age(older_than_days), batch_size]
                 )
                 ids = [row[0] for row in cur.fetchall()]
+                if ids and plan is not None:
+                    deleted = _delete(cur, plan, ids)
             if not ids:
                 break
-            _, deleted = Job.objects.filter(pk__in=ids).delete()
+            if plan is None:
+                _, deleted = Job.objects.filter(pk__in=ids).delete()
         report.add(deleted)
         if len(ids) < batch_size:
             break

@@ -90,3 +90,60 @@ def test_a_zombie_writing_to_a_pruned_job_is_rejected_quietly(make_job):
 def test_out_of_range_arguments_are_refused(days, batch):
     with pytest.raises(ValueError, match="must be between"):
         retention.prune(days, batch_size=batch)
+
+
+@pytest.mark.django_db
+def test_the_cascade_is_one_statement_per_related_table_and_never_loads_a_job(make_job):
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from jobs.models import Intent, Schedule, StagedOutput
+
+    old = [with_history(make_job(state="succeeded")) for _ in range(3)]
+    for job in old:
+        age(job, 10)
+        StagedOutput.objects.create(job=job, attempt=1, name="out", path=f"p/{job.pk}")
+        Intent.objects.create(job=job, attempt=1, step="a", key=f"{job.pk}:a", target="webhook",
+                              state="done", done_at=timezone.now())  # fmt: skip
+    schedule = Schedule.objects.create(
+        name="nightly", kind="test.echo", cron="0 3 * * *", next_at=timezone.now(), last_job=old[0]
+    )
+    plan = retention.sql_cascade()
+    assert plan is not None and {t for _, t, _, _ in plan} >= {"jobs_attempt", "jobs_schedule"}
+
+    with CaptureQueriesContext(connection) as queries:
+        report = retention.prune(7)
+
+    assert report.jobs == 3 and not Job.objects.filter(pk__in=[j.pk for j in old]).exists()
+    for model in (Attempt, JobEvent, RejectedWrite, IdempotencyKey, StagedOutput, Intent):
+        assert not model.objects.exists(), model
+    schedule.refresh_from_db()
+    assert schedule.last_job_id is None  # SET NULL, as Django's collector does
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN",)]
+    # One batch (3 jobs < the batch size): the candidates, one statement per related table, the
+    # jobs. Django's collector would also load the jobs and delete them in chunks of 100.
+    assert len([s for s in statements if not s.startswith(("SAVEPOINT", "RELEASE"))]) == (
+        1 + len(plan) + 1
+    ), statements
+    assert not any('"jobs_job"."payload"' in s for s in statements)  # no job row is loaded
+
+
+@pytest.mark.django_db
+def test_a_delete_signal_listener_gets_django_s_collector(make_job):
+    from django.db.models.signals import pre_delete
+
+    seen: list[int] = []
+
+    def listener(sender, instance, **kwargs):
+        seen.append(instance.job_id)
+
+    job = with_history(make_job(state="succeeded"))
+    age(job, 10)
+    pre_delete.connect(listener, sender=Attempt)
+    try:
+        assert retention.sql_cascade() is None
+        assert retention.prune(7).jobs == 1
+    finally:
+        pre_delete.disconnect(listener, sender=Attempt)
+    assert seen == [job.pk]
+    assert retention.sql_cascade() is not None
