@@ -31,6 +31,11 @@ class JobsSettings:
     # pooler such as PgBouncer, where LISTEN does not work; "" = DATABASE_URL.
     LISTEN_URL: str = ""
     CLAIM_BATCH: int = 8
+    # The drain's hot statements (claim, commit, heartbeat, fail, release) as server-side
+    # prepared statements on PostgreSQL (jobs.core.transitions.fence.hot_cursor). False behind a
+    # transaction pooler that cannot keep prepared statements (PgBouncer before 1.21, or without
+    # max_prepared_statements).
+    PREPARED_STATEMENTS: bool = True
     MAX_ATTEMPTS: int = 3
     MAX_PAYLOAD_BYTES: int = 256 * 1024
     RETRY_BASE_SECONDS: float = 2.0

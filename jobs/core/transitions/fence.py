@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
+from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import LeaseLost
 from jobs.core.sql import Driver, driver_for
 from jobs.core.sql.operator import rejection_context
@@ -106,6 +107,53 @@ def fenced_statement() -> Iterator[None]:
     else:
         with transaction.atomic():
             yield
+
+
+# A hot statement text is prepared on its second execution (a one-off text -- a commit carrying
+# intents, say -- is not worth the extra round trip a first preparation costs).
+PREPARE_THRESHOLD = 1
+
+
+@contextmanager
+def hot_cursor() -> Iterator[Any]:
+    """A cursor for the drain's hot statements (claim, heartbeat, commit, fail, release).
+
+    On PostgreSQL it binds parameters on the server and prepares each statement text once per
+    connection (Django's default cursor interpolates the parameters into the text and prepares
+    nothing), and PostgreSQL then reuses the statement's generic plan: the claim and the commit
+    are parsed and planned once per connection instead of on every batch (planning was about
+    half of their server time). It is still Django's cursor wrapper on Django's connection:
+    errors become django.db errors, execute wrappers and query logging apply. Only these
+    statements are prepared: the connection's own `prepare_threshold` (Django's default: None,
+    nothing prepared) is back in force for every other cursor once this one is done. psycopg
+    keeps at most `prepared_max` (100) statements per connection. JOBS["PREPARED_STATEMENTS"] =
+    False (behind a transaction pooler that cannot keep prepared statements), or SQLite:
+    Django's cursor.
+    """
+    if connection.vendor != "postgresql" or not jobs_settings().PREPARED_STATEMENTS:
+        with connection.cursor() as cur:
+            yield cur
+        return
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    raw = connection.connection
+    with connection.wrap_database_errors:
+        cursor: Any = ServerBindingCursor(raw)  # type: ignore[call-arg]  # (django-stubs)
+    wrapped = (
+        connection.make_debug_cursor(cursor)
+        if connection.queries_logged
+        else connection.make_cursor(cursor)
+    )
+    saved = raw.prepare_threshold
+    raw.prepare_threshold = PREPARE_THRESHOLD if saved is None else saved
+    try:
+        with wrapped as cur:
+            yield cur
+    finally:
+        if not raw.closed:
+            raw.prepare_threshold = saved
 
 
 def row_refused(exc: DatabaseError) -> bool:
