@@ -58,6 +58,12 @@ def _coerce(name: str, raw: object, default: object) -> object:
             return None
         items = raw.split(",") if isinstance(raw, str) else list(raw)  # type: ignore[call-overload]
         return tuple(q.strip() for q in items if q.strip()) or None
+    if isinstance(default, bool) and isinstance(raw, str):  # an environment override
+        if raw.strip().lower() in {"1", "true", "yes", "on"}:
+            return True
+        if raw.strip().lower() in {"0", "false", "no", "off"}:
+            return False
+        raise InvalidOption(f"JOBS_{name} must be true or false (1/0), not {raw!r}")
     if isinstance(default, bool) or default is None:
         return raw
     try:

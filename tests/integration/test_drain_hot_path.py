@@ -2,7 +2,7 @@
 
 - The claim and the commit run as prepared statements with a generic plan (planned once per
   connection, not on every batch), on Django's own connection, whose other cursors prepare
-  nothing; JOBS["PREPARED_STATEMENTS"] = False turns it off. A stale presentation through the
+  nothing; JOBS["PREPARED_STATEMENTS"] = False (or JOBS_PREPARED_STATEMENTS=0) turns it off. A stale presentation through the
   prepared commit is still rejected and recorded.
 - No redundant single-column job_id index on jobs_attempt / jobs_jobevent (migration 0016).
 - An idle drain keeps what its next claim must know fresh while it waits, so the claim a NOTIFY
@@ -128,3 +128,18 @@ def test_an_idle_drain_keeps_the_claim_to_one_round_trip() -> None:
     with CaptureQueriesContext(connection) as queries:
         assert len(transitions.claim(W, limit=1, lease_seconds=30)) == 1
     assert len(queries) == 1, [q["sql"][:80] for q in queries]
+
+
+def test_the_switch_reads_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.core.conf import jobs_settings
+
+    for raw, expected in (("0", False), ("false", False), ("1", True), ("on", True)):
+        monkeypatch.setenv("JOBS_PREPARED_STATEMENTS", raw)
+        jobs_settings.cache_clear()
+        assert jobs_settings().PREPARED_STATEMENTS is expected
+    monkeypatch.setenv("JOBS_PREPARED_STATEMENTS", "maybe")
+    jobs_settings.cache_clear()
+    with pytest.raises(ValueError, match="true or false"):
+        jobs_settings()
+    monkeypatch.delenv("JOBS_PREPARED_STATEMENTS")
+    jobs_settings.cache_clear()
