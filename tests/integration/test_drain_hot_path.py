@@ -2,8 +2,8 @@
 
 - The claim and the commit run as prepared statements with a generic plan (planned once per
   connection, not on every batch), on Django's own connection, whose other cursors prepare
-  nothing; JOBS["PREPARED_STATEMENTS"] = False (or JOBS_PREPARED_STATEMENTS=0) turns it off. A stale presentation through the
-  prepared commit is still rejected and recorded.
+  nothing; JOBS["PREPARED_STATEMENTS"] = False (or JOBS_PREPARED_STATEMENTS=0) turns it off.
+  A stale presentation through the prepared commit is still rejected and recorded.
 - No redundant single-column job_id index on jobs_attempt / jobs_jobevent (migration 0016).
 - An idle drain keeps what its next claim must know fresh while it waits, so the claim a NOTIFY
   wakes it for is one round trip.
