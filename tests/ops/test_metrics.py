@@ -86,10 +86,10 @@ def test_queue_depth_and_running_leases_are_live(client, make_job):
     assert samples["jobs_running_expired_leases"] == 1
 
 
-@pytest.mark.django_db(transaction=True)
+# Sequences reset: a fresh tally reads every id from 1, and when earlier tests of the session
+# have used up more than MAX_PENDING event ids it would skip them all at once (not look for them).
+@pytest.mark.django_db(transaction=True, reset_sequences=True)
 def test_an_event_committed_late_is_still_counted(client, make_job, second_connection, monkeypatch):
-    # A tally of its own: the process's tally may have last read before other tests used up
-    # more than MAX_PENDING event ids, which it would then skip at once (not look for).
     monkeypatch.setattr(
         metrics, "_event_tally", history.Incremental("jobs_jobevent", history.events)
     )
