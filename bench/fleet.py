@@ -116,6 +116,8 @@ def measure(args: argparse.Namespace, mode: str, server: str) -> dict[str, Any]:
         "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
     }
+    if mode == "pgbouncer":  # PgBouncer 1.18 keeps no prepared statements (docs/operations.md)
+        env["JOBS_PREPARED_STATEMENTS"] = "0"
     env.pop("REDIS_URL", None)
     samples: list[int] = []
     stop_sampling = threading.Event()

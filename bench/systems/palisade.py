@@ -1,7 +1,9 @@
 """Palisade itself, its SQL floor and its decomposition rows (run in Palisade's own venv).
 
 palisade  `manage.py qcluster` draining N pre-inserted demo.noop jobs, JOBS_CLAIM_BATCH=8
-          (default); then idle enqueue -> start samples against the same, idle cluster.
+          (default), behind a start barrier (the queue paused until every drain LISTENs, as
+          the Node peers wait for `go`); then idle enqueue -> start samples against the same,
+          idle cluster.
 batch1    the same drain with JOBS_CLAIM_BATCH=1.
 bare      2 raw-psycopg processes: one-statement claim + fenced commit per job, own table.
 sql       2 raw-psycopg processes running Palisade's own claim (batch 8) and batch commit SQL
@@ -186,8 +188,20 @@ class Palisade:
         if ctx.args.q_poll is not None:
             env["Q_POLL"] = str(ctx.args.q_poll)
         log = ctx.log(self.key)
+        # The start barrier (as the Node peers have): the queue is paused while the cluster
+        # starts, so its processes' start-up (Django imports, forks) is not timed inside the
+        # drain; once every worker's drain stands LISTENing, the queue is resumed (the resume
+        # NOTIFYs) and the drain runs from its first claim.
+        import logging
+
+        from jobs.ops import queues as queue_controls
+
+        logging.getLogger("jobs.queues").setLevel(logging.WARNING)
+        queue_controls.pause("default", actor=None)
         proc = spawn([sys.executable, "manage.py", "qcluster"], env, log)
         try:
+            self.wait_ready(ctx, proc)
+            queue_controls.resume("default", actor=None)
 
             def drained() -> bool:
                 done, bad = PalisadeDB.one(
@@ -215,6 +229,20 @@ class Palisade:
         finally:
             stop(proc)
         return result
+
+    def wait_ready(self, ctx: Context, proc: subprocess.Popen[bytes]) -> None:
+        """Until the cluster's drains and scheduler (workers + 1) LISTEN, then half a second."""
+        want = ctx.args.workers + 1
+
+        def listening() -> bool:
+            (n,) = PalisadeDB.one(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+            )
+            return bool(n >= want)
+
+        wait_for(listening, ctx.args.timeout, f"{self.key} start barrier", [proc])
+        time.sleep(0.5)
 
     def idle_latency(self, ctx: Context, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
         """One job at a time into the idle cluster; commit -> claimed_at on the DB clock."""

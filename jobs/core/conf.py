@@ -31,6 +31,11 @@ class JobsSettings:
     # pooler such as PgBouncer, where LISTEN does not work; "" = DATABASE_URL.
     LISTEN_URL: str = ""
     CLAIM_BATCH: int = 8
+    # The drain's hot statements (claim, commit, heartbeat, fail, release) as server-side
+    # prepared statements on PostgreSQL (jobs.core.transitions.fence.hot_cursor). False behind a
+    # transaction pooler that cannot keep prepared statements (PgBouncer before 1.21, or without
+    # max_prepared_statements). False turns the enqueue's off too (ENQUEUE_PREPARE below).
+    PREPARED_STATEMENTS: bool = True
     MAX_ATTEMPTS: int = 3
     MAX_PAYLOAD_BYTES: int = 256 * 1024
     # The enqueue statement as a server-side prepared statement: "auto" (unless the connection
@@ -56,6 +61,12 @@ def _coerce(name: str, raw: object, default: object) -> object:
             return None
         items = raw.split(",") if isinstance(raw, str) else list(raw)  # type: ignore[call-overload]
         return tuple(q.strip() for q in items if q.strip()) or None
+    if isinstance(default, bool) and isinstance(raw, str):  # an environment override
+        if raw.strip().lower() in {"1", "true", "yes", "on"}:
+            return True
+        if raw.strip().lower() in {"0", "false", "no", "off"}:
+            return False
+        raise InvalidOption(f"JOBS_{name} must be true or false (1/0), not {raw!r}")
     if isinstance(default, bool) or default is None:
         return raw
     try:

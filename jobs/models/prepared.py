@@ -58,8 +58,12 @@ def setting() -> bool | None:
 
 def allowed(conn: BaseDatabaseWrapper, raw: Any) -> bool:
     """Whether the enqueue may be prepared on `raw`, Django connection `conn`'s psycopg
-    connection (open; inside the caller's transaction if any: the pid query is harmless)."""
-    chosen = setting()
+    connection (open; inside the caller's transaction if any: the pid query is harmless).
+    JOBS['PREPARED_STATEMENTS'] = False (JOBS_PREPARED_STATEMENTS=0) turns every prepared
+    statement of Palisade off, this one too, whatever ENQUEUE_PREPARE says."""
+    chosen = setting()  # read first: a bad value is refused even when everything is off
+    if not jobs_settings().PREPARED_STATEMENTS:
+        return False
     if chosen is not None:
         return chosen
     if conn.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):

@@ -201,9 +201,19 @@ class _IdleWait:
                 return False
             if now >= poll_at:
                 return True
+            self._keep_claim_ready()
             if self.waker.wait(min(0.25, poll_at - now, until - now)):
                 return True
         return False
+
+    def _keep_claim_ready(self) -> None:
+        """The claim a NOTIFY wakes us for is one round trip: what it must know beforehand
+        (whether its queues are limited) is re-read now, while nothing waits on it."""
+        try:
+            with bounded("claim limits"):
+                transitions.refresh_limits(self.queues)
+        except DatabaseError:
+            pass  # the claim itself reads it again, and reports an outage
 
     def close(self) -> None:
         if self.waker is not None:

@@ -28,6 +28,38 @@ class _Pair:
     dead: bool = False
     relay_on: bool = True
     answered: threading.Event = field(default_factory=threading.Event)
+    # name -> text of the statements the client prepared on this connection
+    prepared: dict[bytes, bytes] = field(default_factory=dict)
+
+
+def _messages(data: bytes) -> list[tuple[int, bytes]]:
+    """The (type, body) of each whole frontend message in `data` (none for a startup packet)."""
+    out, pos = [], 0
+    while pos + 5 <= len(data):
+        kind, length = data[pos], struct.unpack("!i", data[pos + 1 : pos + 5])[0]
+        if not 32 < kind < 127 or length < 4 or pos + 1 + length > len(data):
+            break
+        out.append((kind, data[pos + 5 : pos + 1 + length]))
+        pos += 1 + length
+    return out
+
+
+def _carries(pair: _Pair, data: bytes, marker: bytes) -> bool:
+    """Whether `data` runs a statement holding `marker`: sent with its text (a simple query, or
+    an extended one with its Execute), or -- a prepared statement's execution sends only its
+    name -- a Bind of a statement prepared with that text. A Parse alone runs nothing."""
+    hit = False
+    messages = _messages(data)
+    for kind, body in messages:
+        if kind == ord("P"):
+            name, _, rest = body.partition(b"\0")
+            if name:
+                pair.prepared[name] = rest.partition(b"\0")[0]
+        elif kind == ord("B"):
+            name = body.partition(b"\0")[2].partition(b"\0")[0]
+            hit = hit or bool(name) and marker in pair.prepared.get(name, b"")
+    runs = not messages or any(kind in (ord("Q"), ord("E")) for kind, _ in messages)
+    return hit or (runs and marker in data)
 
 
 class PgProxy:
@@ -131,7 +163,7 @@ class PgProxy:
                 self._flowing.wait()  # a partition holds the bytes here
                 if pair.dead:
                     return
-                if self._armed is not None and self._marker in data:
+                if _carries(pair, data, self._marker) and self._armed is not None:
                     after_reply = self._take_arm()
                     self.cuts += 1
                     if after_reply:

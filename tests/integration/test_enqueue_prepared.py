@@ -98,6 +98,17 @@ def test_with_enqueue_prepare_off_the_statement_is_sent_unnamed_in_one_round_tri
     assert Job.objects.get(pk=job.pk).payload == {"n": 2}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_prepared_statements_off_turns_the_enqueues_off_too_even_when_it_says_on():
+    """One switch for a pooler that keeps no prepared statements: JOBS_PREPARED_STATEMENTS=0."""
+    with override_settings(JOBS={"PREPARED_STATEMENTS": False, "ENQUEUE_PREPARE": "on"}):
+        jobs.enqueue("test.echo")
+        with wire() as sent:
+            jobs.enqueue("test.echo", {"n": 3})
+    assert types(sent) == ["Parse", "Bind", "Describe", "Execute", "Sync"], sent
+    assert sent[0][1].startswith('"" "WITH inserted AS'), sent  # the unnamed statement
+
+
 @pytest.mark.django_db
 def test_an_unknown_enqueue_prepare_setting_is_refused_with_its_choices():
     with (

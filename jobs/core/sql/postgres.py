@@ -53,7 +53,11 @@ class PostgresDriver(Driver):
         return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
 
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
-        params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
+        # The limit is part of the text, not a parameter: a prepared claim then gets a generic
+        # plan as good as a custom one (with `LIMIT $n` PostgreSQL plans for an unknown, large
+        # limit, so it re-plans every execution -- half the claim's server time). It is an int.
+        limit = int(limit)
+        params: dict[str, Any] = {"worker": worker, "lease": lease}
         only = ""
         if only_id is not None:
             params["only"] = only_id
@@ -74,7 +78,7 @@ class PostgresDriver(Driver):
                  WHERE state = '{QUEUED}' AND NOT deferred AND run_at <= clock_timestamp()
                        {queue_filter(queues, params)}{only}{queues_sql.BLOCKED}
                  ORDER BY priority DESC, run_at, id
-                 LIMIT %(limit)s
+                 LIMIT {limit}
                    FOR UPDATE SKIP LOCKED
             ), {queues_sql.CAPPED}, claimed AS (
                 UPDATE jobs_job j

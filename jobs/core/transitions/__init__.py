@@ -35,6 +35,7 @@ from jobs.core.transitions.worker import (
     mark_lost,
     poison,
     record_lost_heartbeat,
+    refresh_limits,
     release,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "poison",
     "reclaim_expired",
     "record_lost_heartbeat",
+    "refresh_limits",
     "record_rejected",
     "release",
     "requeue",

@@ -12,6 +12,7 @@ caller's rollback cannot erase it.
 """
 
 import logging
+import secrets
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
+from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import LeaseLost
 from jobs.core.sql import Driver, driver_for
 from jobs.core.sql.operator import rejection_context
@@ -106,6 +108,98 @@ def fenced_statement() -> Iterator[None]:
     else:
         with transaction.atomic():
             yield
+
+
+# A hot statement text is prepared on its second execution (a one-off text -- a commit carrying
+# intents, say -- is not worth the extra round trip a first preparation costs).
+PREPARE_THRESHOLD = 1
+# SQLSTATEs of a prepared statement the server connection does not have (or has twice): what a
+# transaction pooler that keeps no prepared statements (PgBouncer before 1.21) causes.
+_LOST_PREPARED = frozenset({"26000", "42P05"})
+# Set once this process met one of those: from then on nothing is prepared here.
+_preparing_refused = threading.Event()
+
+
+@contextmanager
+def hot_cursor() -> Iterator[Any]:
+    """A cursor for the drain's hot statements (claim, heartbeat, commit, fail, release).
+
+    On PostgreSQL it binds parameters on the server and prepares each statement text once per
+    connection (Django's default cursor interpolates the parameters into the text and prepares
+    nothing), and PostgreSQL then reuses the statement's generic plan: the claim and the commit
+    are parsed and planned once per connection instead of on every batch (planning was about
+    half of their server time). It is still Django's cursor wrapper on Django's connection:
+    errors become django.db errors, execute wrappers and query logging apply. Only these
+    statements are prepared: the connection's own `prepare_threshold` (Django's default: None,
+    nothing prepared) is back in force for every other cursor once this one is done. psycopg
+    keeps at most `prepared_max` (100) statements per connection. JOBS["PREPARED_STATEMENTS"] =
+    False, or SQLite: Django's cursor.
+
+    Behind a transaction pooler that keeps no prepared statements, a statement prepared on one
+    server connection is executed on another. Names are random per connection, so it can never
+    run another client's statement of the same name: the server answers "does not exist" and
+    has run nothing. That error is raised as an OperationalError (an outcome the worker re-reads
+    and presents again, never a refusal that fails a job) and this process prepares nothing from
+    then on; the log says to set JOBS_PREPARED_STATEMENTS=0.
+    """
+    if (
+        connection.vendor != "postgresql"
+        or not jobs_settings().PREPARED_STATEMENTS
+        or _preparing_refused.is_set()
+    ):
+        with connection.cursor() as cur:
+            yield cur
+        return
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    raw = connection.connection
+    if not _names_are_random(raw):
+        with connection.cursor() as cur:
+            yield cur
+        return
+    with connection.wrap_database_errors:
+        cursor: Any = ServerBindingCursor(raw)  # type: ignore[call-arg]  # (django-stubs)
+    wrapped = (
+        connection.make_debug_cursor(cursor)
+        if connection.queries_logged
+        else connection.make_cursor(cursor)
+    )
+    saved = raw.prepare_threshold
+    raw.prepare_threshold = PREPARE_THRESHOLD if saved is None else saved
+    try:
+        with wrapped as cur:
+            yield cur
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) not in _LOST_PREPARED:
+            raise
+        _preparing_refused.set()
+        logger.error(
+            "the database connection lost a prepared statement (%s): a transaction pooler that "
+            "keeps none? This process prepares nothing from now on; set "
+            "JOBS_PREPARED_STATEMENTS=0 (docs/operations.md, PgBouncer)",
+            exc,
+        )
+        raise OperationalError(f"prepared statement lost, nothing ran: {exc}") from exc
+    finally:
+        if not raw.closed:
+            raw.prepare_threshold = saved
+
+
+def _names_are_random(raw: Any) -> bool:
+    """Start this connection's prepared-statement names at a random number (psycopg numbers
+    them from 0 on every connection), so that two clients sharing a pooled server connection
+    never hold the same name. False if psycopg no longer numbers them this way."""
+    if getattr(raw, "_jobs_random_names", False):
+        return True
+    manager: Any = getattr(raw, "_prepared", None)
+    if not isinstance(getattr(manager, "_prepared_idx", None), int):
+        return False
+    if manager._prepared_idx == 0:  # nothing prepared on it yet
+        manager._prepared_idx = secrets.randbits(60)
+    raw._jobs_random_names = True
+    return True
 
 
 def row_refused(exc: DatabaseError) -> bool:

@@ -24,6 +24,7 @@ from jobs.core.transitions.fence import (
     Fence,
     driver,
     fenced_statement,
+    hot_cursor,
     landed,
     record,
     rejected,
@@ -75,11 +76,11 @@ def _claim(
 ) -> list[ClaimedRow]:
     d = driver()
     if not _takes_from_limited(queues):
-        with fenced_statement(), connection.cursor() as cur:
+        with fenced_statement(), hot_cursor() as cur:
             return d.claim(cur, worker, limit, lease, queues, leases, only_id=only_id)
     # The limited queues' control rows are locked first, in the claim's own transaction: the
     # claim statement then counts running jobs in a snapshot taken after the lock was granted.
-    with _transaction(), connection.cursor() as cur:
+    with _transaction(), hot_cursor() as cur:
         locked = sql_queues.lock_limited(d, cur, queues)
         return d.claim(cur, worker, limit, lease, queues, leases, only_id=only_id, locked=locked)
 
@@ -88,6 +89,18 @@ def _transaction() -> Any:
     if driver().single_statement_writes and not connection.in_atomic_block:
         return transaction.atomic()
     return fenced_statement()  # a transaction already (SQLite), or durable inside one
+
+
+def refresh_limits(queues: Sequence[str] | None) -> None:
+    """Re-read whether `queues` take from a limited queue if the answer is half its TTL old.
+
+    An idle drain calls this while it waits (jobs.worker.runner), so that the claim a NOTIFY
+    wakes it for finds a fresh answer and is one round trip, not two.
+    """
+    seen = _limited.get(tuple(queues) if queues else None)
+    if seen is None or time.monotonic() - seen[0] > LIMITS_TTL / 2:
+        _limited.pop(tuple(queues) if queues else None, None)
+        _takes_from_limited(queues)
 
 
 def _takes_from_limited(queues: Sequence[str] | None) -> bool:
@@ -143,7 +156,7 @@ def _decoded(row: ClaimedRow, worker: str) -> Claimed | None:
 
 def poison(job_id: int, error: str, worker: str) -> bool:
     """Fail a queued row the database refuses to claim; True if it was still queued."""
-    with fenced_statement(), connection.cursor() as cur:
+    with fenced_statement(), hot_cursor() as cur:
         done = driver().poison(cur, job_id, bounds.storable_error(error), worker)
     logger.error("job %s failed unclaimed: %s", job_id, error)
     return done
@@ -160,7 +173,7 @@ def heartbeat_many(fences: Sequence[tuple[Fence, float]], confirm: Fence | None 
     if not fences:
         return set()
     rows = [FenceRow(f.job_id, f.attempt, lease) for f, lease in fences]
-    with fenced_statement(), connection.cursor() as cur:
+    with fenced_statement(), hot_cursor() as cur:
         held = driver().heartbeat(cur, rows, confirm.job_id if confirm else None)
     return {f.job_id for f, _ in fences if f.job_id not in held}
 
@@ -177,7 +190,7 @@ def heartbeat(fence: Fence, lease_seconds: float) -> None:
 
 def confirm_running(fence: Fence) -> None:
     """Mark, before its handler runs, that this attempt runs; LeaseLost if the fence is gone."""
-    with fenced_statement(), connection.cursor() as cur:
+    with fenced_statement(), hot_cursor() as cur:
         ok = driver().confirm_running(cur, fence.job_id, fence.attempt)
     if not ok:
         rejected(fence, Write.HEARTBEAT, AttemptOutcome.LOST)
@@ -185,7 +198,7 @@ def confirm_running(fence: Fence) -> None:
 
 def checkpoint(fence: Fence, progress: Any, lease_seconds: float) -> None:
     """Store progress and extend the lease in one fenced write."""
-    with fenced_statement(), connection.cursor() as cur:
+    with fenced_statement(), hot_cursor() as cur:
         ok = driver().checkpoint(cur, fence.job_id, fence.attempt, progress, lease_seconds)
     if not ok:
         rejected(fence, Write.CHECKPOINT, AttemptOutcome.LOST)
@@ -214,7 +227,7 @@ def commit_many(
         CommitRow(f.job_id, f.attempt, result, ref, tuple(by_job.get(f.job_id, ())))
         for f, result, ref in items
     ]
-    with fenced_statement(), connection.cursor() as cur:
+    with fenced_statement(), hot_cursor() as cur:
         committed = driver().commit(cur, worker, rows)
     rejected = []
     for fence, _, _ in items:
@@ -237,7 +250,7 @@ def fail(fence: Fence, error: str, retry_in: float | None) -> None:
     Fenced like commit, so a stale failure can never overwrite a newer attempt's outcome.
     """
     error = bounds.storable_error(error)
-    with fenced_statement(), connection.cursor() as cur:
+    with fenced_statement(), hot_cursor() as cur:
         ok = driver().fail(cur, fence.job_id, fence.attempt, fence.worker, error, retry_in)
     if not ok and not landed(fence, AttemptOutcome.FAILED):
         rejected(fence, Write.FAIL, AttemptOutcome.REJECTED)
@@ -246,7 +259,7 @@ def fail(fence: Fence, error: str, retry_in: float | None) -> None:
 def release(fence: Fence) -> None:
     """Hand a claimed job back before its handler started: queued again in its place (priority
     and original due time kept), the attempt uncharged; job, attempt and event change together."""
-    with fenced_statement(), connection.cursor() as cur:
+    with fenced_statement(), hot_cursor() as cur:
         ok = driver().release(cur, fence.job_id, fence.attempt, fence.worker)
     if not ok and not landed(fence, AttemptOutcome.RELEASED):
         rejected(fence, Write.RELEASE, AttemptOutcome.REJECTED)

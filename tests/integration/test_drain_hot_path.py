@@ -1,0 +1,145 @@
+"""The drain's hot path does less per job without giving up a fence (issue 20, the drain).
+
+- The claim and the commit run as prepared statements with a generic plan (planned once per
+  connection, not on every batch), on Django's own connection, whose other cursors prepare
+  nothing; JOBS["PREPARED_STATEMENTS"] = False (or JOBS_PREPARED_STATEMENTS=0) turns it off.
+  A stale presentation through the prepared commit is still rejected and recorded.
+- No redundant single-column job_id index on jobs_attempt / jobs_jobevent (migration 0016).
+- An idle drain keeps what its next claim must know fresh while it waits, so the claim a NOTIFY
+  wakes it for is one round trip.
+"""
+
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs.core import transitions
+from jobs.core.transitions import worker as transitions_worker
+from jobs.models import Job, RejectedWrite
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+W = "host-a:1"
+
+
+def _prepared() -> list[tuple[int, int, str]]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements "
+            "ORDER BY prepare_time"
+        )
+        return list(cur.fetchall())
+
+
+def _drain(n: int, batch: int, rounds: int | None = None) -> None:
+    """N queued jobs; claim and commit `batch` at a time, `rounds` times (default: all)."""
+    Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(n)])
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE jobs_job")  # as the benchmark does: estimates of a deep queue
+    for _ in range(rounds if rounds is not None else n // batch + 1):
+        claimed = transitions.claim(W, limit=batch, lease_seconds=30)
+        if not claimed:
+            break
+        assert transitions.commit_many([(c.fence, {"ok": 1}, "") for c in claimed]) == []
+
+
+def test_claim_and_commit_are_prepared_with_a_generic_plan() -> None:
+    connection.close()  # a fresh connection: nothing prepared yet
+    # A queue deep enough for the planner's estimates to matter: 20 claims and commits of 4.
+    _drain(3000, 4, rounds=20)
+    statements = {s.split("AS (")[0].split()[-1]: (g, c) for g, c, s in _prepared()}
+    # the claim opens with `promoted`, the commit with `done`
+    assert set(statements) >= {"promoted", "done"}, statements
+    for name in ("promoted", "done"):
+        generic, custom = statements[name]
+        # PostgreSQL tries five custom plans, then keeps the generic one when it is no worse;
+        # a claim whose LIMIT were a parameter would be re-planned on every execution.
+        assert generic >= 10 and custom <= 5, (name, generic, custom)
+    assert Job.objects.filter(state="succeeded").count() == 80
+
+
+def test_other_cursors_of_the_connection_prepare_nothing() -> None:
+    connection.close()
+    _drain(8, 4)
+    before = len(_prepared())
+    assert before >= 2
+    assert connection.connection.prepare_threshold is None  # Django's default, restored
+    for _ in range(10):
+        Job.objects.filter(kind="nothing").count()
+    assert len(_prepared()) == before
+
+
+def test_prepared_statements_can_be_turned_off(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.JOBS = {**getattr(settings, "JOBS", {}), "PREPARED_STATEMENTS": False}
+    connection.close()
+    _drain(40, 4)
+    assert _prepared() == []
+
+
+def test_a_stale_commit_through_the_prepared_statement_is_rejected() -> None:
+    connection.close()
+    _drain(40, 4)  # the commit statement is prepared by now
+    job = Job.objects.create(kind="demo.noop", payload={})
+    (first,) = transitions.claim(W, limit=1, lease_seconds=30)
+    assert first.fence.job_id == job.pk
+    transitions.release(first.fence)
+    (second,) = transitions.claim("host-b:2", limit=1, lease_seconds=30)
+    assert second.fence.attempt == first.fence.attempt + 1
+    rejected = transitions.commit_many([(first.fence, {"zombie": True}, "")])
+    assert rejected == [first.fence]
+    assert RejectedWrite.objects.filter(job=job, attempt_presented=first.fence.attempt).exists()
+    job.refresh_from_db()
+    assert (job.state, job.result) == ("running", None)
+    assert transitions.commit_many([(second.fence, {"ok": 2}, "")]) == []
+    job.refresh_from_db()
+    assert (job.state, job.result) == ("succeeded", {"ok": 2})
+
+
+def test_no_redundant_job_id_indexes() -> None:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT tablename, indexdef FROM pg_indexes "
+            "WHERE tablename IN ('jobs_attempt', 'jobs_jobevent')"
+        )
+        defs = cur.fetchall()
+    single = [d for t, d in defs if d.endswith("(job_id)")]
+    assert single == [], single
+    # the composite indexes that serve lookups by job are there
+    assert any("(job_id, number)" in d for _, d in defs)
+    assert any("(job_id, id)" in d for _, d in defs)
+
+
+def test_an_idle_drain_keeps_the_claim_to_one_round_trip() -> None:
+    Job.objects.create(kind="demo.noop", payload={})
+    transitions_worker._limited.clear()
+    transitions.refresh_limits(None)
+    # Half a TTL later an idle drain's wait refreshes it again ...
+    key = None
+    seen_at, limited = transitions_worker._limited[key]
+    transitions_worker._limited[key] = (
+        seen_at - transitions_worker.LIMITS_TTL * 0.6,
+        limited,
+    )
+    transitions.refresh_limits(None)
+    assert time.monotonic() - transitions_worker._limited[key][0] < transitions_worker.LIMITS_TTL
+    # ... so the claim the NOTIFY wakes it for is the claim statement alone.
+    with CaptureQueriesContext(connection) as queries:
+        assert len(transitions.claim(W, limit=1, lease_seconds=30)) == 1
+    assert len(queries) == 1, [q["sql"][:80] for q in queries]
+
+
+def test_the_switch_reads_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.core.conf import jobs_settings
+
+    for raw, expected in (("0", False), ("false", False), ("1", True), ("on", True)):
+        monkeypatch.setenv("JOBS_PREPARED_STATEMENTS", raw)
+        jobs_settings.cache_clear()
+        assert jobs_settings().PREPARED_STATEMENTS is expected
+    monkeypatch.setenv("JOBS_PREPARED_STATEMENTS", "maybe")
+    jobs_settings.cache_clear()
+    with pytest.raises(ValueError, match="true or false"):
+        jobs_settings()
+    monkeypatch.delenv("JOBS_PREPARED_STATEMENTS")
+    jobs_settings.cache_clear()
