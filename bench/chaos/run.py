@@ -184,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                    "CHAOS_FENCING_HANG": fencing_hang.url, "CHAOS_SMTP_PORT": str(mailbox.port),
                    "JOBS_ORPHAN_GRACE_SECONDS": "0"}  # fmt: skip
             url = f"postgres://postgres@127.0.0.1:{pg.port}/{DATABASE}"
-            if n == 0:  # through the fault proxy
+            if n == 0:  # through the fault proxy, which reads the commit's rows from its text:
+                # a prepared statement's execution carries only its name and bound values
                 url = f"postgres://postgres@127.0.0.1:{proxy.port}/{DATABASE}"
+                env["JOBS_PREPARED_STATEMENTS"] = "0"
             elif n == 1 and bouncer is not None:  # through PgBouncer; LISTEN needs a session
                 env["JOBS_LISTEN_URL"], url = url, bouncer.url()
+                env["JOBS_PREPARED_STATEMENTS"] = "0"  # PgBouncer < 1.21 (docs/operations.md)
             cluster = Cluster(name=f"c{n}", database_url=url, env=env,
                               log=out / f"cluster-{n}.log",
                               skew=skews[n] if n < len(skews) else "")  # fmt: skip
