@@ -70,7 +70,7 @@ TAIL = (
 
 
 def _mark(m: Marker) -> str:
-    count = f"<b>{m.count}</b>" if m.count > 1 else ""
+    count = f"<b>{int(m.count)}</b>" if m.count > 1 else ""  # a number, never text
     return (
         f'<span class="mark mark-{escape(m.kind)}" style="left: {float(m.pos)}%" '
         f'title="{escape(m.title)}" data-at="{escape(m.at_iso)}">{count}</span>'
