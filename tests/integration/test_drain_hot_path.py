@@ -7,8 +7,12 @@
 - No redundant single-column job_id index on jobs_attempt / jobs_jobevent (migration 0016).
 - An idle drain keeps what its next claim must know fresh while it waits, so the claim a NOTIFY
   wakes it for is one round trip.
+- The hot statements are planned again as the process's statement count grows
+  (jobs/core/sql/plans.py): a commit first planned on a tiny jobs_attempt reads its attempt rows
+  by index once the table has grown, not the whole table on every batch.
 """
 
+import itertools
 import time
 
 import pytest
@@ -16,6 +20,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs.core import transitions
+from jobs.core.sql import plans
 from jobs.core.transitions import worker as transitions_worker
 from jobs.models import Job, RejectedWrite
 
@@ -45,7 +50,14 @@ def _drain(n: int, batch: int, rounds: int | None = None) -> None:
         assert transitions.commit_many([(c.fence, {"ok": 1}, "") for c in claimed]) == []
 
 
-def test_claim_and_commit_are_prepared_with_a_generic_plan() -> None:
+@pytest.fixture
+def fresh_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's plan generation starts again at 0 (as in a fresh worker process)."""
+    monkeypatch.setattr(plans, "_calls", itertools.count(1))
+    monkeypatch.setattr(plans, "_start", time.monotonic())
+
+
+def test_claim_and_commit_are_prepared_with_a_generic_plan(fresh_plans: None) -> None:
     connection.close()  # a fresh connection: nothing prepared yet
     # A queue deep enough for the planner's estimates to matter: 20 claims and commits of 4.
     _drain(3000, 4, rounds=20)
@@ -95,6 +107,55 @@ def test_a_stale_commit_through_the_prepared_statement_is_rejected() -> None:
     assert transitions.commit_many([(second.fence, {"ok": 2}, "")]) == []
     job.refresh_from_db()
     assert (job.state, job.result) == ("succeeded", {"ok": 2})
+
+
+def _attempt_seq_scans() -> int:
+    """Sequential scans of jobs_attempt so far (this backend's counts flushed first)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+        cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'jobs_attempt'")
+        return int(cur.fetchone()[0])
+
+
+def _rounds(n: int, batch: int = 8) -> None:
+    for _ in range(n):
+        claimed = transitions.claim(W, limit=batch, lease_seconds=30)
+        assert len(claimed) == batch
+        assert transitions.commit_many([(c.fence, None, "") for c in claimed]) == []
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["replanned", "pinned"])
+def test_the_commit_is_planned_again_once_jobs_attempt_has_grown(
+    fresh_plans: None, monkeypatch: pytest.MonkeyPatch, pinned: bool
+) -> None:
+    if pinned:  # what every release before plans.py did: one plan for the connection's life
+        monkeypatch.setattr(plans, "tag", lambda: "")
+    connection.close()
+    Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(3000)])
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE jobs_job, jobs_attempt")  # a deep queue, no attempts yet
+    _rounds(10)  # 20 statements: the commit's generic plan is made while jobs_attempt is tiny
+    _rounds(150)  # 320 statements in all: the generation moved on at 64 and 256 (1,200 attempts)
+    before = _attempt_seq_scans()
+    _rounds(40)
+    scans = _attempt_seq_scans() - before
+    if pinned:
+        # the plan made for 40 rows reads all 1,300-1,600 rows on each of the 40 commits
+        assert scans >= 40, scans
+    else:
+        assert scans == 0, scans
+    assert Job.objects.filter(state="succeeded").count() == 200 * 8
+
+
+def test_plan_generations() -> None:
+    assert plans.generation(1, 0.0) == (0, 0)
+    assert plans.generation(63, 599.0) == (0, 0)
+    assert plans.generation(64, 0.0) == (1, 0)
+    assert plans.generation(255, 0.0) == (1, 0)
+    assert plans.generation(256, 600.0) == (2, 1)
+    assert plans.generation(10**9, 1800.0)[1] == 3
+    assert plans.tag().lstrip().startswith("/* plan ") and plans.tag().endswith("*/")
 
 
 def test_no_redundant_job_id_indexes() -> None:

@@ -8,6 +8,7 @@ jobs/core/transitions). Never: two CTEs updating the same row -- PostgreSQL appl
 
 from typing import Any
 
+from jobs.core.sql import plans
 from jobs.core.sql import queues as queues_sql
 from jobs.core.sql.base import (
     JOB_COLUMNS,
@@ -98,7 +99,7 @@ class PostgresDriver(Driver):
                 SELECT id, attempt, '{EventType.CLAIMED}', %(worker)s, clock_timestamp(), '{{}}'
                   FROM claimed
             )
-            SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_at, id
+            SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_at, id{plans.tag()}
             """,
             params,
         )
@@ -131,7 +132,7 @@ class PostgresDriver(Driver):
                            ELSE a.running_confirmed_at END
                   FROM beat WHERE a.job_id = beat.id AND a.number = beat.attempt
             )
-            SELECT id FROM beat
+            SELECT id FROM beat{plans.tag()}
             """,
             params,
         )
@@ -167,7 +168,7 @@ class PostgresDriver(Driver):
                 SELECT id, attempt, '{EventType.SUCCEEDED}', %(worker)s, clock_timestamp(), '{{}}'
                   FROM done
             ){intents}
-            SELECT id FROM done
+            SELECT id FROM done{plans.tag()}
             """,
             params,
         )
@@ -196,7 +197,7 @@ class PostgresDriver(Driver):
                 SELECT id, attempt, %(event)s, %(worker)s, clock_timestamp(), %(data)s::jsonb
                   FROM failed
             )
-            SELECT count(*) FROM failed
+            SELECT count(*) FROM failed{plans.tag()}
             """,
             {
                 "id": job_id,
@@ -237,7 +238,7 @@ class PostgresDriver(Driver):
                 SELECT id, attempt, '{EventType.RELEASED}', %(worker)s, clock_timestamp(), '{{}}'
                   FROM released
             )
-            SELECT count(*) FROM released
+            SELECT count(*) FROM released{plans.tag()}
             """,
             {"id": job_id, "attempt": attempt, "worker": worker},
         )
