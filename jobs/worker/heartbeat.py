@@ -95,6 +95,9 @@ class Heartbeater:
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, or a shorter lease: re-plan the next beat
         self._last_ok = time.monotonic()
+        # Half the shortest lease ever held here: while the last good beat is more recent than
+        # that, no held lease can be at risk (at_risk answers without looking at each one).
+        self._min_half_lease = float("inf")
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeater":
@@ -114,6 +117,7 @@ class Heartbeater:
         with self._lock:
             self._held[fence.job_id] = held
             self._waiting = True
+            self._min_half_lease = min(self._min_half_lease, lease_seconds / 2.0)
             # A shorter lease than the one held here means beating more often -- starting now,
             # not after the longer wait the thread is already in.
             if lease_seconds / 3.0 < self.interval:
@@ -253,6 +257,8 @@ class Heartbeater:
         job as "heartbeats failing", which broke bin/run's zombie drill).
         """
         now, last_ok = time.monotonic(), self._last_ok
+        if now - last_ok <= self._min_half_lease:
+            return False  # each lease counts from last_ok or later: none is past half its length
         with self._lock:
             held = list(self._held.values())
         return any(now - max(last_ok, h.since) > h.lease_seconds / 2.0 for h in held)
