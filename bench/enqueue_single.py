@@ -18,7 +18,12 @@ BENCH_ENQUEUE_DB), in autocommit:
               BEGIN, INSERT job, INSERT event, COMMIT
   floor_py    one single-row INSERT into a scratch table (id bigserial, kind text, payload jsonb),
               prepared, through this process's psycopg connection: the floor with our client
-  pgbench     `pgbench -n -c 1 -T S -f` the same INSERT, one per transaction: the issue's floor
+  pgbench     `pgbench -n -c 1 -T S -f` (simple protocol) the same INSERT, one per transaction:
+              the issue's floor
+  pgbench_statement
+              `pgbench -n -c 1 -T S -M prepared -f` Palisade's own enqueue statement (the one
+              `statement` sends, its values as literals): what the server alone allows a
+              `jobs.enqueue()`, with a client that costs next to nothing
   statement_in_tx, savepoint_in_tx
               the paths, N calls inside one `transaction.atomic()`: what an enqueue adds to
               the caller's transaction (the savepoint path: SAVEPOINT, 2 INSERTs, RELEASE)
@@ -64,11 +69,12 @@ SCRATCH = (
 FLOOR = "INSERT INTO bench_floor (kind, payload) VALUES ('demo.noop', '{}')"
 
 
-def pgbench(server: str, seconds: float) -> float:
+def pgbench(server: str, seconds: float, script: str = FLOOR, mode: str = "simple") -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
-        f.write(FLOOR + ";\n")
+        f.write(script + ";\n")
     out = subprocess.run(
-        ["pgbench", "-n", "-c", "1", "-T", str(int(seconds)), "-f", f.name, f"{server}/{DB}"],
+        ["pgbench", "-n", "-c", "1", "-T", str(int(seconds)), "-M", mode, "-f", f.name,
+         f"{server}/{DB}"],
         capture_output=True, text=True, timeout=seconds + 60,
     )  # fmt: skip
     os.unlink(f.name)
@@ -165,6 +171,8 @@ def main() -> None:
     systems["savepoint_in_tx"] = in_tx(savepoint)
     if args.pgbench_seconds:
         systems["pgbench"] = None
+        systems["pgbench_statement"] = None
+        own_statement = enqueue_statement_text(connection, enqueue)
     for name, call in systems.items():  # warm-up: prepared statements, caches, plans
         if call is not None and not name.endswith("_in_tx"):
             with contexts.get(name, contextlib.nullcontext)():
@@ -174,7 +182,7 @@ def main() -> None:
     cpu: dict[str, dict[str, list[float]]] = {
         name: {"client_us": [], "server_us": [], "server_wait_us": []}
         for name in systems
-        if name != "pgbench"
+        if not name.startswith("pgbench")
     }
     names = list(systems)
     for r in range(args.rounds):
@@ -182,6 +190,11 @@ def main() -> None:
         for name in order:
             if name == "pgbench":
                 rates[name].append(pgbench(args.server, args.pgbench_seconds))
+                continue
+            if name == "pgbench_statement":
+                rates[name].append(
+                    pgbench(args.server, args.pgbench_seconds, own_statement, "prepared")
+                )
                 continue
             call = systems[name]
             server_before, client_before = schedstat(backend), time.thread_time_ns()
@@ -208,11 +221,36 @@ def main() -> None:
         print(line)
     if "pgbench" in rates:
         floor = statistics.median(rates["pgbench"])
-        for name in ("statement", "keyed", "unprepared", "before", "savepoint", "floor_py"):
+        for name in (
+            "statement", "keyed", "unprepared", "before", "savepoint", "floor_py",
+            "pgbench_statement",
+        ):  # fmt: skip
             if name in rates:
                 print(f"{name} / pgbench floor: {statistics.median(rates[name]) / floor:.0%}")
     print(f"machine: {uptime()}")
     write_report(args.output, started, load_start, args, rates=rates, cpu_per_call=cpu)
+
+
+def enqueue_statement_text(connection: Any, enqueue: Any) -> str:
+    """The statement `jobs.enqueue("demo.noop", {})` sends, with its values as literals."""
+    import psycopg
+
+    from jobs.models import one_statement
+
+    seen: list[tuple[str, list[Any]]] = []
+    original = one_statement._execute
+
+    def record(conn: Any, sql: str, params: list[Any]) -> Any:
+        seen.append((sql, params))
+        return original(conn, sql, params)
+
+    one_statement._execute = record  # type: ignore[assignment]
+    try:
+        enqueue("demo.noop", {})
+    finally:
+        one_statement._execute = original  # type: ignore[assignment]
+    sql, params = seen[0]
+    return psycopg.ClientCursor(connection.connection).mogrify(sql, params)
 
 
 def settings_jobs() -> dict[str, Any]:

@@ -70,6 +70,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import django
 
+    import bench.protocol  # noqa: F401  -- like every benchmark: no .env (DEBUG there logs queries)
+
     django.setup()
     from django.db import connection
 
