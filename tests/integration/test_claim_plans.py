@@ -140,44 +140,4 @@ def test_a_job_due_within_the_horizon_is_not_deferred_and_the_trigger_keeps_the_
     with connection.cursor() as cur:
         cur.execute("SELECT prosrc FROM pg_proc WHERE proname = 'jobs_job_defer'")
         source = cur.fetchone()[0]
-        # The trigger's WHEN (0017) skips the function only where it would write false over
-        # false, against the same horizon.
-        cur.execute(
-            "SELECT (regexp_match(pg_get_triggerdef(oid), %s))[1]::interval"
-            " = make_interval(secs => %s) FROM pg_trigger WHERE tgname = 'jobs_job_defer'",
-            [r"'([0-9:]+)'::interval", DEFER_HORIZON_SECONDS],
-        )
-        same_horizon = cur.fetchone()[0]
     assert f"interval '{DEFER_HORIZON_SECONDS} seconds'" in source
-    assert same_horizon is True
-
-
-def test_the_defer_trigger_keeps_every_case_of_the_function():
-    """Inserted or requeued, near or far, flag given or not: `deferred` ends as the function
-    (0010) sets it, whether the trigger's WHEN (0017) ran the function or skipped it."""
-    now = timezone.now()
-    near, far = now + dt.timedelta(seconds=5), now + dt.timedelta(hours=1)
-    rows = {
-        "near, flag false": Job.objects.create(kind="test.echo", run_at=near, deferred=False),
-        "near, flag true": Job.objects.create(kind="test.echo", run_at=near, deferred=True),
-        "far, flag false": Job.objects.create(kind="test.echo", run_at=far, deferred=False),
-        "far, flag true": Job.objects.create(kind="test.echo", run_at=far, deferred=True),
-    }
-    got = {name: Job.objects.get(pk=job.pk).deferred for name, job in rows.items()}
-    assert got == {
-        "near, flag false": False,
-        "near, flag true": False,
-        "far, flag false": True,
-        "far, flag true": True,
-    }
-    # A deferred row whose run_at moves near is undeferred; a near one moved far is deferred.
-    Job.objects.filter(pk=rows["far, flag true"].pk).update(run_at=near)
-    Job.objects.filter(pk=rows["near, flag false"].pk).update(run_at=far)
-    assert not Job.objects.get(pk=rows["far, flag true"].pk).deferred
-    assert Job.objects.get(pk=rows["near, flag false"].pk).deferred
-    # A running row is not the trigger's business: its flag is left as written.
-    Job.objects.filter(pk=rows["near, flag true"].pk).update(
-        state="running", attempt=1, lease_expires_at=far
-    )
-    Job.objects.filter(pk=rows["near, flag true"].pk).update(deferred=True)
-    assert Job.objects.get(pk=rows["near, flag true"].pk).deferred
