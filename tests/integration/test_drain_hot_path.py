@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs.core import transitions
 from jobs.core.sql import plans
 from jobs.core.transitions import worker as transitions_worker
+from jobs.core.transitions.fence import HOT_PREPARED_MAX
 from jobs.models import Job, RejectedWrite
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -150,12 +151,31 @@ def test_the_commit_is_planned_again_once_jobs_attempt_has_grown(
 
 def test_plan_generations() -> None:
     assert plans.generation(1, 0.0) == (0, 0)
-    assert plans.generation(63, 599.0) == (0, 0)
+    assert plans.generation(63, 3599.0) == (0, 0)
     assert plans.generation(64, 0.0) == (1, 0)
     assert plans.generation(255, 0.0) == (1, 0)
-    assert plans.generation(256, 600.0) == (2, 1)
-    assert plans.generation(10**9, 1800.0)[1] == 3
+    assert plans.generation(256, 3600.0) == (2, 1)
+    assert plans.generation(10**9, 3 * 3600.0)[1] == 3
     assert plans.tag().lstrip().startswith("/* plan ") and plans.tag().endswith("*/")
+
+
+def test_a_connection_keeps_a_bounded_number_of_prepared_statements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each plan generation prepares the hot texts again; the older ones are deallocated."""
+    connection.close()
+    Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(1200)])
+    counts = []
+    for generation in range(8):
+        monkeypatch.setattr(plans, "tag", lambda g=generation: f"\n/* plan test.{g} */")
+        for size in (1, 2, 4, 8, 1, 2, 4, 8):  # each text twice: prepared on its second run
+            claimed = transitions.claim(W, limit=size, lease_seconds=30)
+            assert transitions.commit_many([(c.fence, None, "") for c in claimed]) == []
+        counts.append(len(_prepared()))
+    assert counts[0] == 8  # the claim and the commit for 4 batch sizes
+    # psycopg deallocates the least recently used one as each new text first runs: the count
+    # stops growing, at the cap plus the texts a generation adds (8 here), not at 8 x 8 = 64.
+    assert counts[-3:] == [HOT_PREPARED_MAX + 8] * 3, counts
 
 
 def test_no_redundant_job_id_indexes() -> None:

@@ -118,6 +118,12 @@ PREPARE_THRESHOLD = 1
 _LOST_PREPARED = frozenset({"26000", "42P05"})
 # Set once this process met one of those: from then on nothing is prepared here.
 _preparing_refused = threading.Event()
+# psycopg's cap on prepared statements for a connection that ran hot statements (its default is
+# 100): each new plan generation (jobs/core/sql/plans.py) prepares the hot texts again, and
+# psycopg deallocates the least recently used -- an older generation's -- as each new text first
+# runs, so the connection keeps this many plus the newest generation's. A claim's or commit's
+# plan holds about 220 kB of the server's memory.
+HOT_PREPARED_MAX = 32
 
 
 @contextmanager
@@ -159,6 +165,8 @@ def hot_cursor() -> Iterator[Any]:
         with connection.cursor() as cur:
             yield cur
         return
+    if (raw.prepared_max or HOT_PREPARED_MAX + 1) > HOT_PREPARED_MAX:
+        raw.prepared_max = HOT_PREPARED_MAX
     with connection.wrap_database_errors:
         cursor: Any = ServerBindingCursor(raw)  # type: ignore[call-arg]  # (django-stubs)
     wrapped = (
