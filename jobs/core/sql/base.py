@@ -192,11 +192,13 @@ class Driver:
         """The reaper's compare-and-set: only a still-running, still-expired, same-attempt row.
 
         An uncharged reclaim (the handler was never confirmed running) re-checks that no
-        confirmation landed since the reaper read the row, and counts the attempt as released.
+        confirmation landed since the reaper read the row, counts the attempt as released and
+        keeps the job's place (its run_at), as a release does; a charged one is due now.
         """
         state = JobState.FAILED if terminal else JobState.QUEUED
         cur.execute(
-            f"UPDATE jobs_job SET state = %(state)s, lease_expires_at = NULL, run_at = {self.now}, "
+            "UPDATE jobs_job SET state = %(state)s, lease_expires_at = NULL, "
+            f"run_at = CASE WHEN %(charged)s THEN {self.now} ELSE run_at END, "
             f"finished_at = CASE WHEN %(terminal)s THEN {self.now} ELSE NULL END, "
             "error = CASE WHEN %(terminal)s THEN %(error)s ELSE error END, "
             "attempts_released = attempts_released + CASE WHEN %(charged)s THEN 0 ELSE 1 END, "

@@ -250,7 +250,10 @@ class PostgresDriver(Driver):
             f"""
             WITH reclaimed AS (
                 UPDATE jobs_job
-                   SET state = %(state)s, lease_expires_at = NULL, run_at = clock_timestamp(),
+                   SET state = %(state)s, lease_expires_at = NULL,
+                       -- uncharged (its handler never confirmed running): it keeps its place,
+                       -- as a release does; charged: due now, behind what is due already
+                       run_at = CASE WHEN %(charged)s THEN clock_timestamp() ELSE run_at END,
                        finished_at = CASE WHEN %(terminal)s THEN clock_timestamp() END,
                        error = CASE WHEN %(terminal)s THEN %(error)s ELSE error END,
                        attempts_released = attempts_released
