@@ -103,8 +103,8 @@ def start_latency(
 ) -> list[Any]:
     """First claims in range: seconds from the job becoming due (enqueue or run_at) to claim.
 
-    A job whose run_at has moved past its first claim (retried, or reclaimed after its handler ran) no
-    longer knows when it first became due, and is left out.
+    A job whose run_at has moved past its first claim (retried, or reclaimed after its handler
+    ran) no longer knows when it first became due, and is left out.
     """
     due = "CASE WHEN j.run_at > j.created_at THEN j.run_at ELSE j.created_at END"
     latency = driver.seconds_between("e.at", due)
