@@ -165,7 +165,7 @@ def hot_cursor() -> Iterator[Any]:
         with connection.cursor() as cur:
             yield cur
         return
-    if (raw.prepared_max or HOT_PREPARED_MAX + 1) > HOT_PREPARED_MAX:
+    if raw.prepared_max is None or raw.prepared_max > HOT_PREPARED_MAX:  # None: unlimited
         raw.prepared_max = HOT_PREPARED_MAX
     with connection.wrap_database_errors:
         cursor: Any = ServerBindingCursor(raw)  # type: ignore[call-arg]  # (django-stubs)
