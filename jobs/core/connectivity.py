@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from django.db import InterfaceError, OperationalError
-from django.db import connection as default_connection
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
 from jobs.core.conf import jobs_settings
 
@@ -143,7 +142,8 @@ def bounded(what: str, seconds: float | None = None, conn: Any = None) -> Iterat
     """Give the enclosed round trip(s) on `conn` (default: Django's) a deadline of `seconds`."""
     if seconds is None:
         seconds = jobs_settings().DB_TIMEOUT_SECONDS
-    fd = _socket_of(default_connection if conn is None else conn)
+    # Django's connection of this thread, looked up once (not through its per-thread proxy).
+    fd = _socket_of(connections[DEFAULT_DB_ALIAS] if conn is None else conn)
     if fd is None:
         yield
         return

@@ -19,7 +19,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import LeaseLost
@@ -79,8 +87,12 @@ def joining_callers_transaction() -> Iterator[None]:
         _joining.active = False
 
 
-def joined() -> bool:
-    return bool(getattr(_joining, "active", False)) and connection.in_atomic_block
+def joined(conn: Any = None) -> bool:
+    """Inside joining_callers_transaction() and the caller's atomic block (`conn`: Django's
+    connection of this thread, if the caller has it at hand)."""
+    if not getattr(_joining, "active", False):
+        return False
+    return bool((conn or connection).in_atomic_block)
 
 
 @contextmanager
@@ -97,13 +109,16 @@ def fenced_statement() -> Iterator[None]:
     runs as `atomic(durable=True)`, which refuses that (Django's TestCase blocks excepted).
     The one exception is SQLite inside joining_callers_transaction() (see there): a savepoint.
     """
-    if joined():
+    # Django's connection of this thread, looked up once: each `connection.x` goes through
+    # Django's per-thread proxy, and this runs twice per batch on the drain's hot path.
+    conn = connections[DEFAULT_DB_ALIAS]
+    if joined(conn):
         with transaction.atomic():
             yield
-    elif connection.in_atomic_block:
+    elif conn.in_atomic_block:
         with transaction.atomic(durable=True):
             yield
-    elif driver().single_statement_writes:
+    elif driver_for(conn.vendor).single_statement_writes:
         yield
     else:
         with transaction.atomic():
@@ -148,32 +163,29 @@ def hot_cursor() -> Iterator[Any]:
     and presents again, never a refusal that fails a job) and this process prepares nothing from
     then on; the log says to set JOBS_PREPARED_STATEMENTS=0.
     """
+    conn = connections[DEFAULT_DB_ALIAS]  # this thread's, looked up once (see fenced_statement)
     if (
-        connection.vendor != "postgresql"
+        conn.vendor != "postgresql"
         or not jobs_settings().PREPARED_STATEMENTS
         or _preparing_refused.is_set()
     ):
-        with connection.cursor() as cur:
+        with conn.cursor() as cur:
             yield cur
         return
     from django.db.backends.postgresql.base import ServerBindingCursor
 
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    raw = connection.connection
+    conn.ensure_connection()
+    conn.validate_thread_sharing()
+    raw = conn.connection
     if not _names_are_random(raw):
-        with connection.cursor() as cur:
+        with conn.cursor() as cur:
             yield cur
         return
     if raw.prepared_max is None or raw.prepared_max > HOT_PREPARED_MAX:  # None: unlimited
         raw.prepared_max = HOT_PREPARED_MAX
-    with connection.wrap_database_errors:
+    with conn.wrap_database_errors:
         cursor: Any = ServerBindingCursor(raw)  # type: ignore[call-arg]  # (django-stubs)
-    wrapped = (
-        connection.make_debug_cursor(cursor)
-        if connection.queries_logged
-        else connection.make_cursor(cursor)
-    )
+    wrapped = conn.make_debug_cursor(cursor) if conn.queries_logged else conn.make_cursor(cursor)
     saved = raw.prepare_threshold
     raw.prepare_threshold = PREPARE_THRESHOLD if saved is None else saved
     try:
