@@ -247,11 +247,13 @@ def minor_marks(job_id: int, start: datetime, end: datetime) -> list[MinorBin]:
         return [(attempt, type_, at, 1) for attempt, type_, at in rows]
     sql, params = newest.values("attempt", "type", "at")[:MINOR_LIMIT].query.sql_with_params()
     span = max((end - start).total_seconds(), 0.001)  # as timeline._Axis places a mark
-    place = "least(greatest(extract(epoch FROM m.at - %s) / %s, 0), 1) * 100"
+    # The percent in float8 (date_part, not extract: extract's numeric made this the page's
+    # slowest statement, 16 ms for 5,000 beats): floor(round(p, 3)) is floor(p + 0.0005).
+    place = "least(greatest(date_part('epoch', m.at - %s) / %s::float8, 0), 1) * 100"
     with connection.cursor() as cur:
         cur.execute(
             f"SELECT m.attempt, m.type, max(m.at), count(*) FROM ({sql}) AS m "
-            f"GROUP BY m.attempt, m.type, floor(round(({place})::numeric, 3))",
+            f"GROUP BY m.attempt, m.type, floor({place} + 0.0005)",
             [*params, start, span],
         )
         return [tuple(row) for row in cur.fetchall()]  # type: ignore[misc]

@@ -4,9 +4,11 @@ from datetime import datetime
 from html import escape
 
 from django import template
+from django.db.models import Model
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from dashboard import timeline
 from dashboard.timeline import Bar, Marker, iso_ms
 
 register = template.Library()
@@ -16,6 +18,13 @@ register = template.Library()
 def ms(at: datetime | None) -> str:
     """ISO 8601 with milliseconds, in the server's time zone ("" for None)."""
     return iso_ms(at)
+
+
+@register.filter
+def display(obj: Model, field: str) -> str:
+    """`{{ obj|display:"field" }}`: the label of a choices field, as `obj.get_<field>_display`
+    gives it, from a map made once per field (see dashboard.timeline.display)."""
+    return timeline.display(obj, field)
 
 
 @register.filter
@@ -96,7 +105,7 @@ def timeline_lane(bar: Bar) -> SafeString:
         won=" won" if bar.won else "",
         left=bar.left,
         width=bar.width,
-        shown=a.get_outcome_display(),
+        shown=timeline.display(a, "outcome"),
         claimed=iso_ms(a.claimed_at),
         ended=ended,
         commit=" · commit won" if bar.won else "",
