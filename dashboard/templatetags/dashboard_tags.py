@@ -5,11 +5,13 @@ from html import escape
 
 from django import template
 from django.db.models import Model
+from django.template.defaultfilters import truncatechars
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard import timeline
 from dashboard.timeline import Bar, Marker, iso_ms
+from jobs.models import Attempt, JobEvent, RejectedWrite
 
 register = template.Library()
 
@@ -111,4 +113,58 @@ def timeline_lane(bar: Bar) -> SafeString:
         commit=" · commit won" if bar.won else "",
         tail=tail,
         marks=mark_safe(marks),  # noqa: S308 -- every part escaped by _mark
+    )
+
+
+# The job page's tables, row by row (its rows are most of the page's template lookups). Each
+# cell is what `{{ value }}` would print -- str() of the value, escaped as Django escapes -- and
+# the markup is the template's that these replaced.
+
+
+def _cell(value: object) -> str:
+    return escape(value if isinstance(value, str) else str(value))
+
+
+@register.simple_tag
+def attempt_rows(attempts: list[Attempt]) -> SafeString:
+    rows = []
+    for a in attempts:
+        error = (
+            f"<details><summary>{_cell(truncatechars(a.error, 80))}</summary>"
+            f'<pre class="error">{_cell(a.error)}</pre></details>'
+            if a.error
+            else ""
+        )
+        rows.append(
+            f'<tr class="outcome-{_cell(a.outcome)}"><td>{_cell(a.number)}</td>'
+            f"<td>{_cell(a.worker)}</td><td>{_cell(timeline.display(a, 'outcome'))}</td>\n"
+            f"    <td>{iso_ms(a.claimed_at)}</td><td>{iso_ms(a.heartbeat_at)}</td>"
+            f"<td>{iso_ms(a.ended_at)}</td>\n    <td>{error}</td></tr>"
+        )
+    return mark_safe("\n  ".join(rows))  # noqa: S308 -- every cell escaped by _cell
+
+
+@register.simple_tag
+def rejected_rows(rejected: list[RejectedWrite]) -> SafeString:
+    return mark_safe(  # noqa: S308 -- every cell escaped by _cell
+        "".join(
+            f'<tr class="rejected"><td>{iso_ms(r.at)}</td>'
+            f"<td>{_cell(timeline.display(r, 'write'))}</td><td>{_cell(r.attempt_presented)}</td>"
+            f"<td>{_cell(r.attempt_current)}</td>"
+            f"<td>{_cell(timeline.display(r, 'state_current'))}</td><td>{_cell(r.worker)}</td>"
+            f"<td>{_cell(r.resource or 'job row')}</td></tr>"
+            for r in rejected
+        )
+    )
+
+
+@register.simple_tag
+def event_rows(events: list[JobEvent]) -> SafeString:
+    return mark_safe(  # noqa: S308 -- every cell escaped by _cell
+        "".join(
+            f'<tr class="ev-{_cell(e.type)}"><td>{_cell(e.pk)}</td><td>{iso_ms(e.at)}</td>'
+            f"<td>{_cell(e.attempt)}</td><td>{_cell(timeline.display(e, 'type'))}</td>"
+            f"<td>{_cell(e.worker)}</td><td><code>{_cell(e.data)}</code></td></tr>"
+            for e in events
+        )
     )

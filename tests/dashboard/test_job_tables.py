@@ -1,0 +1,61 @@
+"""The job page's attempts, rejected-writes and event-log tables, built row by row in Python
+(dashboard_tags.attempt_rows / rejected_rows / event_rows): every value escaped, the markup and
+the labels the template printed."""
+
+import re
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs.models import Attempt, Job, JobEvent, RejectedWrite
+
+pytestmark = pytest.mark.django_db
+
+HOSTILE = '<img src=x onerror="window.pwned=1">'
+
+
+def rows(html: str, table_id: str) -> list[str]:
+    body = re.search(table_id + r".*?<tbody>(.*?)</tbody>", html, re.S)
+    assert body, f"no {table_id} table"
+    return re.findall(r"<tr[ >].*?</tr>", body.group(1), re.S)
+
+
+def test_the_job_tables_escape_every_value_and_keep_their_markup(operator_client: Client) -> None:
+    now = timezone.now()
+    job = Job.objects.create(kind="test.echo", state="failed", attempt=2, finished_at=now)
+    long_error = HOSTILE + "x" * 200
+    Attempt.objects.create(
+        job=job, number=1, worker=HOSTILE, claimed_at=now, ended_at=now, outcome="expired",
+        error=long_error,
+    )  # fmt: skip
+    Attempt.objects.create(job=job, number=2, worker="w:2", claimed_at=now, outcome="failed")
+    RejectedWrite.objects.create(
+        job=job, attempt_presented=1, attempt_current=2, state_current="running",
+        worker=HOSTILE, write="commit", resource=HOSTILE,
+    )  # fmt: skip
+    RejectedWrite.objects.create(
+        job=job, attempt_presented=1, attempt_current=2, state_current="failed", worker="w:1",
+        write="heartbeat",
+    )  # fmt: skip
+    JobEvent.objects.create(job=job, attempt=1, type="claimed", worker=HOSTILE, data={"x": HOSTILE})
+
+    html = operator_client.get(reverse("dashboard:job", args=[job.pk])).content.decode()
+    assert HOSTILE not in html and "onerror=&quot;" in html
+
+    first, second = rows(html, "<h2>Attempts</h2>")
+    assert 'class="outcome-expired"' in first and "<td>1</td>" in first
+    assert "&lt;img src=x onerror=&quot;window.pwned=1&quot;&gt;" in first  # the worker
+    summary = re.search(r"<summary>(.*?)</summary>", first, re.S)
+    assert summary and summary.group(1).endswith("…") and "x" * 100 not in summary.group(1)
+    assert '<pre class="error">' in first and "x" * 200 in first  # the whole error
+    assert "<details>" not in second and "Failed" in second  # the outcome's label
+
+    shown, plain = rows(html, 'id="job-rejected"')
+    assert shown.count("&lt;img") == 2 and "Commit" in shown and "Running" in shown
+    assert "<td>job row</td>" in plain and "Heartbeat" in plain
+
+    (event,) = rows(html, 'class="grid events"')
+    assert 'class="ev-claimed"' in event and "&lt;img" in event
+    assert "{&#x27;x&#x27;: &#x27;&lt;img" in event  # the data as the template printed it
