@@ -59,3 +59,22 @@ def test_the_job_tables_escape_every_value_and_keep_their_markup(operator_client
     (event,) = rows(html, 'class="grid events"')
     assert 'class="ev-claimed"' in event and "&lt;img" in event
     assert "{&#x27;x&#x27;: &#x27;&lt;img" in event  # the data as the template printed it
+
+
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        (Job, "state"),
+        (Attempt, "outcome"),
+        (JobEvent, "type"),
+        (RejectedWrite, "write"),
+        (RejectedWrite, "state_current"),
+    ],
+)
+def test_display_gives_what_get_foo_display_gives(model: type, field: str) -> None:
+    from dashboard.timeline import display
+
+    values = [value for value, _ in model._meta.get_field(field).flatchoices]
+    for value in [*values, "not-a-choice"]:
+        obj = model(**{field: value})
+        assert display(obj, field) == getattr(obj, f"get_{field}_display")()
