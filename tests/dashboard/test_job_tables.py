@@ -5,6 +5,7 @@ the labels the template printed."""
 import re
 
 import pytest
+from django.db.models import Model
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -71,7 +72,7 @@ def test_the_job_tables_escape_every_value_and_keep_their_markup(operator_client
         (RejectedWrite, "state_current"),
     ],
 )
-def test_display_gives_what_get_foo_display_gives(model: type, field: str) -> None:
+def test_display_gives_what_get_foo_display_gives(model: type[Model], field: str) -> None:
     from dashboard.timeline import display
 
     values = [value for value, _ in model._meta.get_field(field).flatchoices]
