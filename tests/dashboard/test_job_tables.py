@@ -3,6 +3,7 @@
 the labels the template printed."""
 
 import re
+from typing import Any
 
 import pytest
 from django.db.models import Model
@@ -75,7 +76,8 @@ def test_the_job_tables_escape_every_value_and_keep_their_markup(operator_client
 def test_display_gives_what_get_foo_display_gives(model: type[Model], field: str) -> None:
     from dashboard.timeline import display
 
-    values = [value for value, _ in model._meta.get_field(field).flatchoices]
+    choices: Any = model._meta.get_field(field)
+    values = [value for value, _ in choices.flatchoices]
     for value in [*values, "not-a-choice"]:
         obj = model(**{field: value})
         assert display(obj, field) == getattr(obj, f"get_{field}_display")()
