@@ -93,8 +93,17 @@ def test_sigterm_hands_a_job_longer_than_the_grace_period_to_another_worker_at_o
 
     os.kill(leaving.proc.pid, signal.SIGTERM)
     signalled = time.monotonic()
-    # Stops claiming at once: a job enqueued now goes to the other cluster, although one of the
-    # leaving cluster's two workers is idle.
+    # Once the stop has begun, nothing more is claimed: a job enqueued now goes to the other
+    # cluster, although one of the leaving cluster's two workers is idle. Enqueued only after the
+    # main process has said so: the signal reaches its handler a scheduling slice after kill()
+    # returns, and on a slow machine a job enqueued at once was claimed by the idle worker in
+    # between (then handed back unstarted, as a stop does -- CI on 2026-12-02).
+    wait_until(
+        lambda: "stopping: claiming nothing more" in leaving.log(),
+        timeout=10,
+        what="the leaving cluster to begin its stop",
+        job_id=job.pk,
+    )
     other = enqueue("test.echo")
     done = wait_for_state(other.pk, "succeeded", timeout=10)
     assert worker_pid(Attempt.objects.get(job=done).worker) not in leaving_pids
