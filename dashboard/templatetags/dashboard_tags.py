@@ -1,5 +1,6 @@
 """Template filters of the dashboard: millisecond timestamps, sparklines, durations."""
 
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from html import escape
 
@@ -122,49 +123,73 @@ def timeline_lane(bar: Bar) -> SafeString:
 
 
 def _cell(value: object) -> str:
+    """`{{ value }}`: a SafeString (format_html's) as it is, anything else str() and escaped."""
+    if isinstance(value, SafeString):
+        return value
     return escape(value if isinstance(value, str) else str(value))
+
+
+def _rows(rows: Iterable[tuple[str, Sequence[object]]]) -> SafeString:
+    """`<tr class=...>` rows of `<td>` cells: the one place these tables are marked safe."""
+    html = "".join(
+        f'<tr class="{_cell(css)}">' + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>"
+        for css, cells in rows
+    )
+    return mark_safe(html)  # noqa: S308 -- every class and cell escaped by _cell
 
 
 @register.simple_tag
 def attempt_rows(attempts: list[Attempt]) -> SafeString:
-    rows = []
-    for a in attempts:
-        error = (
-            f"<details><summary>{_cell(truncatechars(a.error, 80))}</summary>"
-            f'<pre class="error">{_cell(a.error)}</pre></details>'
-            if a.error
-            else ""
+    error = '<details><summary>{}</summary><pre class="error">{}</pre></details>'
+    return _rows(
+        (
+            f"outcome-{a.outcome}",
+            [
+                a.number,
+                a.worker,
+                timeline.display(a, "outcome"),
+                iso_ms(a.claimed_at),
+                iso_ms(a.heartbeat_at),
+                iso_ms(a.ended_at),
+                format_html(error, truncatechars(a.error, 80), a.error) if a.error else "",
+            ],
         )
-        rows.append(
-            f'<tr class="outcome-{_cell(a.outcome)}"><td>{_cell(a.number)}</td>'
-            f"<td>{_cell(a.worker)}</td><td>{_cell(timeline.display(a, 'outcome'))}</td>\n"
-            f"    <td>{iso_ms(a.claimed_at)}</td><td>{iso_ms(a.heartbeat_at)}</td>"
-            f"<td>{iso_ms(a.ended_at)}</td>\n    <td>{error}</td></tr>"
-        )
-    return mark_safe("\n  ".join(rows))  # noqa: S308 -- every cell escaped by _cell
+        for a in attempts
+    )
 
 
 @register.simple_tag
 def rejected_rows(rejected: list[RejectedWrite]) -> SafeString:
-    return mark_safe(  # noqa: S308 -- every cell escaped by _cell
-        "".join(
-            f'<tr class="rejected"><td>{iso_ms(r.at)}</td>'
-            f"<td>{_cell(timeline.display(r, 'write'))}</td><td>{_cell(r.attempt_presented)}</td>"
-            f"<td>{_cell(r.attempt_current)}</td>"
-            f"<td>{_cell(timeline.display(r, 'state_current'))}</td><td>{_cell(r.worker)}</td>"
-            f"<td>{_cell(r.resource or 'job row')}</td></tr>"
-            for r in rejected
+    return _rows(
+        (
+            "rejected",
+            [
+                iso_ms(r.at),
+                timeline.display(r, "write"),
+                r.attempt_presented,
+                r.attempt_current,
+                timeline.display(r, "state_current"),
+                r.worker,
+                r.resource or "job row",
+            ],
         )
+        for r in rejected
     )
 
 
 @register.simple_tag
 def event_rows(events: list[JobEvent]) -> SafeString:
-    return mark_safe(  # noqa: S308 -- every cell escaped by _cell
-        "".join(
-            f'<tr class="ev-{_cell(e.type)}"><td>{_cell(e.pk)}</td><td>{iso_ms(e.at)}</td>'
-            f"<td>{_cell(e.attempt)}</td><td>{_cell(timeline.display(e, 'type'))}</td>"
-            f"<td>{_cell(e.worker)}</td><td><code>{_cell(e.data)}</code></td></tr>"
-            for e in events
+    return _rows(
+        (
+            f"ev-{e.type}",
+            [
+                e.pk,
+                iso_ms(e.at),
+                e.attempt,
+                timeline.display(e, "type"),
+                e.worker,
+                format_html("<code>{}</code>", e.data),
+            ],
         )
+        for e in events
     )
