@@ -76,7 +76,10 @@ class _Call:
                 response.read(MAX_ANSWER)
                 return int(response.status)
             except (OSError, http.client.HTTPException) as exc:
-                why = f"no answer within {self.timeout:g} s" if self.cut else repr(exc)[:300]
+                # Cut by the timer, or the socket's own timeout (the same length) fired first:
+                # either way nothing came back in time, and the message says so alike.
+                late = self.cut or isinstance(exc, TimeoutError)
+                why = f"no answer within {self.timeout:g} s" if late else repr(exc)[:300]
                 raise OutcomeUnknown(f"webhook {method}: {why}") from exc
         finally:
             timer.cancel()
