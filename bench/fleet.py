@@ -100,7 +100,10 @@ def measure(args: argparse.Namespace, mode: str, server: str) -> dict[str, Any]:
 
     direct = f"{server}/{DB}"
     admin = psycopg.connect(direct, autocommit=True)
-    admin.execute("TRUNCATE jobs_job, django_q_ormq, django_q_task RESTART IDENTITY CASCADE")
+    admin.execute(
+        "TRUNCATE jobs_job, jobs_attempt, jobs_jobevent, django_q_ormq, django_q_task "
+        "RESTART IDENTITY CASCADE"
+    )
     Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(args.jobs)])
     admin.execute("VACUUM ANALYZE jobs_job")
     bouncer = None

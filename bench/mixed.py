@@ -109,7 +109,10 @@ def measure(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict
     from jobs.models import Job
 
     rng = random.Random(args.seed + workers)
-    execute("TRUNCATE jobs_job, django_q_ormq, django_q_task RESTART IDENTITY CASCADE")
+    execute(
+        "TRUNCATE jobs_job, jobs_attempt, jobs_jobevent, django_q_ormq, django_q_task "
+        "RESTART IDENTITY CASCADE"
+    )
     jobs = []
     for _ in range(args.jobs):
         cls, ms = pick(rng)
@@ -141,7 +144,7 @@ def measure(args: argparse.Namespace, env: dict[str, str], workers: int) -> dict
         }
         # open loop
         rate = args.util * workers / (MEAN_MS / 1000)
-        execute("TRUNCATE jobs_job RESTART IDENTITY CASCADE")
+        execute("TRUNCATE jobs_job, jobs_attempt, jobs_jobevent RESTART IDENTITY CASCADE")
         t_end = time.monotonic() + args.duration
         sent = 0
         arrivals: list[tuple[float, str, float]] = []
@@ -193,7 +196,10 @@ def measure_urgent(args: argparse.Namespace, env: dict[str, str], workers: int) 
     from jobs.models import Job
 
     rng = random.Random(args.seed + workers)
-    execute("TRUNCATE jobs_job, django_q_ormq, django_q_task RESTART IDENTITY CASCADE")
+    execute(
+        "TRUNCATE jobs_job, jobs_attempt, jobs_jobevent, django_q_ormq, django_q_task "
+        "RESTART IDENTITY CASCADE"
+    )
     quick = [Job(kind="demo.work", payload={"ms": 1.0, "class": "quick"}) for _ in range(64)]
     slow = [
         Job(kind="demo.work", payload={"ms": rng.uniform(100.0, 400.0), "class": "backlog"})

@@ -81,7 +81,7 @@ def main() -> None:
         raise SystemExit("PostgreSQL only: set DATABASE_URL")
     database = connection.settings_dict["NAME"]
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE jobs_job RESTART IDENTITY CASCADE")
+        cur.execute("TRUNCATE jobs_job, jobs_attempt, jobs_jobevent RESTART IDENTITY CASCADE")
     Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(args.jobs)])
     with connection.cursor() as cur:
         for table in ("jobs_job", "jobs_attempt", "jobs_jobevent"):

@@ -120,7 +120,8 @@ class PalisadeDB:
     @classmethod
     def reset(cls) -> None:
         cls.sql(
-            "TRUNCATE jobs_job, django_q_ormq, django_q_task, bench_bare_job "
+            "TRUNCATE jobs_job, jobs_attempt, jobs_jobevent, django_q_ormq, django_q_task, "
+            "bench_bare_job "
             "RESTART IDENTITY CASCADE"
         )
 

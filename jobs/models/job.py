@@ -242,8 +242,16 @@ class Attempt(models.Model):
     """One row per claim; `number` is the attempt (fencing token) that claim produced."""
 
     # No index of its own on job_id: jobs_attempt_job_number_uniq (job_id, number) serves every
-    # lookup by job, and each index is one more insertion per claim (migration 0016_drain).
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
+    # lookup by job, and each index is one more insertion per claim (migration 0016_drain). No
+    # database foreign key either (migration 0017_hot_history_unconstrained): rows are written
+    # only from the job row the same statement or transaction holds; deletes cascade in Django.
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.CASCADE,
+        related_name="attempts",
+        db_index=False,
+        db_constraint=False,
+    )
     number = models.IntegerField()
     worker = models.CharField(max_length=200, help_text="<hostname>:<pid> running the handler")
     claimed_at = models.DateTimeField()
@@ -281,8 +289,10 @@ class JobEvent(models.Model):
     """Every transition of a job, written in the same transaction; the attempt timeline."""
 
     # No index of its own on job_id: jobs_event_job_idx (job_id, id) serves every lookup by job
-    # (migration 0016_drain).
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
+    # (migration 0016_drain). No database foreign key, like Attempt.job (migration 0017).
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     attempt = models.IntegerField()
     type = models.CharField(max_length=32, choices=EventType.choices)
     worker = models.CharField(max_length=200, blank=True, default="")

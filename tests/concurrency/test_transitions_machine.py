@@ -37,7 +37,10 @@ class EveryTransition(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         with connection.cursor() as cur:
-            cur.execute("TRUNCATE jobs_job, demo_report RESTART IDENTITY CASCADE")
+            cur.execute(
+                "TRUNCATE jobs_job, jobs_attempt, jobs_jobevent, demo_report "
+                "RESTART IDENTITY CASCADE"
+            )
         for name in ROWS:
             Report.objects.create(name=name)
         self.fences: dict[str, transitions.Fence] = {}
