@@ -180,6 +180,17 @@ def test_sigterm_to_the_whole_group_keeps_the_grace_period_too(start_qcluster):
     cluster = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS="1.5")
     job = enqueue("test.sleep", {"seconds": 60}, lease_seconds=60)
     wait_for_attempt(job.pk, 1)
+    # Signalled once the handler runs (its first beat confirms it), not merely once the job is
+    # claimed: a claimed job whose handler has not started is handed back at once, as a stop
+    # does (clean-clone CI of 8dd7454 on a fast machine: released 0.06 s after the signal).
+    wait_until(
+        lambda: Attempt.objects.filter(
+            job=job, number=1, running_confirmed_at__isnull=False
+        ).exists(),
+        timeout=10,
+        what="the handler to run",
+        job_id=job.pk,
+    )
     os.killpg(cluster.pgid, signal.SIGTERM)
     signalled = time.monotonic()
     wait_for_outcome(job.pk, 1, {"released"}, timeout=1.5 + 3)
