@@ -9,13 +9,18 @@ one machine): the database's CPU per job 258/244/276/228 us with the keys, 209/2
 without (about -18 %); docs/benchmarks.md has the run. Oban, River and GoodJob keep no
 foreign keys on their job tables for the same reason.
 
-What keeps the rows right without the check: every insert takes its job_id from the job row the
-same statement updates or inserts (jobs.core.sql: claim, commit, fail, release, reclaim,
-poison, requeue, cancel; the enqueue), or from a job row the same transaction has just updated
-under its fence (jobs.effects, jobs.ops.intents, jobs.worker.unresolved); a job is deleted only
-by Django's collector (`on_delete=CASCADE` stays on the model: the admin, `Job.delete()`,
+What keeps the rows right without the check: every attempt, and every event of the hot path,
+takes its job_id from the job row the same statement updates or inserts (jobs.core.sql: claim,
+commit, fail, release, reclaim, poison, requeue, cancel; the enqueue); a job is deleted only by
+Django's collector (`on_delete=CASCADE` stays on the model: the admin, `Job.delete()`,
 querysets) or by retention's SQL cascade (jobs.ops.retention), both of which delete the job's
 attempts and events with it. Tested in tests/integration/test_history_integrity.py.
+
+Hazard: the rarer event writers (jobs.effects, the janitor, the outbox relay, jobs.ops.intents,
+jobs.worker.unresolved) read their job's row in their transaction but do not lock it, so a
+prune deleting that job at the same moment can leave one event row whose job is gone (with the
+key, their commit failed instead). Nothing reads events but by job, so such a row is never shown;
+it is only space.
 
 Dropping a constraint takes a brief ACCESS EXCLUSIVE lock on both tables: it waits for running
 statements, then holds for milliseconds. The other foreign keys (rejected writes, effects,

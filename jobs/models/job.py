@@ -243,8 +243,8 @@ class Attempt(models.Model):
 
     # No index of its own on job_id: jobs_attempt_job_number_uniq (job_id, number) serves every
     # lookup by job, and each index is one more insertion per claim (migration 0016_drain). No
-    # database foreign key either (migration 0017_hot_history_unconstrained): rows are written
-    # only from the job row the same statement or transaction holds; deletes cascade in Django.
+    # database foreign key either (migration 0017_hot_history_unconstrained): the transitions
+    # write these rows from the job row their statement holds; deletes cascade in Django.
     job = models.ForeignKey(
         Job,
         on_delete=models.CASCADE,
