@@ -3,7 +3,9 @@
 Owns: periodic fenced lease extension for every job a drain holds (claimed, not yet ended);
 confirming, at the next beat, that the handler now running is running (the reaper charges an
 expired attempt only if it was confirmed); and flushing finished successes to the completer once
-the oldest has waited FLUSH_SECONDS, so a quick job's commit never waits for a slow batch-mate.
+the oldest has waited FLUSH_SECONDS, so a quick job's commit never waits for a slow batch-mate --
+or at once when the runner's batch ends (`commit_soon`: the commit overlaps the next claim;
+jobs/worker/successes.py).
 
 Never: decides a job's outcome. A heartbeat that changes zero rows is recorded by
 transitions.heartbeat_many and flips the job's `lost` flag; the handler finds out cooperatively at
@@ -29,8 +31,7 @@ never correctness.
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connection
@@ -40,29 +41,18 @@ from jobs.core import transitions
 from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.transitions import Claimed, Fence
 from jobs.worker import shutdown
+from jobs.worker.successes import FLUSH_SECONDS, Commit, Finished, Successes
+
+__all__ = ["FLUSH_SECONDS", "Finished", "Heartbeater"]
 
 logger = logging.getLogger("jobs.heartbeat")
 
-# A finished success is committed by the thread once it has waited this long (if the runner has
-# not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
-FLUSH_SECONDS = 0.2
 # A claimed job waiting behind a batch-mate whose handler has run this long is handed back (a
 # fenced release: queued again in its place, the attempt uncharged) so that a free worker takes it:
 # batching never holds a quick job behind a slow one for longer than about this plus LOOK.
 HANDOFF_SECONDS = 0.1
 LOOK_WHILE_WAITING_SECONDS = 0.02  # how often the thread looks while batch-mates wait
 RETRY_SECONDS = (0.1, 2.0)  # backoff between failed beats: first, cap
-
-
-@dataclass(frozen=True)
-class Finished:
-    held: Held
-    claimed: Claimed
-    result: Any
-    at: float  # time.monotonic() when the handler returned
-
-
-Commit = Callable[[Sequence[Finished]], None]
 
 
 class Heartbeater:
@@ -75,14 +65,12 @@ class Heartbeater:
         on_hand_off: Callable[[list[Held]], list[Held]] | None = None,
     ) -> None:
         self.interval = interval
-        self._commit = commit
         self._on_grace_over = on_grace_over
         self._on_stop = on_stop
         self._on_hand_off = on_hand_off
         self._running_since = 0.0
         self._waiting = False  # some held job is not started yet (read without the lock)
         self._held: dict[int, Held] = {}
-        self._finished: list[Finished] = []
         self._running: Held | None = None
         self._timeout_at: float | None = None  # time.monotonic() when the running one overruns
         self._on_timeout: Callable[[], None] | None = None
@@ -90,6 +78,7 @@ class Heartbeater:
         self._lock = threading.Lock()
         self._handing: set[int] = set()  # job ids whose hand-off is in flight
         self._hand_offs_settled = threading.Condition(self._lock)
+        self._successes = Successes(self._lock, commit)
         self._hand_off_failures = 0  # in a row: the next try waits a backoff
         self._hand_off_not_before = 0.0
         self._stop = threading.Event()
@@ -99,6 +88,7 @@ class Heartbeater:
         # that, no held lease can be at risk (at_risk answers without looking at each one).
         self._min_half_lease = float("inf")
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
+        self.pipelined = connection.vendor == "postgresql"  # commit_soon hands commits over
 
     def __enter__(self) -> "Heartbeater":
         self._thread.start()
@@ -233,19 +223,26 @@ class Heartbeater:
         The thread is not woken for it (a wake-up per batch would cost the hot path a thread
         switch): it looks every FLUSH_SECONDS, so a success waits at most twice that.
         """
-        with self._lock:
-            self._finished.append(Finished(held, claimed, result, time.monotonic()))
+        self._successes.add(Finished(held, claimed, result, time.monotonic()))
 
     def flush(self) -> None:
-        """Commit every finished success now (from whichever thread calls)."""
-        with self._lock:
-            items, self._finished = self._finished, []
-            for item in items:
-                # Released before the commit: a zero-row beat racing the commit is then no
-                # evidence of a lost lease; the commit's own fence decides.
-                self._held.pop(item.held.fence.job_id, None)
-        if items:
-            self._commit(items)
+        """Commit every finished success now (from whichever thread calls). From any other
+        thread than this one's, it returns once the successes handed over are committed too."""
+        # Released before the commit: a zero-row beat racing the commit is then no evidence of
+        # a lost lease; the commit's own fence decides.
+        self._successes.commit(
+            lambda item: self._held.pop(item.held.fence.job_id, None),
+            wait=threading.current_thread() is not self._thread,
+        )
+
+    def commit_soon(self) -> None:
+        """The runner's batch is over: this thread commits its successes at once while the
+        runner claims the next batch (jobs.worker.successes; on PostgreSQL only -- SQLite has one
+        writer at a time); the runner commits them itself while the last hand-over is on its way."""
+        if self.pipelined and self._thread.is_alive() and self._successes.hand_over():
+            self._wake.set()
+        else:
+            self.flush()
 
     @property
     def at_risk(self) -> bool:
@@ -301,8 +298,7 @@ class Heartbeater:
                 transitions.record_lost_heartbeat(fence)
 
     def _next_deadline(self, last_beat: float) -> float:
-        with self._lock:
-            flush_at = self._finished[0].at + FLUSH_SECONDS if self._finished else None
+        flush_at = self._successes.due_at()
         beat_at = last_beat + self.interval
         look = LOOK_WHILE_WAITING_SECONDS if self._waiting else FLUSH_SECONDS
         look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
@@ -320,10 +316,6 @@ class Heartbeater:
             return None
         self._on_timeout = self._timeout_at = None
         return on_timeout
-
-    def _flush_due(self, now: float) -> bool:
-        with self._lock:
-            return bool(self._finished) and self._finished[0].at + FLUSH_SECONDS <= now
 
     def held(self) -> list[Held]:
         """Take every held job out of this drain's hands (shutdown: they are handed back)."""
@@ -370,7 +362,7 @@ class Heartbeater:
                     handed = self._hand_off_due(now)
                     if handed:
                         self._hand_off(handed)
-                    if self._flush_due(now):
+                    if self._successes.due(now):
                         self.flush()
                     if now >= last_beat + self.interval:
                         last_beat = now

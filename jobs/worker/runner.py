@@ -9,8 +9,9 @@ one until the queue is idle or its time budget is spent, so django-q2's per-task
 paid per drain, not per job.
 
 Hazards: one job must never decide another's fate. A success is handed to the background thread,
-which commits it within twice FLUSH_SECONDS whatever its batch-mates do (or the runner commits it
-when the batch ends). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
+which commits it within twice FLUSH_SECONDS whatever its batch-mates do, or at once when the batch
+ends (while the runner claims the next one; the runner commits itself if the last batch's commit
+is still on its way). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
 timeout) fails that job with its own error, commits the batch's successes and releases the jobs
 never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
 attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
@@ -257,7 +258,9 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
         why = "shutting down" if shutdown.requested() else "heartbeats failing"
         logger.warning("%s: handing back %s unstarted jobs", why, len(unstarted))
         _release(unstarted, beats)
-    beats.flush()
+        beats.flush()
+    else:
+        beats.commit_soon()  # committed by the drain's thread while the next batch is claimed
     return ran
 
 

@@ -1,0 +1,99 @@
+"""A drain's finished successes on their way to the commit, and which thread commits them.
+
+Owns: the successes a drain's handlers returned and that are not committed yet; when the oldest
+must be committed (FLUSH_SECONDS after its handler returned); the runner's request, at the end of
+a batch, that the drain's background thread commit them at once (`hand_over`), so the commit's
+round trip and WAL flush overlap the next claim's instead of following it; and waiting for the
+commits on their way. Never: decides an outcome or writes itself -- the caller runs the commit
+(jobs.worker.completer) on its own thread's connection, each row fenced by its own attempt.
+
+Hazards: a success handed over is committed later than its batch's end, never lost to a batch
+that follows: at most one hand-over is on its way (the next batch's end commits on the runner's
+thread if the last one has not ended), and `take` by any other thread than the background one
+waits for it, so "flushed" still means "committed" to whoever asks (the drain's end, a confirmed
+job, a stop). A worker that dies before the commit leaves the job to its lease, as before.
+"""
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.context import Held
+from jobs.core.transitions import Claimed
+
+# A finished success is committed by the thread once it has waited this long (if the runner has
+# not committed it with its batch first); the thread looks that often, so the wait is < 2x this.
+FLUSH_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class Finished:
+    held: Held
+    claimed: Claimed
+    result: Any
+    at: float  # time.monotonic() when the handler returned
+
+
+Commit = Callable[[Sequence[Finished]], None]
+
+
+class Successes:
+    """The finished successes of one drain (`lock` is the drain's Heartbeater lock)."""
+
+    def __init__(self, lock: threading.Lock, commit: Commit) -> None:
+        self._lock = lock
+        self._commit = commit
+        self._items: list[Finished] = []
+        self.handed_over = False  # the background thread is to commit them now
+        self._committing = 0  # commits on their way, in any thread
+        self._settled = threading.Condition(lock)
+
+    def add(self, item: Finished) -> None:
+        with self._lock:
+            self._items.append(item)
+
+    def due_at(self) -> float | None:
+        """When the oldest success must be committed at the latest (time.monotonic())."""
+        with self._lock:
+            return self._items[0].at + FLUSH_SECONDS if self._items else None
+
+    def due(self, now: float) -> bool:
+        if self.handed_over:
+            return True
+        at = self.due_at()
+        return at is not None and at <= now
+
+    def hand_over(self) -> bool:
+        """Ask the background thread to commit what is here now; False if the runner must commit
+        it itself (a hand-over is still on its way), True if there is nothing to do or the
+        thread is to do it (the caller then wakes the thread)."""
+        with self._lock:
+            if not self._items:
+                return True
+            if self.handed_over or self._committing:
+                return False
+            self.handed_over = True
+            return True
+
+    def commit(self, release: Callable[[Finished], object], wait: bool) -> None:
+        """Commit every success here now, `release` each from the held jobs first (under the
+        lock); with `wait`, return only once the commits on their way in other threads ended."""
+        with self._lock:
+            items, self._items = self._items, []
+            self.handed_over = False
+            for item in items:
+                release(item)
+            if items:
+                self._committing += 1
+        try:
+            if items:
+                self._commit(items)
+        finally:
+            with self._lock:
+                if items:
+                    self._committing -= 1
+                    self._settled.notify_all()
+                while wait and self._committing:
+                    # A commit on its way is bounded (jobs.core.connectivity) and always ends.
+                    self._settled.wait(1.0)

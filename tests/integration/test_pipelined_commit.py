@@ -1,0 +1,152 @@
+"""The pipelined commit: a batch's successes are committed by the drain's background thread while
+the runner claims the next batch -- never lost, never more than one hand-over on its way, and
+"flushed" still means "committed" to the runner (jobs/worker/successes.py)."""
+
+import threading
+
+import pytest
+
+import jobs
+from jobs.core.states import JobState
+from jobs.models import Attempt, Job
+from jobs.worker import completer, runner
+from jobs.worker.successes import Successes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DEADLINE = 20.0  # seconds any wait below may take on a slow machine before the test fails
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    """The ids of each claim's batch, in order; after the drain's first claim (of one job, as
+    every drain starts) the batch grows to its cap at once whatever the machine's speed."""
+    claimed: list[list[int]] = []
+    real = runner.transitions.claim
+
+    def claim(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        claimed.append([c.fence.job_id for c in rows])
+        return rows
+
+    monkeypatch.setattr(runner.transitions, "claim", claim)
+    monkeypatch.setattr(runner.policy, "next_claim_batch", lambda current, per_job, cap: cap)
+    return claimed
+
+
+def commits_by_thread(monkeypatch, before_commit=None):
+    """Record which thread ran each commit of the drain (the real commit, on its own thread's
+    connection); `before_commit(thread_name, call_number)` runs first."""
+    seen: list[tuple[str, list[int]]] = []
+    real = completer.commit
+
+    def commit(items):
+        name = threading.current_thread().name
+        seen.append((name, [i.held.fence.job_id for i in items]))
+        if before_commit is not None:
+            before_commit(name, len(seen))
+        real(items)
+
+    monkeypatch.setattr(runner.completer, "commit", commit)
+    return seen
+
+
+def every_job_succeeded_once(ids):
+    assert set(Job.objects.filter(pk__in=ids).values_list("state", flat=True)) == {
+        JobState.SUCCEEDED
+    }
+    assert Attempt.objects.filter(job_id__in=ids).count() == len(ids)
+
+
+def test_a_batch_is_committed_by_the_drains_thread_while_the_runner_claims_the_next(
+    monkeypatch, batches
+):
+    ids = [jobs.enqueue("test.echo", {"n": n}).pk for n in range(12)]
+    claimed_again = threading.Event()
+    overlapped = []
+
+    def before_commit(thread, number):
+        if number == 1:
+            # The first batch's commit, held here until the runner has claimed again: only a
+            # commit that runs beside the claim lets that happen.
+            overlapped.append(claimed_again.wait(DEADLINE))
+
+    seen = commits_by_thread(monkeypatch, before_commit)
+    real_claim = runner.transitions.claim
+
+    def claim(*args, **kwargs):
+        rows = real_claim(*args, **kwargs)
+        if len(batches) >= 2:
+            claimed_again.set()
+        return rows
+
+    monkeypatch.setattr(runner.transitions, "claim", claim)
+    assert runner.drain() == 12
+    assert overlapped == [True], "the runner did not claim while the batch's commit was held"
+    assert seen[0] == ("jobs-heartbeat", batches[0])
+    every_job_succeeded_once(ids)
+
+
+def test_the_runner_commits_itself_while_the_last_hand_over_is_on_its_way(monkeypatch, batches):
+    ids = [jobs.enqueue("test.echo", {"n": n}).pk for n in range(20)]
+    runner_committed = threading.Event()
+    held_up = []
+
+    def before_commit(thread, number):
+        if number == 1:  # the first hand-over: held until a later batch's commit has happened
+            held_up.append(runner_committed.wait(DEADLINE))
+        elif thread == "MainThread":
+            runner_committed.set()
+
+    seen = commits_by_thread(monkeypatch, before_commit)
+    assert runner.drain() == 20
+    assert held_up == [True], f"no batch committed on the runner's thread meanwhile: {seen}"
+    assert seen[0] == ("jobs-heartbeat", batches[0])
+    assert ("MainThread", batches[1]) in seen  # not queued behind the slow hand-over
+    every_job_succeeded_once(ids)
+
+
+def test_when_the_drain_returns_every_success_handed_over_is_committed(monkeypatch, batches):
+    ids = [jobs.enqueue("test.echo", {"n": 0}).pk]  # one batch: its commit is handed over
+    release = threading.Event()
+
+    def before_commit(thread, number):
+        if thread == "jobs-heartbeat":
+            threading.Timer(0.3, release.set).start()  # a slow database, for hand-overs only
+            release.wait(DEADLINE)
+
+    seen = commits_by_thread(monkeypatch, before_commit)
+    assert runner.drain() == 1
+    assert seen == [("jobs-heartbeat", ids)]
+    every_job_succeeded_once(ids)
+
+
+def test_a_flush_from_another_thread_waits_for_the_commit_on_its_way():
+    """Successes alone, with real threads: `commit(wait=True)` returns only after a commit
+    another thread has on its way has ended."""
+    lock = threading.Lock()
+    entered, finish = threading.Event(), threading.Event()
+    ended: list[str] = []
+
+    def slow_commit(items):
+        if items[0] == "first":
+            entered.set()
+            finish.wait(DEADLINE)
+        ended.append(items[0])
+
+    successes = Successes(lock, slow_commit)  # type: ignore[arg-type]
+    successes.add("first")  # type: ignore[arg-type]
+    other = threading.Thread(target=successes.commit, args=(lambda item: None, False))
+    other.start()
+    assert entered.wait(DEADLINE)
+    assert successes.hand_over() is True  # nothing left here: nothing for the runner to do
+    successes.add("second")  # type: ignore[arg-type]
+    assert successes.hand_over() is False  # one on its way already: the caller commits itself
+    waiter = threading.Thread(target=successes.commit, args=(lambda item: None, True))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive(), "returned while the other thread's commit was still on its way"
+    assert ended == ["second"]
+    finish.set()
+    waiter.join(DEADLINE)
+    other.join(DEADLINE)
+    assert not waiter.is_alive() and ended == ["second", "first"]
