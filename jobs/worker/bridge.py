@@ -12,6 +12,7 @@ poll is bounded (jobs.core.connectivity), catches the error itself, logs the out
 rate-limited reminder, then the recovery) and retries within 0.25 s, so the pusher never sees it.
 """
 
+import gc
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,18 @@ def drain(queues: Sequence[str] | None = None) -> int:
     return ran
 
 
+def freeze_startup_heap(sender: object = None, **kwargs: object) -> None:
+    """django-q2's post_spawn, in each new worker process: the objects it starts with (Django,
+    the apps, django-q2: about 115,000) are moved where the garbage collector never walks them,
+    so a full collection during a drain walks only what was made since. Before, each worker
+    stopped claiming and committing for one 63-72 ms collection in every 4,000-job drain
+    (measured with gc.callbacks). The startup objects stay for the process's life anyway; one
+    of them that later becomes cyclic garbage is kept, not collected."""
+    gc.collect()
+    gc.freeze()
+
+
+post_spawn.connect(freeze_startup_heap, dispatch_uid="jobs.bridge.freeze_startup_heap")
 post_spawn.connect(shutdown.install_worker_handler, dispatch_uid="jobs.shutdown.worker_sigterm")
 post_spawn.connect(watchdog.claim_slot, dispatch_uid="jobs.watchdog.claim_slot")
 

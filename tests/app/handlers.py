@@ -3,6 +3,7 @@ long a handler runs -- no test waits on a fixed sleep of its own."""
 
 import asyncio
 import ctypes
+import gc
 import os
 import signal
 import time
@@ -20,6 +21,12 @@ def _duration(ctx: JobContext) -> float:
 @handler("test.echo")
 def echo(ctx: JobContext) -> dict[str, Any]:
     return {"echo": ctx.payload, "attempt": ctx.attempt}
+
+
+@handler("test.gc_state")
+def gc_state(ctx: JobContext) -> dict[str, Any]:
+    """What the garbage collector of the worker process running it walks, and what it does not."""
+    return {"frozen": gc.get_freeze_count(), "walked": len(gc.get_objects())}
 
 
 @handler("test.sleep")
