@@ -3,6 +3,7 @@ the runner claims the next batch -- never lost, never more than one hand-over on
 "flushed" still means "committed" to the runner (jobs/worker/successes.py)."""
 
 import threading
+import time
 
 import pytest
 
@@ -14,6 +15,12 @@ from jobs.worker.successes import Successes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DEADLINE = 20.0  # seconds any wait below may take on a slow machine before the test fails
+HANDED_OVER = threading.Event()  # the drain's thread has taken a commit (set by commits_by_thread)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_event():
+    HANDED_OVER.clear()
 
 
 @pytest.fixture
@@ -24,6 +31,12 @@ def batches(monkeypatch):
     real = runner.transitions.claim
 
     def claim(*args, **kwargs):
+        if len(claimed) == 1:
+            # The second claim waits until the drain's thread has taken the first batch's
+            # commit: on a loaded machine that thread may be scheduled only after the runner
+            # ended its next batch too, and the runner then commits both batches itself
+            # (correct, not pipelined, and not what these tests look at).
+            HANDED_OVER.wait(DEADLINE)
         rows = real(*args, **kwargs)
         claimed.append([c.fence.job_id for c in rows])
         return rows
@@ -42,6 +55,8 @@ def commits_by_thread(monkeypatch, before_commit=None):
     def commit(items):
         name = threading.current_thread().name
         seen.append((name, [i.held.fence.job_id for i in items]))
+        if name == "jobs-heartbeat":
+            HANDED_OVER.set()
         if before_commit is not None:
             before_commit(name, len(seen))
         real(items)
@@ -143,9 +158,12 @@ def test_a_flush_from_another_thread_waits_for_the_commit_on_its_way():
     assert successes.hand_over() is False  # one on its way already: the caller commits itself
     waiter = threading.Thread(target=successes.commit, args=(lambda item: None, True))
     waiter.start()
-    waiter.join(0.3)
+    deadline = time.monotonic() + DEADLINE
+    while "second" not in ended and time.monotonic() < deadline:
+        time.sleep(0.01)  # the poll interval of a deadline-bound wait
+    assert ended == ["second"]  # its own commit is done ...
+    waiter.join(0.2)
     assert waiter.is_alive(), "returned while the other thread's commit was still on its way"
-    assert ended == ["second"]
     finish.set()
     waiter.join(DEADLINE)
     other.join(DEADLINE)
