@@ -240,7 +240,8 @@ class Heartbeater:
         runner claims the next batch (jobs.worker.successes; on PostgreSQL only -- SQLite has one
         writer at a time); the runner commits them itself while the last hand-over is on its way."""
         if self.pipelined and self._thread.is_alive() and self._successes.hand_over():
-            self._wake.set()
+            if self._successes.handed_over:
+                self._wake.set()
         else:
             self.flush()
 

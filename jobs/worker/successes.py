@@ -9,9 +9,9 @@ commits on their way. Never: decides an outcome or writes itself -- the caller r
 
 Hazards: a success handed over is committed later than its batch's end, never lost to a batch
 that follows: at most one hand-over is on its way (the next batch's end commits on the runner's
-thread if the last one has not ended), and `take` by any other thread than the background one
-waits for it, so "flushed" still means "committed" to whoever asks (the drain's end, a confirmed
-job, a stop). A worker that dies before the commit leaves the job to its lease, as before.
+thread if the last one has not ended), and `commit(wait=True)` -- every thread's but the
+background one's -- waits for it, so "flushed" still means "committed" to whoever asks (the
+drain's end, a confirmed job, a stop). A worker that dies before the commit leaves the job to its lease, as before.
 """
 
 import threading
@@ -66,11 +66,11 @@ class Successes:
 
     def hand_over(self) -> bool:
         """Ask the background thread to commit what is here now; False if the runner must commit
-        it itself (a hand-over is still on its way), True if there is nothing to do or the
-        thread is to do it (the caller then wakes the thread)."""
+        it itself (a hand-over is still on its way), True if there is nothing to commit or the
+        thread is to commit it (`handed_over` then tells the caller to wake the thread)."""
         with self._lock:
             if not self._items:
-                return True
+                return True  # a batch without successes: nothing to hand over, nobody to wake
             if self.handed_over or self._committing:
                 return False
             self.handed_over = True
