@@ -11,7 +11,8 @@ Hazards: a success handed over is committed later than its batch's end, never lo
 that follows: at most one hand-over is on its way (the next batch's end commits on the runner's
 thread if the last one has not ended), and `commit(wait=True)` -- every thread's but the
 background one's -- waits for it, so "flushed" still means "committed" to whoever asks (the
-drain's end, a confirmed job, a stop). A worker that dies before the commit leaves the job to its lease, as before.
+drain's end, a confirmed job, a stop). A worker that dies before the commit leaves the job to
+its lease, as before.
 """
 
 import threading
