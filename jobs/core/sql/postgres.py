@@ -8,7 +8,7 @@ jobs/core/transitions). Never: two CTEs updating the same row -- PostgreSQL appl
 
 from typing import Any
 
-from jobs.core.sql import plans
+from jobs.core.sql import plans, steady_plan
 from jobs.core.sql import queues as queues_sql
 from jobs.core.sql.base import (
     JOB_COLUMNS,
@@ -53,7 +53,18 @@ class PostgresDriver(Driver):
     def seconds_between(self, later: str, earlier: str) -> str:
         return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
 
-    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
+    def claim(  # type: ignore[no-untyped-def]
+        self,
+        cur,
+        worker,
+        limit,
+        lease,
+        queues,
+        kind_leases,
+        only_id=None,
+        locked=(),
+        own_transaction=False,
+    ):
         # The limit is part of the text, not a parameter: a prepared claim then gets a generic
         # plan as good as a custom one (with `LIMIT $n` PostgreSQL plans for an unknown, large
         # limit, so it re-plans every execution -- half the claim's server time). It is an int.
@@ -70,9 +81,9 @@ class PostgresDriver(Driver):
         # paused or at their limit (queues.claim_guard); `capped` keeps a limited queue within
         # its room. The UPDATE bumps the fencing token; Attempt and event rows ride in the same
         # statement, so a claim is one round trip however many rows it takes. The rows come
-        # back in claim order: the drain runs them in that order.
-        cur.execute(
-            f"""
+        # back in claim order: the drain runs them in that order. Sent with the steady plan
+        # (steady_plan): an ordered walk of jobs_job_pick_idx whatever the statistics say.
+        sql = f"""
             WITH {"" if only_id is not None else PROMOTE}{queues_sql.claim_guard(locked, params)}
             picked AS (
                 SELECT id, queue, priority, run_at FROM jobs_job
@@ -100,10 +111,9 @@ class PostgresDriver(Driver):
                   FROM claimed
             )
             SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_at, id{plans.tag()}
-            """,
-            params,
-        )
-        return claimed_rows(cur.fetchall())
+            """
+        rows = steady_plan.execute(cur, sql, params, own_transaction=own_transaction)
+        return claimed_rows(rows)
 
     def heartbeat(self, cur, fences, confirm):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"confirm": confirm}

@@ -40,7 +40,18 @@ class SqliteDriver(Driver):
     def seconds_between(self, later: str, earlier: str) -> str:
         return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
 
-    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
+    def claim(  # type: ignore[no-untyped-def]
+        self,
+        cur,
+        worker,
+        limit,
+        lease,
+        queues,
+        kind_leases,
+        only_id=None,
+        locked=(),
+        own_transaction=False,
+    ):
         params: dict[str, Any] = {"limit": limit, "lease": lease}
         only = ""
         if only_id is not None:
