@@ -29,8 +29,7 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
 4. Every `--interval` seconds (a "minute") it records, after `--warmup-minutes` of the stream:
    - claim p50 / p99: Palisade's own claim statement (jobs.core.sql.PostgresDriver, batch 8)
      timed on a side connection every 0.25 s, inside a transaction that is rolled back (it claims
-     nothing for good; each probe leaves a few dead tuples, negligible beside the stream), with
-     the plan the drain's claims run with (jobs/core/sql/steady_plan.py);
+     nothing for good; each probe leaves a few dead tuples, negligible beside the stream);
    - enqueued/s and drained/s (jobs whose finished_at falls in the minute), their run_at ->
      finished_at latency p50 / p99, and the backlog (queued jobs due);
    - per job table (jobs_job, jobs_attempt, jobs_jobevent, and django-q2's broker tables):
@@ -181,7 +180,7 @@ class ClaimProbe(threading.Thread):
                 while not self.stopping.wait(self.every):
                     with conn.transaction(force_rollback=True), conn.cursor() as cur:
                         began = time.perf_counter()
-                        driver.claim(cur, "soak-probe:0", 8, 30.0, None, {}, own_transaction=True)  # type: ignore[arg-type]
+                        driver.claim(cur, "soak-probe:0", 8, 30.0, None, {})  # type: ignore[arg-type]
                         self.samples.append((time.perf_counter() - began) * 1000)
         except BaseException as exc:  # noqa: BLE001 -- the main loop reports it and stops
             self.error = exc

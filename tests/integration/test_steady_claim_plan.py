@@ -1,19 +1,20 @@
-"""The claim walks jobs_job_pick_idx in order whatever jobs_job's statistics say (steady_plan).
+"""The claim walks jobs_job_pick_idx in order whatever jobs_job's statistics say (jobs_pick).
 
-On a table never analyzed -- a new deployment, a restored dump, a server with autovacuum off --
-the planner estimates a handful of queued rows and, left alone, takes a claim's 8 jobs by a bitmap
-scan of every queued row and a sort of them all: O(queue) per claim. Each test first shows that
-hazard with EXPLAIN of the claim's pick (so the test would fail without the guard), then reads
-the plan the real claim ran with from PostgreSQL itself (auto_explain, reported to this client as
-a NOTICE), on every path a claim takes: autocommit prepared (one pipeline: BEGIN, SET LOCAL, the
-claim, COMMIT), autocommit unprepared (one simple query), a limited queue's own transaction. The
-setting never outlives the claim, and a claim that fails leaves the connection clean.
+When the statistics say almost nothing is queued, the planner estimates one row, and left alone
+takes a claim's 8 jobs by sorting every queued row: a bitmap scan on a table never analyzed (a
+new deployment, a restored dump, a server with autovacuum off), another index in its own order
+on a table analyzed while its queue was empty and then given a burst. O(queue) per claim. Each
+test first shows that hazard with EXPLAIN of the pick as the claim wrote it before (so it would
+fail without jobs_pick, migration 0018_steady_pick), then reads the plans the real claim ran with
+from PostgreSQL itself (auto_explain, nested statements included, reported to this client as
+NOTICEs), on each path a claim takes: prepared, unprepared, a limited queue's own transaction,
+a caller's transaction. The planner settings never outlive the pick.
 """
 
 from collections.abc import Iterator
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import connection
 from django.test.utils import override_settings
 
 from jobs.core import transitions
@@ -21,51 +22,61 @@ from jobs.core.transitions import worker as transitions_worker
 from jobs.models import Job
 from jobs.ops import queues
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL plans"),
-]
+pytestmark = pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL plans")
 W = "host-steady:1"
-QUEUED = 10_000  # fewer pages, and the planner's own estimate already walks the index
-PICK = (
+# The pick as the claim wrote it inline before jobs_pick.
+INLINE_PICK = (
     "SELECT id FROM jobs_job WHERE state = 'queued' AND NOT deferred"
     " AND run_at <= clock_timestamp() ORDER BY priority DESC, run_at, id LIMIT 8"
     " FOR UPDATE SKIP LOCKED"
 )
 
 
+def execute(sql: str, params: list[object] | None = None) -> list[tuple[object, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
 def never_analyzed() -> None:
-    """jobs_job as PostgreSQL sees a table no ANALYZE or VACUUM has reached."""
-    with connection.cursor() as cur:
-        cur.execute("DELETE FROM pg_statistic WHERE starelid = 'jobs_job'::regclass")
-        cur.execute(
-            "UPDATE pg_class SET reltuples = -1, relpages = 0, relallvisible = 0"
-            " WHERE oid = 'jobs_job'::regclass"
-            " OR oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'jobs_job'::regclass)"
-        )
+    """10,000 queued jobs on a jobs_job as PostgreSQL sees a table no ANALYZE has reached."""
+    execute("INSERT INTO jobs_job (kind) SELECT 'test.echo' FROM generate_series(1, 10000)")
+    execute("DELETE FROM pg_statistic WHERE starelid = 'jobs_job'::regclass")
+    execute(
+        "UPDATE pg_class SET reltuples = -1, relpages = 0, relallvisible = 0"
+        " WHERE oid = 'jobs_job'::regclass"
+        " OR oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'jobs_job'::regclass)"
+    )
 
 
-def plan_of(sql: str) -> str:
-    with connection.cursor() as cur:
-        cur.execute("EXPLAIN " + sql)
-        return "\n".join(r[0] for r in cur.fetchall())
+def analyzed_empty_then_burst() -> None:
+    """100,000 finished jobs and an empty queue at the last ANALYZE, then 50,000 enqueued."""
+    execute(
+        "INSERT INTO jobs_job (kind, state, attempt, finished_at)"
+        " SELECT 'test.echo', 'succeeded', 1, now() FROM generate_series(1, 100000)"
+    )
+    execute("ANALYZE jobs_job")
+    execute("INSERT INTO jobs_job (kind) SELECT 'test.echo' FROM generate_series(1, 50000)")
 
 
-@pytest.fixture
-def backlog() -> Iterator[list[str]]:
-    """QUEUED jobs on a never-analyzed table, the hazard shown, and the plans of every
+STATES = {
+    "never analyzed": never_analyzed,
+    "analyzed empty, then a burst": analyzed_empty_then_burst,
+}
+
+
+@pytest.fixture(params=list(STATES))
+def hazard(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """jobs_job in a state whose statistics mislead, the hazard shown, and the plans of every
     statement this connection runs from now on (auto_explain, as notices)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "INSERT INTO jobs_job (kind) SELECT 'test.echo' FROM generate_series(1, %s)", [QUEUED]
-        )
-    never_analyzed()
-    unguarded = plan_of(PICK)
-    assert "Bitmap Heap Scan on jobs_job" in unguarded and "Sort" in unguarded, unguarded
-    with connection.cursor() as cur:
-        cur.execute("LOAD 'auto_explain'")
-        cur.execute("SET auto_explain.log_min_duration = 0")
-        cur.execute("SET auto_explain.log_level = 'notice'")
+    execute("TRUNCATE jobs_job CASCADE")  # a new, empty file whatever ran before
+    STATES[request.param]()
+    unguarded = "\n".join(str(r[0]) for r in execute("EXPLAIN " + INLINE_PICK))
+    assert "Sort" in unguarded, unguarded  # every queued row sorted to take 8
+    execute("LOAD 'auto_explain'")
+    execute("SET auto_explain.log_min_duration = 0")
+    execute("SET auto_explain.log_nested_statements = on")
+    execute("SET auto_explain.log_level = 'notice'")
     plans: list[str] = []
     raw = connection.connection
 
@@ -76,70 +87,69 @@ def backlog() -> Iterator[list[str]]:
     raw.add_notice_handler(keep)
     yield plans
     raw.remove_notice_handler(keep)
-    with connection.cursor() as cur:
-        cur.execute("RESET auto_explain.log_min_duration")
+    execute("RESET auto_explain.log_min_duration")
 
 
-def claim_plans(plans: list[str]) -> list[str]:
-    return [p for p in plans if "INSERT INTO jobs_attempt" in p]
-
-
-def assert_walked_in_order(plans: list[str]) -> None:
-    ran = claim_plans(plans)
-    assert ran, f"no claim plan reported: {plans}"
-    for plan in ran:
+def assert_walked_in_order(plans: list[str], claims: int) -> None:
+    picks = [p for p in plans if "FOR UPDATE OF j SKIP LOCKED" in p and "jobs_pick" not in p]
+    assert len(picks) == claims, plans
+    for plan in picks:
         assert "Index Scan using jobs_job_pick_idx" in plan, plan
-        assert "Bitmap Heap Scan on jobs_job " not in plan, plan
+        assert "Sort" not in plan and "Bitmap" not in plan, plan
+    outer = [p for p in plans if "Insert on jobs_attempt" in p]
+    assert len(outer) == claims, plans
+    for plan in outer:  # the claim's UPDATE finds its batch by primary key
+        assert "Seq Scan on jobs_job" not in plan, plan
+    for name in ("enable_sort", "enable_bitmapscan"):  # only while jobs_pick ran
+        assert execute(f"SHOW {name}") == [("on",)]
 
 
-def setting() -> str:
-    with connection.cursor() as cur:
-        cur.execute("SHOW enable_bitmapscan")
-        return str(cur.fetchone()[0])
+def claim(n: int = 8) -> list[int]:
+    return [c.fence.job_id for c in transitions.claim(W, limit=n, lease_seconds=30)]
 
 
-def test_a_prepared_claim_walks_the_pick_index_on_a_table_never_analyzed(backlog):
-    first = Job.objects.order_by("id").values_list("id", flat=True)[:16]
-    got = []
-    for _ in range(3):  # prepared from the second execution on: the cached plan too
-        got += [c.fence.job_id for c in transitions.claim(W, limit=8, lease_seconds=30)]
-    assert got[:16] == list(first)  # claim order kept
-    assert_walked_in_order(backlog)
-    assert len(claim_plans(backlog)) == 3
-    assert setting() == "on"  # the claim's transaction only
-    assert connection.connection.info.transaction_status == 0  # idle: committed
+def first_queued(n: int) -> list[int]:
+    return list(Job.objects.filter(state="queued").order_by("id").values_list("id", flat=True)[:n])
 
 
-def test_an_unprepared_claim_walks_it_too(backlog):
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_claim_walks_the_pick_index(hazard):
+    expected = first_queued(24)
+    got = claim() + claim() + claim()  # prepared from its second execution on
+    assert got == expected  # claim order kept
+    assert_walked_in_order(hazard, 3)
+    assert connection.connection.info.transaction_status == 0  # committed: idle
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unprepared_claim_walks_it_too(hazard):
     with override_settings(JOBS={"PREPARED_STATEMENTS": False}):
-        assert len(transitions.claim(W, limit=8, lease_seconds=30)) == 8
-    assert_walked_in_order(backlog)
-    assert setting() == "on"
+        assert len(claim()) == 8
+    assert_walked_in_order(hazard, 1)
 
 
-def test_a_limited_queues_claim_walks_it_in_its_own_transaction(backlog):
+@pytest.mark.django_db(transaction=True)
+def test_a_limited_queues_claim_walks_it_in_its_own_transaction(hazard):
     queues.set_limit("default", 50, actor=None)
     transitions_worker._limited.clear()
-    assert len(transitions.claim(W, limit=8, lease_seconds=30)) == 8
-    assert_walked_in_order(backlog)
-    assert setting() == "on"
+    assert len(claim()) == 8
+    assert_walked_in_order(hazard, 1)
 
 
-def test_a_failed_claim_leaves_the_connection_clean(backlog, monkeypatch):
-    # A claim statement the server refuses (as a row's bad value would): the pipeline's
-    # transaction is rolled back, the error is Django's, and the next claim works.
-    from jobs.core.sql import steady_plan
+@pytest.mark.django_db
+def test_a_claim_inside_a_callers_transaction_walks_it_too(hazard):
+    assert len(claim()) == 8
+    assert_walked_in_order(hazard, 1)
 
-    real = steady_plan.execute
 
-    def broken(cur, sql, params, **kw):  # type: ignore[no-untyped-def]
-        return real(cur, sql.replace("LIMIT 8", "LIMIT 8 OFFSET -1"), params, **kw)
-
-    monkeypatch.setattr(steady_plan, "execute", broken)
-    with pytest.raises(DatabaseError):
-        transitions_worker._claim(W, 8, 30.0, None, {})
-    assert connection.connection.info.transaction_status == 0
-    assert setting() == "on"
-    monkeypatch.setattr(steady_plan, "execute", real)
-    assert len(transitions.claim(W, limit=8, lease_seconds=30)) == 8
-    assert Job.objects.filter(state="running").count() == 8  # nothing of the failed one
+@pytest.mark.django_db(transaction=True)
+def test_the_pick_keeps_the_queue_filter_and_the_blocked_queues():
+    by_queue = {
+        q: [Job.objects.create(kind="test.echo", queue=q).pk for _ in range(3)] for q in "abc"
+    }
+    queues.pause("b", actor=None)
+    got = [
+        c.fence.job_id for c in transitions.claim(W, limit=8, lease_seconds=30, queues=["a", "b"])
+    ]
+    assert got == by_queue["a"]  # b is paused, c not asked for
+    assert claim() == by_queue["c"]

@@ -300,13 +300,11 @@ class Driver:
         kind_leases: Mapping[str, float],
         only_id: int | None = None,
         locked: Sequence[str] = (),
-        own_transaction: bool = False,
     ) -> list[ClaimedRow]:
         """Take up to `limit` due jobs (or only `only_id`, if it is due), in claim order.
 
         `locked`: the limited queues whose control rows the caller's transaction holds
-        (queues.lock_limited); every other limited queue is left alone by this claim.
-        `own_transaction`: the open transaction is the claim's own (it ends with the claim)."""
+        (queues.lock_limited); every other limited queue is left alone by this claim."""
         raise NotImplementedError
 
     def heartbeat(

@@ -6,9 +6,10 @@ each transition is one round trip, atomic on its own, and runs in autocommit (se
 jobs/core/transitions). Never: two CTEs updating the same row -- PostgreSQL applies only one.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
-from jobs.core.sql import plans, steady_plan
+from jobs.core.sql import plans
 from jobs.core.sql import queues as queues_sql
 from jobs.core.sql.base import (
     JOB_COLUMNS,
@@ -41,6 +42,30 @@ PROMOTE = f"""promoted AS (
             ),"""
 
 
+def pick(limit: int, queues: Sequence[str] | None, only: str, params: dict[str, Any]) -> str:
+    """The claim's `picked` rows (id, queue, priority, run_at): up to `limit` due queued jobs in
+    claim order, locked, none of a blocked queue.
+
+    Through jobs_pick (migration 0018_steady_pick), a function planned with sorts and bitmap
+    scans off: its only plan is the ordered walk of jobs_job_pick_idx, whatever jobs_job's
+    statistics say (on a table never analyzed, or analyzed while nothing was queued, the
+    planner's own choice sorted every queued row to take `limit`). A claim of one given job
+    (`only`) reads it by its primary key, inline."""
+    if only:
+        return f"""
+                SELECT id, queue, priority, run_at FROM jobs_job
+                 WHERE state = '{QUEUED}' AND NOT deferred AND run_at <= clock_timestamp()
+                       {queue_filter(queues, params)}{only}{queues_sql.BLOCKED}
+                 LIMIT {limit}
+                   FOR UPDATE SKIP LOCKED"""
+    params["pick_queues"] = list(queues) if queues else None
+    return f"""
+                SELECT pick_id AS id, pick_queue AS queue, pick_priority AS priority,
+                       pick_run_at AS run_at
+                  FROM jobs_pick({limit}, %(pick_queues)s::text[],
+                                 ARRAY(SELECT queue::text FROM blocked))"""
+
+
 class PostgresDriver(Driver):
     now = "clock_timestamp()"
     single_statement_writes = True
@@ -53,18 +78,7 @@ class PostgresDriver(Driver):
     def seconds_between(self, later: str, earlier: str) -> str:
         return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
 
-    def claim(  # type: ignore[no-untyped-def]
-        self,
-        cur,
-        worker,
-        limit,
-        lease,
-        queues,
-        kind_leases,
-        only_id=None,
-        locked=(),
-        own_transaction=False,
-    ):
+    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
         # The limit is part of the text, not a parameter: a prepared claim then gets a generic
         # plan as good as a custom one (with `LIMIT $n` PostgreSQL plans for an unknown, large
         # limit, so it re-plans every execution -- half the claim's server time). It is an int.
@@ -77,22 +91,16 @@ class PostgresDriver(Driver):
         lease_sql = lease_expression(kind_leases, params, table="j.")
         # `promoted` brings rows deferred far ahead into the pick index a horizon before they
         # are due (the rows of this claim's own pick were never deferred). `picked` walks
-        # jobs_job_pick_idx in claim order, skipping rows another claimer holds and queues
-        # paused or at their limit (queues.claim_guard); `capped` keeps a limited queue within
-        # its room. The UPDATE bumps the fencing token; Attempt and event rows ride in the same
-        # statement, so a claim is one round trip however many rows it takes. The rows come
-        # back in claim order: the drain runs them in that order. Sent with the steady plan
-        # (steady_plan): an ordered walk of jobs_job_pick_idx whatever the statistics say.
-        sql = f"""
+        # jobs_job_pick_idx in claim order whatever the statistics say (`pick`), skipping rows
+        # another claimer holds and queues paused or at their limit (queues.claim_guard);
+        # `capped` keeps a limited queue within its room. The UPDATE bumps the fencing token;
+        # Attempt and event rows ride in the same statement, so a claim is one round trip
+        # however many rows it takes. The rows come back in claim order: the drain runs them
+        # in that order.
+        cur.execute(
+            f"""
             WITH {"" if only_id is not None else PROMOTE}{queues_sql.claim_guard(locked, params)}
-            picked AS (
-                SELECT id, queue, priority, run_at FROM jobs_job
-                 WHERE state = '{QUEUED}' AND NOT deferred AND run_at <= clock_timestamp()
-                       {queue_filter(queues, params)}{only}{queues_sql.BLOCKED}
-                 ORDER BY priority DESC, run_at, id
-                 LIMIT {limit}
-                   FOR UPDATE SKIP LOCKED
-            ), {queues_sql.CAPPED}, claimed AS (
+            picked AS ({pick(limit, queues, only, params)}), {queues_sql.CAPPED}, claimed AS (
                 UPDATE jobs_job j
                    SET state = '{RUNNING}', attempt = j.attempt + 1,
                        lease_expires_at = clock_timestamp() + make_interval(secs => {lease_sql}),
@@ -111,9 +119,10 @@ class PostgresDriver(Driver):
                   FROM claimed
             )
             SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_at, id{plans.tag()}
-            """
-        rows = steady_plan.execute(cur, sql, params, own_transaction=own_transaction)
-        return claimed_rows(rows)
+            """,
+            params,
+        )
+        return claimed_rows(cur.fetchall())
 
     def heartbeat(self, cur, fences, confirm):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"confirm": confirm}

@@ -40,18 +40,7 @@ class SqliteDriver(Driver):
     def seconds_between(self, later: str, earlier: str) -> str:
         return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
 
-    def claim(  # type: ignore[no-untyped-def]
-        self,
-        cur,
-        worker,
-        limit,
-        lease,
-        queues,
-        kind_leases,
-        only_id=None,
-        locked=(),
-        own_transaction=False,
-    ):
+    def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
         params: dict[str, Any] = {"limit": limit, "lease": lease}
         only = ""
         if only_id is not None:

@@ -80,13 +80,9 @@ def _claim(
             return d.claim(cur, worker, limit, lease, queues, leases, only_id=only_id)
     # The limited queues' control rows are locked first, in the claim's own transaction: the
     # claim statement then counts running jobs in a snapshot taken after the lock was granted.
-    own = driver().single_statement_writes and not connection.in_atomic_block  # see _transaction
     with _transaction(), hot_cursor() as cur:
         locked = sql_queues.lock_limited(d, cur, queues)
-        return d.claim(
-            cur, worker, limit, lease, queues, leases, only_id=only_id, locked=locked,
-            own_transaction=own,
-        )  # fmt: skip
+        return d.claim(cur, worker, limit, lease, queues, leases, only_id=only_id, locked=locked)
 
 
 def _transaction() -> Any:
