@@ -25,6 +25,10 @@ the inline pick did. The function reads with a snapshot taken after the claim st
 job enqueued between the two can be locked but not seen by the claim's UPDATE; it is then left
 for the next claim (its lock ends with the claim's transaction), never claimed twice.
 
+The claim passes `only_queues` NULL: a claim from named queues (JOBS_QUEUES) keeps the inline
+pick the planner decides (jobs/core/sql/postgres.py `pick`), since an ordered walk of the whole
+index would step over every queued job of the other queues.
+
 PostgreSQL only; nothing on SQLite.
 """
 

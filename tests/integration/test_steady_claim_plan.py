@@ -144,6 +144,8 @@ def test_a_claim_inside_a_callers_transaction_walks_it_too(hazard):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_pick_keeps_the_queue_filter_and_the_blocked_queues():
+    # Named queues take the inline pick (an ordered walk would step over the other queues);
+    # every queue, jobs_pick, which leaves the paused queue out.
     by_queue = {
         q: [Job.objects.create(kind="test.echo", queue=q).pk for _ in range(3)] for q in "abc"
     }

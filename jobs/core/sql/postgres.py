@@ -49,21 +49,22 @@ def pick(limit: int, queues: Sequence[str] | None, only: str, params: dict[str, 
     Through jobs_pick (migration 0018_steady_pick), a function planned with sorts and bitmap
     scans off: its only plan is the ordered walk of jobs_job_pick_idx, whatever jobs_job's
     statistics say (on a table never analyzed, or analyzed while nothing was queued, the
-    planner's own choice sorted every queued row to take `limit`). A claim of one given job
-    (`only`) reads it by its primary key, inline."""
-    if only:
+    planner's own choice sorted every queued row to take `limit`). Inline, as the planner
+    decides: a claim of one given job (`only`: by its primary key), and a claim from named
+    queues (JOBS_QUEUES) -- there the ordered walk would step over every queued job of the other
+    queues, where the planner can take the named queues' rows by jobs_job_queue_depth_idx."""
+    if only or queues:
         return f"""
                 SELECT id, queue, priority, run_at FROM jobs_job
                  WHERE state = '{QUEUED}' AND NOT deferred AND run_at <= clock_timestamp()
                        {queue_filter(queues, params)}{only}{queues_sql.BLOCKED}
+                 ORDER BY priority DESC, run_at, id
                  LIMIT {limit}
                    FOR UPDATE SKIP LOCKED"""
-    params["pick_queues"] = list(queues) if queues else None
     return f"""
                 SELECT pick_id AS id, pick_queue AS queue, pick_priority AS priority,
                        pick_run_at AS run_at
-                  FROM jobs_pick({limit}, %(pick_queues)s::text[],
-                                 ARRAY(SELECT queue::text FROM blocked))"""
+                  FROM jobs_pick({limit}, NULL, ARRAY(SELECT queue::text FROM blocked))"""
 
 
 class PostgresDriver(Driver):
