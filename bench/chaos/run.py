@@ -227,8 +227,14 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.start()
         drain_ok = settled(world, JOBS_LEFT, time.monotonic() + args.drain_seconds)
         relay_ok = settled(world, INTENTS_LEFT, time.monotonic() + args.drain_seconds)
+        from django.db import connection
+
         from jobs.effects import janitor
 
+        # This process's own Django connection was opened before the faults: a pg_crash or a
+        # terminate_backend late in the schedule leaves it broken without Django knowing (it
+        # only learns on the next query, too late). The checks start on a new one.
+        connection.close()
         orphans_found = _orphans_on_disk(world, media)
         removed = 0
         while swept := janitor.sweep("chaos-checker"):
