@@ -25,8 +25,8 @@ the inline pick did. The function reads with a snapshot taken after the claim st
 job enqueued between the two can be locked but not seen by the claim's UPDATE; it is then left
 for the next claim (its lock ends with the claim's transaction), never claimed twice.
 
-The claim passes `only_queues` NULL: a claim from named queues (JOBS_QUEUES) keeps the inline
-pick the planner decides (jobs/core/sql/postgres.py `pick`), since an ordered walk of the whole
+It takes no queue filter: a claim from named queues (JOBS_QUEUES) keeps the inline pick the
+planner decides (jobs/core/sql/postgres.py `pick`), since an ordered walk of the whole
 index would step over every queued job of the other queues.
 
 PostgreSQL only; nothing on SQLite.
@@ -35,7 +35,7 @@ PostgreSQL only; nothing on SQLite.
 from django.db import migrations
 
 CREATE = """
-CREATE OR REPLACE FUNCTION jobs_pick(lim integer, only_queues text[], blocked text[])
+CREATE OR REPLACE FUNCTION jobs_pick(lim integer, blocked text[])
 RETURNS TABLE (pick_id bigint, pick_queue text, pick_priority smallint,
                pick_run_at timestamptz)
 LANGUAGE plpgsql VOLATILE
@@ -47,7 +47,6 @@ BEGIN
     RETURN QUERY
     SELECT j.id, j.queue::text, j.priority, j.run_at FROM jobs_job j
      WHERE j.state = 'queued' AND NOT j.deferred AND j.run_at <= clock_timestamp()
-       AND (only_queues IS NULL OR j.queue = ANY (only_queues))
        AND NOT (j.queue = ANY (blocked))
      ORDER BY j.priority DESC, j.run_at, j.id
      LIMIT lim
@@ -55,7 +54,7 @@ BEGIN
 END
 $fn$
 """
-DROP = "DROP FUNCTION IF EXISTS jobs_pick(integer, text[], text[])"
+DROP = "DROP FUNCTION IF EXISTS jobs_pick(integer, text[])"
 
 
 def create(apps, schema_editor):  # type: ignore[no-untyped-def]

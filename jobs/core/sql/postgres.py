@@ -64,7 +64,7 @@ def pick(limit: int, queues: Sequence[str] | None, only: str, params: dict[str, 
     return f"""
                 SELECT pick_id AS id, pick_queue AS queue, pick_priority AS priority,
                        pick_run_at AS run_at
-                  FROM jobs_pick({limit}, NULL, ARRAY(SELECT queue::text FROM blocked))"""
+                  FROM jobs_pick({limit}, ARRAY(SELECT queue::text FROM blocked))"""
 
 
 class PostgresDriver(Driver):
