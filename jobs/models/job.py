@@ -189,6 +189,17 @@ class Job(models.Model):
                 condition=Q(state=JobState.QUEUED, deferred=False),
                 name="jobs_job_pick_idx",
             ),
+            # The same order within one queue: a claim while some queue is blocked (paused, or
+            # at its concurrency limit) takes each other queue's next rows from here instead of
+            # stepping over the blocked queue's backlog in jobs_job_pick_idx (jobs_pick, 0019).
+            models.Index(
+                "queue",
+                F("priority").desc(),
+                "run_at",
+                "id",
+                condition=Q(state=JobState.QUEUED, deferred=False),
+                name="jobs_job_queue_pick_idx",
+            ),
             # The claim's promotion of deferred rows coming within the horizon.
             models.Index(
                 fields=["run_at"],

@@ -87,11 +87,16 @@ def claim() -> None:
 
 
 def warm() -> None:
-    """Plan jobs_pick's query now (migration 0018): PL/pgSQL plans it inside the claim's
-    execution -- its first five calls, and once more after an ANALYZE -- and those pages are
-    the planner's, once per session, not the walk a claim makes. An empty queue: nothing taken."""
+    """Plan the claim's statements now: PL/pgSQL plans jobs_pick's query inside the claim's
+    execution -- once per session, and again after an ANALYZE -- and those pages are the
+    planner's (one metapage per index of jobs_job), not the walk a claim makes. A claim from a
+    named queue takes the inline pick, so jobs_pick is called here itself, with a limit of 0:
+    nothing taken, nothing locked."""
     for _ in range(6):
         assert transitions.claim(WORKER, limit=5, lease_seconds=30, queues=["warm-up"]) == []
+        with connection.cursor() as cur:
+            for blocked in ("{}", "{warm-up}"):  # both of its queries
+                cur.execute("SELECT count(*) FROM jobs_pick(0, %s::text[])", [blocked])
 
 
 def count() -> None:

@@ -49,7 +49,9 @@ def pick(limit: int, queues: Sequence[str] | None, only: str, params: dict[str, 
     Through jobs_pick (migration 0018_steady_pick), a function planned with sorts and bitmap
     scans off: its only plan is the ordered walk of jobs_job_pick_idx, whatever jobs_job's
     statistics say (on a table never analyzed, or analyzed while nothing was queued, the
-    planner's own choice sorted every queued row to take `limit`). Inline, as the planner
+    planner's own choice sorted every queued row to take `limit`); while some queue is blocked,
+    queue by queue through jobs_job_queue_pick_idx, so no claim steps over a blocked queue's
+    backlog (migration 0019_pick_around_blocked_queues). Inline, as the planner
     decides: a claim of one given job (`only`: by its primary key), and a claim from named
     queues (JOBS_QUEUES) -- there the ordered walk would step over every queued job of the other
     queues, where the planner can take the named queues' rows by jobs_job_queue_depth_idx."""
