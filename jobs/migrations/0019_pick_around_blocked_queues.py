@@ -29,9 +29,10 @@ query with LLVM on every call -- 280 ms a claim, measured, before this setting.
 
 Both of its index reads order by the whole of jobs_job_queue_pick_idx's key (queue first, though
 the lateral's queue is fixed): no other index gives that order, and sorts are off, so neither
-can be served by jobs_job_queue_depth_idx, whose rows include deferred jobs (found by
-test_claim_plans: the skip scan had taken it and stepped over 20,000 jobs due a day ahead), nor
-by jobs_job_pick_idx filtered by queue (which would step over the blocked backlog again).
+can be served by jobs_job_queue_depth_idx, whose rows include deferred jobs (EXPLAIN showed the
+planner taking it for the skip scan when the ORDER BY named the queue alone; with many jobs
+deferred far ahead each probe would step over them), nor by jobs_job_pick_idx filtered by queue
+(which would step over the blocked backlog again).
 
 And `plan_cache_mode = force_generic_plan`: PL/pgSQL prepares the function's queries once per
 session, but with the limit a parameter PostgreSQL's plan cache judged a generic plan costlier
