@@ -21,6 +21,7 @@ from jobs.core import transitions
 from jobs.core.transitions import worker as transitions_worker
 from jobs.models import Job
 from jobs.ops import queues
+from tests.integration import auto_explain
 
 pytestmark = pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL plans")
 W = "host-steady:1"
@@ -73,21 +74,8 @@ def hazard(request: pytest.FixtureRequest) -> Iterator[list[str]]:
     STATES[request.param]()
     unguarded = "\n".join(str(r[0]) for r in execute("EXPLAIN " + INLINE_PICK))
     assert "Sort" in unguarded, unguarded  # every queued row sorted to take 8
-    execute("LOAD 'auto_explain'")
-    execute("SET auto_explain.log_min_duration = 0")
-    execute("SET auto_explain.log_nested_statements = on")
-    execute("SET auto_explain.log_level = 'notice'")
-    plans: list[str] = []
-    raw = connection.connection
-
-    def keep(diag) -> None:  # type: ignore[no-untyped-def]
-        if "Query Text" in (diag.message_primary or ""):
-            plans.append(diag.message_primary)
-
-    raw.add_notice_handler(keep)
-    yield plans
-    raw.remove_notice_handler(keep)
-    execute("RESET auto_explain.log_min_duration")
+    with auto_explain.plans() as seen:
+        yield seen
 
 
 def assert_walked_in_order(plans: list[str], claims: int) -> None:
