@@ -51,7 +51,7 @@ from importlib import import_module
 from django.db import migrations, models
 from django.db.models import F, Q
 
-CREATE_0018 = import_module("jobs.migrations.0018_steady_pick").CREATE
+STEADY_PICK = import_module("jobs.migrations.0018_steady_pick")  # its function, to go back to
 
 CREATE = """
 CREATE OR REPLACE FUNCTION jobs_pick(lim integer, blocked text[])
@@ -106,11 +106,6 @@ def create(apps, schema_editor):  # type: ignore[no-untyped-def]
         schema_editor.execute(CREATE)
 
 
-def restore(apps, schema_editor):  # type: ignore[no-untyped-def]
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(CREATE_0018)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("jobs", "0018_steady_pick"),
@@ -128,5 +123,5 @@ class Migration(migrations.Migration):
                 name="jobs_job_queue_pick_idx",
             ),
         ),
-        migrations.RunPython(create, restore, elidable=False),
+        migrations.RunPython(create, STEADY_PICK.create, elidable=False),
     ]
