@@ -6,9 +6,10 @@ presenting attempt.
 """
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from jobs.models.checks import OneOf
 from jobs.models.job import Job
 
 
@@ -79,7 +80,7 @@ class StagedOutput(models.Model):
                 fields=["job", "attempt", "name"], name="jobs_staged_attempt_name_uniq"
             ),
             models.CheckConstraint(
-                condition=Q(status__in=["staged", "promoted", "discarded", "orphaned"]),
+                condition=OneOf(F("status"), ["staged", "promoted", "discarded", "orphaned"]),
                 name="jobs_staged_status_valid",
             ),
         ]
@@ -152,7 +153,7 @@ class Intent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "step"], name="jobs_intent_job_step_uniq"),
             models.CheckConstraint(
-                condition=Q(state__in=["pending", "performing", "done", "failed"]),
+                condition=OneOf(F("state"), ["pending", "performing", "done", "failed"]),
                 name="jobs_intent_state_valid",
             ),
         ]

@@ -18,6 +18,7 @@ from jobs.core import enqueue as enqueue_rules
 from jobs.core.exceptions import DuplicateJob
 from jobs.core.states import TERMINAL_STATES, AttemptOutcome, EventType, JobState, Write
 from jobs.models import one_statement
+from jobs.models.checks import OneOf
 
 TERMINAL = [state for state in JobState if state in TERMINAL_STATES]  # in enum order
 
@@ -141,7 +142,7 @@ class Job(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=Q(state__in=JobState.values), name="jobs_job_state_valid"
+                condition=OneOf(F("state"), JobState.values), name="jobs_job_state_valid"
             ),
             models.CheckConstraint(condition=Q(attempt__gte=0), name="jobs_job_attempt_nonneg"),
             models.CheckConstraint(
@@ -168,8 +169,8 @@ class Job(models.Model):
             ),
             # A terminal job has finished_at; a live one does not.
             models.CheckConstraint(
-                condition=(Q(state__in=TERMINAL) & Q(finished_at__isnull=False))
-                | (~Q(state__in=TERMINAL) & Q(finished_at__isnull=True)),
+                condition=(OneOf(F("state"), TERMINAL) & Q(finished_at__isnull=False))
+                | (~OneOf(F("state"), TERMINAL) & Q(finished_at__isnull=True)),
                 name="jobs_job_finished_iff_terminal",
             ),
             models.UniqueConstraint(
@@ -286,7 +287,8 @@ class Attempt(models.Model):
             # Invariant 2: each attempt value is claimed exactly once.
             models.UniqueConstraint(fields=["job", "number"], name="jobs_attempt_job_number_uniq"),
             models.CheckConstraint(
-                condition=Q(outcome__in=AttemptOutcome.values), name="jobs_attempt_outcome_valid"
+                condition=OneOf(F("outcome"), AttemptOutcome.values),
+                name="jobs_attempt_outcome_valid",
             ),
             models.CheckConstraint(condition=Q(number__gte=1), name="jobs_attempt_number_pos"),
         ]
