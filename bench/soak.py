@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/soak.py [--minutes 30] [--rate JOBS_PER_S] [--workers 2]
         [--warmup-minutes 6] [--retention-minutes 5] [--prune-every 60] [--interval 60]
-        [--vacuum-every 0] [--server URL]
+        [--vacuum-every 0] [--server URL] [--pg-setting NAME=VALUE ...]
 
 Hours long (on a quiet machine): `bench/soak.py --minutes 480 --warmup-minutes 10`.
 
@@ -11,7 +11,10 @@ The server: by default a PostgreSQL of its own (bench/chaos/pgserver.py: initdb 
 folder, its own port and socket folder, removed at the end) at stock settings -- autovacuum on
 with its defaults, default durability (fsync, full_page_writes and synchronous_commit on: the
 lines pgserver writes for the chaos suite's speed are overridden), shared_buffers 128MB -- plus
-log_autovacuum_min_duration = 0 so that every autovacuum run is in its log. `--server URL` uses
+log_autovacuum_min_duration = 0 so that every autovacuum run is in its log; `--pg-setting
+max_wal_size=8GB` (repeatable) changes one more line (at stock `max_wal_size`, 1GB, a stream of
+a few thousand jobs a second makes the server checkpoint on WAL volume every half minute, and
+each checkpoint's full-page writes make more WAL). `--server URL` uses
 an existing server instead (this machine's shared one runs with autovacuum off, see below).
 The settings that matter are read back with SHOW and printed and written with the results.
 
@@ -60,6 +63,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -478,13 +482,24 @@ def autovacuum_runs(log: str) -> list[dict[str, Any]]:
     return runs
 
 
-def own_server() -> PrivatePostgres:
-    """A PostgreSQL of the soak's own at stock settings (see the module docstring)."""
+def own_server(changed: Sequence[str] = ()) -> PrivatePostgres:
+    """A PostgreSQL of the soak's own at stock settings (see the module docstring), but for the
+    `--pg-setting NAME=VALUE`s given."""
     pg = PrivatePostgres().init()
     with open(pg.data / "postgresql.conf", "a") as conf:
         conf.write(OWN_SERVER_CONF)
+        for setting in changed:
+            name, value = setting.split("=", 1)
+            conf.write(f"{name} = '{value}'\n")
     pg.start()
     return pg
+
+
+def pg_setting(text: str) -> str:
+    """NAME=VALUE for postgresql.conf, both plain words (a value is written quoted)."""
+    if not re.fullmatch(r"[a-z_]{1,63}=[A-Za-z0-9_.]{1,32}", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE, e.g. max_wal_size=8GB")
+    return text
 
 
 def server_settings(conn: psycopg.Connection[Any]) -> dict[str, str]:
@@ -520,6 +535,15 @@ def main() -> None:
         help="an existing server, postgres://user@host:port (default: one of its own, stock "
         "settings)",
     )  # fmt: skip
+    p.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        type=pg_setting,
+        metavar="NAME=VALUE",
+        help="own server only: a postgresql.conf line beyond stock (repeatable), e.g. "
+        "max_wal_size=8GB",
+    )
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "soak.json")
     p.add_argument("--verdict-of", type=Path, help="re-read a results JSON: its verdict only")
     p.add_argument("--from-row", type=int, default=1, help="with --verdict-of: the first row")
@@ -544,7 +568,7 @@ def main() -> None:
     pg: PrivatePostgres | None = None
     try:
         if args.server is None:
-            pg = own_server()
+            pg = own_server(args.pg_setting)
             server = f"postgres://postgres@127.0.0.1:{pg.port}"
             print(f"own server: {server} (data in {pg.data}, log {pg.log})")
         else:
@@ -571,7 +595,8 @@ def run(
     dsn = f"{server}/{DB}"
     conn = psycopg.connect(dsn, autocommit=True)
     settings = server_settings(conn)
-    print("server: " + ("own (stock settings), " if pg else f"{server}, ")
+    stock = "stock settings" + (f" but {', '.join(args.pg_setting)}" if args.pg_setting else "")
+    print("server: " + (f"own ({stock}), " if pg else f"{server}, ")
           + ", ".join(f"{k}={v}" for k, v in settings.items()))  # fmt: skip
     autovacuum = settings["autovacuum"]
     if autovacuum != "on" and not args.vacuum_every:
