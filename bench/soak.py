@@ -42,6 +42,9 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
      in the minute;
    - the jobs pruned in the minute and the machine's 1-minute load average (other work on the
      machine shows there: read a slow minute beside it).
+   - what the server's backends were doing (bench/activity.py: pg_stat_activity every second,
+     the waits seen among running statements and the longest statements); a row whose
+     end-to-end p50 is above 0.5 s prints it.
    Where the server runs with autovacuum off (this machine's PostgreSQL does: a CI setting),
    it says so; `--vacuum-every S` then runs VACUUM (ANALYZE) of the job tables every S seconds in
    its stead (its runs are the `vacuum_runs` figures).
@@ -74,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.activity import ActivitySampler, describe  # noqa: E402
 from bench.chaos.pgserver import PrivatePostgres  # noqa: E402
 from bench.protocol import (  # noqa: E402
     RESULTS_DIR,
@@ -130,6 +134,8 @@ SETTINGS = (
     "full_page_writes", "synchronous_commit", "wal_level", "shared_buffers", "max_wal_size",
     "checkpoint_timeout", "max_connections",
 )  # fmt: skip
+# A row whose end-to-end p50 is above this prints what the server's backends did in it.
+SLOW_MINUTE_MS = 500.0
 INDEX_SIZES = """
 SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
  WHERE relname = ANY(%s)
@@ -296,6 +302,7 @@ def minute(
     stream: Stream,
     pruner: Pruner,
     last: dict[str, Any],
+    activity: ActivitySampler,
 ) -> dict[str, Any]:
     """One row of the report: the figures since the previous row (`last`, updated in place)."""
     db_now = conn.execute("SELECT clock_timestamp()").fetchone()[0]
@@ -330,6 +337,7 @@ def minute(
             "seconds": round(sum(r["seconds"] for r in prunes), 2),
         },
         **figures,
+        "activity": activity.take(),
     }
     for name, t in figures["tables"].items():
         before = last["tables"].get(name, t)
@@ -609,6 +617,7 @@ def run(
     probe: ClaimProbe | None = None
     pruner: Pruner | None = None
     vacuumer: Vacuumer | None = None
+    activity: ActivitySampler | None = None
     rows: list[dict[str, Any]] = []
     try:
         drain = measure_drain(conn, args.measure_jobs, [cluster])
@@ -620,14 +629,18 @@ def run(
         stream, probe = Stream(dsn, rate), ClaimProbe(dsn)
         pruner = Pruner(env, args.retention_minutes / 1440, args.prune_every)
         vacuumer = Vacuumer(dsn, args.vacuum_every) if args.vacuum_every else None
-        for thread in (stream, probe, pruner, vacuumer):
+        activity = ActivitySampler(dsn)
+        for thread in (stream, probe, pruner, vacuumer, activity):
             if thread is not None:
                 thread.start()
         measuring_at = time.monotonic() + args.warmup_minutes * 60
         next_sample = time.monotonic()
         last: dict[str, Any] = {}
         while len(rows) < rows_wanted:
-            failed = stream.error or probe.error or pruner.error or (vacuumer and vacuumer.error)
+            failed = (
+                stream.error or probe.error or pruner.error or activity.error
+                or (vacuumer and vacuumer.error)
+            )  # fmt: skip
             if failed or cluster.poll() is not None:
                 raise RuntimeError(f"stopped: {failed or 'qcluster exited'}")
             if time.monotonic() < measuring_at:
@@ -638,6 +651,7 @@ def run(
                 continue
             if not last:
                 probe.take()
+                activity.take()
                 last = {
                     "db_now": conn.execute("SELECT clock_timestamp()").fetchone()[0],
                     "sent": stream.sent,
@@ -646,14 +660,16 @@ def run(
                     "dead_samples": {},
                 }
             else:
-                rows.append(minute(conn, probe, stream, pruner, last))
+                rows.append(minute(conn, probe, stream, pruner, last, activity))
                 print_rows(rows[-1:], first=len(rows))
+                if rows[-1]["e2e_ms"]["p50"] > SLOW_MINUTE_MS:
+                    print(f"     slow minute: {describe(rows[-1]['activity'])}", flush=True)
             measuring_at = max(measuring_at + args.interval, time.monotonic() + 1)
     finally:
-        for thread in (stream, probe, pruner, vacuumer):
+        for thread in (stream, probe, pruner, vacuumer, activity):
             if thread is not None:
                 thread.stopping.set()
-        for thread in (stream, probe, pruner, vacuumer):
+        for thread in (stream, probe, pruner, vacuumer, activity):
             if thread is not None:
                 thread.join(timeout=120)
         stop(cluster)

@@ -1,0 +1,78 @@
+"""What the server's backends were doing, sampled: for a benchmark minute that went wrong.
+
+`ActivitySampler` reads pg_stat_activity on a side connection every `every` seconds and keeps,
+until `take()`, how often each (backend type, wait event) was seen among the backends running a
+statement ("CPU" when a running backend waits on nothing), and the longest-running statements
+seen. bench/soak.py records one summary per report row, so a minute whose latencies collapsed
+shows what ran in it (a lock wait, an autovacuum, a long prune).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import psycopg
+
+ACTIVITY = """
+SELECT backend_type, coalesce(wait_event_type || ':' || wait_event, 'CPU'),
+       extract(epoch FROM clock_timestamp() - query_start)::float8, left(query, 160)
+  FROM pg_stat_activity
+ WHERE pid <> pg_backend_pid() AND state = 'active'
+"""
+QUERY_CHARS = 160
+
+
+class ActivitySampler(threading.Thread):
+    """pg_stat_activity every `every` seconds; `take()` returns the summary since the last."""
+
+    def __init__(self, dsn: str, every: float = 1.0, top: int = 8) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.every, self.top = dsn, every, top
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._samples = 0
+        self._waits: Counter[str] = Counter()
+        self._longest: dict[str, tuple[float, str]] = {}  # query -> (seconds, backend type)
+
+    def take(self) -> dict[str, Any]:
+        with self._lock:
+            longest = sorted(self._longest.items(), key=lambda kv: kv[1][0], reverse=True)
+            summary = {
+                "samples": self._samples,
+                "waits": dict(self._waits.most_common(self.top)),
+                "longest": [
+                    {"seconds": round(seconds, 2), "backend": backend, "query": query}
+                    for query, (seconds, backend) in longest[:3]
+                ],
+            }
+            self._reset()
+        return summary
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stopping.wait(self.every):
+                    found = conn.execute(ACTIVITY).fetchall()
+                    with self._lock:
+                        self._samples += 1
+                        for backend, wait, seconds, query in found:
+                            self._waits[f"{backend} {wait}"] += 1
+                            text = " ".join((query or "").split())[:QUERY_CHARS]
+                            if seconds is not None and seconds > self._longest.get(text, (0,))[0]:
+                                self._longest[text] = (seconds, backend)
+        except BaseException as exc:  # noqa: BLE001 -- the main loop reports it and stops
+            self.error = exc
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """One line: the most seen waits and the longest statement."""
+    waits = ", ".join(f"{k} {v}" for k, v in list(summary.get("waits", {}).items())[:4])
+    longest = summary.get("longest") or []
+    slow = f"; longest {longest[0]['seconds']:.1f} s: {longest[0]['query'][:80]}" if longest else ""
+    return f"activity ({summary.get('samples', 0)} samples): {waits or 'idle'}{slow}"
