@@ -104,6 +104,6 @@ def test_the_migration_goes_back_to_the_array_expressions_and_forward_again(tran
         call_command("migrate", "jobs", verbosity=0)
     after = definitions()
     assert all("ARRAY[" not in d and v for d, v in after.values()), after
-    # and the way back admits what the checks admit
+    # and the constraints forward again still reject
     job = Job.objects.create(kind="demo.noop")
     assert rejected("UPDATE jobs_job SET state = 'bogus' WHERE id = %s", [job.pk])
