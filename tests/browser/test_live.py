@@ -1,9 +1,11 @@
 """What an operator sees in a real browser: live transitions, the zombie drill, roles, escaping."""
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 
 import jobs
@@ -11,6 +13,19 @@ from jobs.models import Job
 from tests.browser.conftest import ARTIFACTS, make_user
 
 pytestmark = pytest.mark.browser
+
+
+def _screenshot(page: Any, selector: str, name: str, timeout: float = 15.0) -> None:
+    """An artifact of `selector`, taken again when a live swap replaces the element mid-shot (a
+    late rejected write of the zombie re-renders the timeline after the job has succeeded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            page.locator(selector).screenshot(path=str(ARTIFACTS / name), timeout=3_000)
+            return
+        except PlaywrightError:
+            if time.monotonic() > deadline:
+                raise
 
 
 def test_job_goes_queued_running_succeeded_live_without_a_reload(
@@ -46,7 +61,7 @@ def test_the_drill_shows_two_overlapping_attempts_and_a_rejected_write(
     expect(page.locator("#job-state")).to_have_text("Succeeded")
     assert page.evaluate("window.__notReloaded") is True  # all of it arrived live
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.locator("#timeline").screenshot(path=str(ARTIFACTS / "drill-timeline.png"))
+    _screenshot(page, "#timeline", "drill-timeline.png")
     job_path = page.url.removeprefix(server)
     page.goto(f"{server}/rejected/")
     expect(page.locator(f'#rejected-feed a[href="{job_path}#timeline"]').first).to_be_visible()
