@@ -4,7 +4,8 @@
 until `take()`, how often each (backend type, wait event) was seen among the backends running a
 statement ("CPU" when a running backend waits on nothing), and the longest-running statements
 seen. bench/soak.py records one summary per report row, so a minute whose latencies collapsed
-shows what ran in it (a lock wait, an autovacuum, a long prune).
+shows what ran in it (a lock wait, an autovacuum, a long prune), and the oldest transaction
+seen open (any state, idle in transaction too) with the age of its snapshot's xmin.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ SELECT backend_type, coalesce(wait_event_type || ':' || wait_event, 'CPU'),
        extract(epoch FROM clock_timestamp() - query_start)::float8, left(query, 160)
   FROM pg_stat_activity
  WHERE pid <> pg_backend_pid() AND state = 'active'
+"""
+# The oldest open transaction (idle in one too): its snapshot holds back the horizon below which
+# dead rows may be removed or marked dead in an index, so a claim walks them meanwhile.
+OLDEST = """
+SELECT backend_type, state, extract(epoch FROM clock_timestamp() - xact_start)::float8,
+       age(backend_xmin), left(query, 160)
+  FROM pg_stat_activity
+ WHERE pid <> pg_backend_pid() AND xact_start IS NOT NULL
+ ORDER BY xact_start LIMIT 1
 """
 QUERY_CHARS = 160
 
@@ -39,6 +49,7 @@ class ActivitySampler(threading.Thread):
         self._samples = 0
         self._waits: Counter[str] = Counter()
         self._longest: dict[str, tuple[float, str]] = {}  # query -> (seconds, backend type)
+        self._oldest: dict[str, Any] | None = None
 
     def take(self) -> dict[str, Any]:
         with self._lock:
@@ -50,6 +61,7 @@ class ActivitySampler(threading.Thread):
                     {"seconds": round(seconds, 2), "backend": backend, "query": query}
                     for query, (seconds, backend) in longest[:3]
                 ],
+                "oldest_xact": self._oldest,
             }
             self._reset()
         return summary
@@ -59,6 +71,7 @@ class ActivitySampler(threading.Thread):
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 while not self.stopping.wait(self.every):
                     found = conn.execute(ACTIVITY).fetchall()
+                    oldest = conn.execute(OLDEST).fetchone()
                     with self._lock:
                         self._samples += 1
                         for backend, wait, seconds, query in found:
@@ -66,6 +79,16 @@ class ActivitySampler(threading.Thread):
                             text = " ".join((query or "").split())[:QUERY_CHARS]
                             if seconds is not None and seconds > self._longest.get(text, (0,))[0]:
                                 self._longest[text] = (seconds, backend)
+                        if oldest is not None and oldest[2] is not None:
+                            backend, state, seconds, xmin_age, query = oldest
+                            if self._oldest is None or seconds > self._oldest["seconds"]:
+                                self._oldest = {
+                                    "seconds": round(seconds, 2),
+                                    "xmin_age": xmin_age,
+                                    "state": state,
+                                    "backend": backend,
+                                    "query": " ".join((query or "").split())[:QUERY_CHARS],
+                                }
         except BaseException as exc:  # noqa: BLE001 -- the main loop reports it and stops
             self.error = exc
 
@@ -75,4 +98,11 @@ def describe(summary: dict[str, Any]) -> str:
     waits = ", ".join(f"{k} {v}" for k, v in list(summary.get("waits", {}).items())[:4])
     longest = summary.get("longest") or []
     slow = f"; longest {longest[0]['seconds']:.1f} s: {longest[0]['query'][:80]}" if longest else ""
-    return f"activity ({summary.get('samples', 0)} samples): {waits or 'idle'}{slow}"
+    oldest = summary.get("oldest_xact")
+    xact = (
+        f"; oldest transaction {oldest['seconds']:.1f} s ({oldest['state']}, {oldest['backend']},"
+        f" xmin age {oldest['xmin_age']}): {oldest['query'][:80]}"
+        if oldest
+        else ""
+    )
+    return f"activity ({summary.get('samples', 0)} samples): {waits or 'idle'}{slow}{xact}"

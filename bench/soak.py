@@ -113,6 +113,12 @@ SELECT count(*),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - run_at))
   FROM jobs_job WHERE finished_at >= %s AND finished_at < %s
 """
+# The minute's jobs by the second they finished in (and the second they were due in): a minute
+# that collapsed shows whether the drain stopped at once (a lock, a stall) or slowed throughout.
+PER_SECOND = """
+SELECT floor(extract(epoch FROM finished_at - %(start)s))::int, count(*)
+  FROM jobs_job WHERE finished_at >= %(start)s AND finished_at < %(end)s GROUP BY 1 ORDER BY 1
+"""
 # Stock settings but for the lines pgserver.py writes for the chaos suite's speed (fsync and
 # full_page_writes off): later lines of postgresql.conf win. Logging autovacuum changes nothing
 # it does and shows each run.
@@ -311,6 +317,11 @@ def minute(
         "SELECT count(*) FROM jobs_job WHERE state = 'queued' AND run_at <= clock_timestamp()"
     ).fetchone()[0]
     seconds = (db_now - last["db_now"]).total_seconds()
+    per_second = [0] * max(1, int(seconds) + 1)
+    for second, count in conn.execute(
+        PER_SECOND, {"start": last["db_now"], "end": db_now}
+    ).fetchall():
+        per_second[min(second, len(per_second) - 1)] += count
     claims = probe.take()
     sample_dead(conn, last)
     figures = table_figures(conn)
@@ -326,9 +337,11 @@ def minute(
             "p99": (e2e_p99 or 0.0) * 1000,
         },
         "backlog": backlog,
+        "finished_by_second": per_second,
         "claim_ms": {
             "p50": percentile(claims, 0.5),
             "p99": percentile(claims, 0.99),
+            "max": max(claims, default=0.0),
             "n": len(claims),
         },
         "pruned": {
@@ -664,6 +677,8 @@ def run(
                 print_rows(rows[-1:], first=len(rows))
                 if rows[-1]["e2e_ms"]["p50"] > SLOW_MINUTE_MS:
                     print(f"     slow minute: {describe(rows[-1]['activity'])}", flush=True)
+                    done = " ".join(str(n) for n in rows[-1]["finished_by_second"])
+                    print(f"     finished per second: {done}", flush=True)
             measuring_at = max(measuring_at + args.interval, time.monotonic() + 1)
     finally:
         for thread in (stream, probe, pruner, vacuumer, activity):
