@@ -5,7 +5,7 @@ until `take()`, how often each (backend type, wait event) was seen among the bac
 statement ("CPU" when a running backend waits on nothing), and the longest-running statements
 seen. bench/soak.py records one summary per report row, so a minute whose latencies collapsed
 shows what ran in it (a lock wait, an autovacuum, a long prune), and the oldest transaction
-seen open (any state, idle in transaction too) with the age of its snapshot's xmin.
+seen open (any state, idle in transaction too; autovacuum's left out) with its xmin's age.
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ SELECT backend_type, coalesce(wait_event_type || ':' || wait_event, 'CPU'),
   FROM pg_stat_activity
  WHERE pid <> pg_backend_pid() AND state = 'active'
 """
-# The oldest open transaction (idle in one too): its snapshot holds back the horizon below which
-# dead rows may be removed or marked dead in an index, so a claim walks them meanwhile.
+# The oldest open transaction (idle in one too) but autovacuum's: its snapshot holds back the
+# horizon below which dead rows may be removed or marked dead in an index, so a claim walks them
+# meanwhile. A VACUUM's own xmin holds nothing back (PostgreSQL leaves it out), so autovacuum
+# workers are left out here; their runs show among the longest statements.
 OLDEST = """
 SELECT backend_type, state, extract(epoch FROM clock_timestamp() - xact_start)::float8,
        age(backend_xmin), left(query, 160)
   FROM pg_stat_activity
  WHERE pid <> pg_backend_pid() AND xact_start IS NOT NULL
+   AND backend_type <> 'autovacuum worker'
  ORDER BY xact_start LIMIT 1
 """
 QUERY_CHARS = 160

@@ -222,6 +222,23 @@ class Vacuumer(threading.Thread):
             self.error = exc
 
 
+# The server's WAL and checkpoints since it started: a minute's share is the difference from the
+# row before (full-page images follow each checkpoint, and a vacuum of a large table makes many).
+SERVER_COUNTERS = """
+SELECT w.wal_records, w.wal_fpi, w.wal_bytes::bigint, w.wal_write, w.wal_sync,
+       b.checkpoints_timed, b.checkpoints_req
+  FROM pg_stat_wal w, pg_stat_bgwriter b
+"""
+SERVER_NAMES = (
+    "wal_records", "wal_fpi", "wal_bytes", "wal_write", "wal_sync",
+    "checkpoints_timed", "checkpoints_req",
+)  # fmt: skip
+
+
+def server_counters(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    return dict(zip(SERVER_NAMES, conn.execute(SERVER_COUNTERS).fetchone(), strict=True))
+
+
 def table_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     tables = {
         r[0]: {
@@ -352,6 +369,8 @@ def minute(
         **figures,
         "activity": activity.take(),
     }
+    counters = server_counters(conn)
+    row["server"] = {k: v - last["server"].get(k, v) for k, v in counters.items()}
     for name, t in figures["tables"].items():
         before = last["tables"].get(name, t)
         samples = last["dead_samples"].get(name) or [t["dead"]]
@@ -364,6 +383,7 @@ def minute(
         db_now=db_now,
         sent=stream.sent,
         tables=figures["tables"],
+        server=counters,
         prunes=last["prunes"] + len(prunes),
         dead_samples={},
     )
@@ -669,6 +689,7 @@ def run(
                     "db_now": conn.execute("SELECT clock_timestamp()").fetchone()[0],
                     "sent": stream.sent,
                     "tables": table_figures(conn)["tables"],
+                    "server": server_counters(conn),
                     "prunes": len(pruner.runs),
                     "dead_samples": {},
                 }
@@ -679,6 +700,14 @@ def run(
                     print(f"     slow minute: {describe(rows[-1]['activity'])}", flush=True)
                     done = " ".join(str(n) for n in rows[-1]["finished_by_second"])
                     print(f"     finished per second: {done}", flush=True)
+                    server = rows[-1]["server"]
+                    print(
+                        f"     server: WAL {server['wal_bytes'] / 2**20:.0f} MB,"
+                        f" {server['wal_fpi']} full-page images, {server['wal_sync']} syncs,"
+                        f" checkpoints {server['checkpoints_timed']} timed"
+                        f" + {server['checkpoints_req']} requested",
+                        flush=True,
+                    )
             measuring_at = max(measuring_at + args.interval, time.monotonic() + 1)
     finally:
         for thread in (stream, probe, pruner, vacuumer, activity):
