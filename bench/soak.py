@@ -45,6 +45,10 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    - what the server's backends were doing (bench/activity.py: pg_stat_activity every second,
      the waits seen among running statements and the longest statements); a row whose
      end-to-end p50 is above 0.5 s prints it.
+   - the jobs finished in each second of the minute, the claim probe's slowest, and the
+     server's WAL (records, bytes, full-page images, syncs) and checkpoints in the minute;
+   - with `--pg-setting shared_preload_libraries=pg_stat_statements`, the minute's six
+     statements that took the most execution time (calls, total and mean milliseconds).
    Where the server runs with autovacuum off (this machine's PostgreSQL does: a CI setting),
    it says so; `--vacuum-every S` then runs VACUUM (ANALYZE) of the job tables every S seconds in
    its stead (its runs are the `vacuum_runs` figures).
@@ -239,6 +243,45 @@ def server_counters(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return dict(zip(SERVER_NAMES, conn.execute(SERVER_COUNTERS).fetchone(), strict=True))
 
 
+# With `--pg-setting shared_preload_libraries=pg_stat_statements`: each statement's calls and
+# execution time in the minute, so a slow minute says which statements took longer (the claim,
+# the commit, the enqueue, the prune) -- not only that the machine was busy.
+STATEMENTS = """
+SELECT queryid, calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+TOP_STATEMENTS = 6
+
+
+def statements_on(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server preloads pg_stat_statements (then its view is created here)."""
+    preload = conn.execute("SHOW shared_preload_libraries").fetchone()[0]
+    if "pg_stat_statements" not in preload:
+        return False
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    return True
+
+
+def statement_totals(conn: psycopg.Connection[Any]) -> dict[int, tuple[int, float, str]]:
+    return {qid: (calls, ms, text) for qid, calls, ms, text in conn.execute(STATEMENTS)}
+
+
+def statement_deltas(
+    now: dict[int, tuple[int, float, str]], before: dict[int, tuple[int, float, str]]
+) -> list[dict[str, Any]]:
+    """The minute's statements by execution time: calls, total and mean milliseconds."""
+    out = []
+    for qid, (calls, ms, text) in now.items():
+        calls_before, ms_before, _ = before.get(qid, (0, 0.0, text))
+        if calls > calls_before:
+            n, total = calls - calls_before, ms - ms_before
+            out.append({"calls": n, "total_ms": round(total, 1), "mean_ms": total / n})
+            out[-1]["query"] = text
+    out.sort(key=lambda st: st["total_ms"], reverse=True)
+    return out[:TOP_STATEMENTS]
+
+
 def table_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     tables = {
         r[0]: {
@@ -371,6 +414,9 @@ def minute(
     }
     counters = server_counters(conn)
     row["server"] = {k: v - last["server"].get(k, v) for k, v in counters.items()}
+    statements = statement_totals(conn) if last.get("statements") is not None else None
+    if statements is not None:
+        row["statements"] = statement_deltas(statements, last["statements"])
     for name, t in figures["tables"].items():
         before = last["tables"].get(name, t)
         samples = last["dead_samples"].get(name) or [t["dead"]]
@@ -384,6 +430,7 @@ def minute(
         sent=stream.sent,
         tables=figures["tables"],
         server=counters,
+        statements=statements,
         prunes=last["prunes"] + len(prunes),
         dead_samples={},
     )
@@ -690,6 +737,7 @@ def run(
                     "sent": stream.sent,
                     "tables": table_figures(conn)["tables"],
                     "server": server_counters(conn),
+                    "statements": statement_totals(conn) if statements_on(conn) else None,
                     "prunes": len(pruner.runs),
                     "dead_samples": {},
                 }
@@ -708,6 +756,12 @@ def run(
                         f" + {server['checkpoints_req']} requested",
                         flush=True,
                     )
+                    for st in rows[-1].get("statements", []):
+                        print(
+                            f"     {st['total_ms']:9.0f} ms {st['calls']:7d} calls"
+                            f" {st['mean_ms']:7.2f} ms each: {st['query'][:70]}",
+                            flush=True,
+                        )
             measuring_at = max(measuring_at + args.interval, time.monotonic() + 1)
     finally:
         for thread in (stream, probe, pruner, vacuumer, activity):
