@@ -117,8 +117,8 @@ SELECT count(*),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - run_at))
   FROM jobs_job WHERE finished_at >= %s AND finished_at < %s
 """
-# The minute's jobs by the second they finished in (and the second they were due in): a minute
-# that collapsed shows whether the drain stopped at once (a lock, a stall) or slowed throughout.
+# The minute's jobs by the second they finished in: a minute that collapsed shows whether the
+# drain stopped at once (a lock, a stall) or slowed throughout.
 PER_SECOND = """
 SELECT floor(extract(epoch FROM finished_at - %(start)s))::int, count(*)
   FROM jobs_job WHERE finished_at >= %(start)s AND finished_at < %(end)s GROUP BY 1 ORDER BY 1
