@@ -34,6 +34,16 @@ SELECT backend_type, state, extract(epoch FROM clock_timestamp() - xact_start)::
    AND backend_type <> 'autovacuum worker'
  ORDER BY xact_start LIMIT 1
 """
+# The horizon itself: the oldest xmin of every backend, autovacuum's included (a lazy VACUUM's
+# is left out by the server, but an ANALYZE -- autovacuum's too -- holds its snapshot's), with
+# its holder; sampled each second so a slow second can be set beside it.
+HORIZON = """
+SELECT age(backend_xmin), backend_type, coalesce(wait_event_type || ':' || wait_event, 'CPU'),
+       left(query, 160)
+  FROM pg_stat_activity
+ WHERE pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
+ ORDER BY age(backend_xmin) DESC LIMIT 1
+"""
 QUERY_CHARS = 160
 
 
@@ -53,6 +63,8 @@ class ActivitySampler(threading.Thread):
         self._waits: Counter[str] = Counter()
         self._longest: dict[str, tuple[float, str]] = {}  # query -> (seconds, backend type)
         self._oldest: dict[str, Any] | None = None
+        self._horizon: list[int | None] = []  # per sample: the oldest xmin's age (transactions)
+        self._horizon_max: dict[str, Any] | None = None
 
     def take(self) -> dict[str, Any]:
         with self._lock:
@@ -65,6 +77,8 @@ class ActivitySampler(threading.Thread):
                     for query, (seconds, backend) in longest[:3]
                 ],
                 "oldest_xact": self._oldest,
+                "horizon_age": self._horizon,
+                "horizon_max": self._horizon_max,
             }
             self._reset()
         return summary
@@ -75,6 +89,7 @@ class ActivitySampler(threading.Thread):
                 while not self.stopping.wait(self.every):
                     found = conn.execute(ACTIVITY).fetchall()
                     oldest = conn.execute(OLDEST).fetchone()
+                    horizon = conn.execute(HORIZON).fetchone()
                     with self._lock:
                         self._samples += 1
                         for backend, wait, seconds, query in found:
@@ -82,6 +97,17 @@ class ActivitySampler(threading.Thread):
                             text = " ".join((query or "").split())[:QUERY_CHARS]
                             if seconds is not None and seconds > self._longest.get(text, (0,))[0]:
                                 self._longest[text] = (seconds, backend)
+                        self._horizon.append(horizon[0] if horizon else None)
+                        if horizon and (
+                            self._horizon_max is None or horizon[0] > self._horizon_max["age"]
+                        ):
+                            age, backend, wait, query = horizon
+                            self._horizon_max = {
+                                "age": age,
+                                "backend": backend,
+                                "wait": wait,
+                                "query": " ".join((query or "").split())[:QUERY_CHARS],
+                            }
                         if oldest is not None and oldest[2] is not None:
                             backend, state, seconds, xmin_age, query = oldest
                             if self._oldest is None or seconds > self._oldest["seconds"]:
@@ -108,4 +134,11 @@ def describe(summary: dict[str, Any]) -> str:
         if oldest
         else ""
     )
-    return f"activity ({summary.get('samples', 0)} samples): {waits or 'idle'}{slow}{xact}"
+    held = summary.get("horizon_max")
+    horizon = (
+        f"; horizon held longest by {held['backend']} (xmin age {held['age']}, {held['wait']}):"
+        f" {held['query'][:80]}"
+        if held
+        else ""
+    )
+    return f"activity ({summary.get('samples', 0)} samples): {waits or 'idle'}{slow}{xact}{horizon}"

@@ -584,8 +584,9 @@ def own_server(changed: Sequence[str] = ()) -> PrivatePostgres:
 
 
 def pg_setting(text: str) -> str:
-    """NAME=VALUE for postgresql.conf, both plain words (a value is written quoted)."""
-    if not re.fullmatch(r"[a-z_]{1,63}=[A-Za-z0-9_.]{1,32}", text):
+    """NAME=VALUE for postgresql.conf: a name (dotted for an extension's: auto_explain.x) and a
+    plain word or comma list (written quoted)."""
+    if not re.fullmatch(r"[a-z_][a-z_.]{0,62}=[A-Za-z0-9_.,]{1,64}", text):
         raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE, e.g. max_wal_size=8GB")
     return text
 
