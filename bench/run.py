@@ -6,7 +6,8 @@
 Systems (one module each under bench/systems/; the peers run in their own virtual environments,
 installed from the package index on first use and cached, see bench/peers.py):
 
-  palisade       Palisade's qcluster, claim batch 8 (default)      bench/systems/palisade.py
+  palisade       Palisade's qcluster, claim batch 64 (default)     bench/systems/palisade.py
+  batch8         the same with JOBS_CLAIM_BATCH=8 (like for like with graphile_lq8)
   batch1         the same with JOBS_CLAIM_BATCH=1
   effects        the same drain of jobs that each stage one small output and record one effect
   tasks          the same drain of a django.tasks @task no-op (jobs.tasks.PalisadeBackend)
@@ -19,7 +20,7 @@ installed from the package index on first use and cached, see bench/peers.py):
   procrastinate  procrastinate 3 (PostgreSQL, LISTEN/NOTIFY)        bench/systems/procrastinate.py
   dtdb           django-tasks-db's db_worker                        bench/systems/django_peers.py
   graphile       graphile-worker 0.17 (Node), defaults              bench/systems/node.py
-  graphile_lq8   the same, localQueue 8 + completion batching (like for like with batch 8)
+  graphile_lq8   the same, localQueue 8 + completion batching (like for like with batch8)
   graphile_perf  the same, its documented performance settings
   pgboss         pg-boss 10 (Node), batchSize 100, 0.5 s polling
 
@@ -54,6 +55,7 @@ from bench.systems.palisade import (  # noqa: E402
     Decomposition,
     Palisade,
     PalisadeBatch1,
+    PalisadeBatch8,
     PalisadeDB,
     PalisadeEffects,
     PalisadeTasks,
@@ -62,10 +64,11 @@ from bench.systems.procrastinate import Procrastinate  # noqa: E402
 
 SYSTEMS: list[Any] = [
     Palisade(),
+    PalisadeBatch8(),
     PalisadeBatch1(),
     PalisadeEffects(),
     PalisadeTasks(),
-    Decomposition("sql", "Palisade SQL floor (raw loop, batch 8)", "sql_worker"),
+    Decomposition("sql", "Palisade SQL floor (raw loop, batch 64)", "sql_worker"),
     Decomposition("runner", "runner.drain(), no django-q2", "runner_worker"),
     Bare(),
     Celery(),

@@ -1,15 +1,17 @@
 """Palisade itself, its SQL floor and its decomposition rows (run in Palisade's own venv).
 
-palisade  `manage.py qcluster` draining N pre-inserted demo.noop jobs, JOBS_CLAIM_BATCH=8
+palisade  `manage.py qcluster` draining N pre-inserted demo.noop jobs, JOBS_CLAIM_BATCH=64
           (default), behind a start barrier (the queue paused until every drain LISTENs, as
           the Node peers wait for `go`); then idle enqueue -> start samples against the same,
           idle cluster.
+batch8    the same drain with JOBS_CLAIM_BATCH=8 (the default until 2026-12-05; like for like
+          with graphile-worker's localQueue 8).
 batch1    the same drain with JOBS_CLAIM_BATCH=1.
 bare      2 raw-psycopg processes: one-statement claim + fenced commit per job, own table.
-sql       2 raw-psycopg processes running Palisade's own claim (batch 8) and batch commit SQL
+sql       2 raw-psycopg processes running Palisade's own claim (batch 64) and batch commit SQL
           (jobs.core.sql.PostgresDriver) against jobs_job, autocommit: the SQL floor of Palisade.
 tasks     the palisade drain of a django.tasks @task no-op through jobs.tasks.PalisadeBackend.
-runner    2 plain Django processes calling jobs.worker.runner.drain() in a loop (batch 8): the
+runner    2 plain Django processes calling jobs.worker.runner.drain() in a loop (batch 64): the
 runner
           without django-q2 and without the embedded scheduler.
 """
@@ -37,6 +39,7 @@ from bench.protocol import (
 from bench.systems import Context, recreate_database
 
 DB = os.environ.get("BENCH_DB", "palisade_bench")  # one per engineer on a shared server
+DEFAULT_BATCH = 64  # JOBS_CLAIM_BATCH's default (jobs/core/conf.py)
 
 
 class PalisadeDB:
@@ -154,8 +157,8 @@ class PalisadeDB:
 
 class Palisade:
     key = "palisade"
-    label = "Palisade, claim batch 8"
-    batch = 8
+    label = f"Palisade, claim batch {DEFAULT_BATCH} (default)"
+    batch = DEFAULT_BATCH
     latency = True
     kind = "demo.noop"
     payload: Any = None
@@ -286,7 +289,7 @@ class Palisade:
 
 
 class PalisadeEffects(Palisade):
-    """The batch-8 drain of `demo.staged_effect` jobs: each stages one small output (the local
+    """The default-batch drain of `demo.staged_effect` jobs: each stages one small output (the local
     filesystem storage) and records one effect under its idempotency key."""
 
     key = "effects"
@@ -296,7 +299,7 @@ class PalisadeEffects(Palisade):
 
 
 class PalisadeTasks(Palisade):
-    """The batch-8 drain of a django.tasks `@task` no-op (demo.tasks.noop) on jobs.tasks'
+    """The default-batch drain of a django.tasks `@task` no-op (demo.tasks.noop) on jobs.tasks'
     backend: the rows `noop.enqueue()` writes, bulk-inserted; each run reads its job and attempts
     for task_started and again for task_finished (sent on a thread of its own)."""
 
@@ -305,6 +308,13 @@ class PalisadeTasks(Palisade):
     latency = False
     kind = "demo.tasks.noop"
     payload = {"args": [], "kwargs": {}, "backend": "default", "run_after": None}
+
+
+class PalisadeBatch8(Palisade):
+    key = "batch8"
+    label = "Palisade, claim batch 8"
+    batch = 8
+    latency = False
 
 
 class PalisadeBatch1(Palisade):
@@ -380,7 +390,7 @@ class Bare:
 
 
 class Decomposition:
-    """`sql` or `runner`: N jobs_job rows drained by spawned processes (batch 8)."""
+    """`sql` or `runner`: N jobs_job rows drained by spawned processes (the default batch)."""
 
     def __init__(self, key: str, label: str, target: str) -> None:
         self.key, self.label, self.target = key, label, target
@@ -394,7 +404,7 @@ class Decomposition:
         n = ctx.args.jobs
         PalisadeDB.insert_jobs(n)
         target = getattr(palisade_workers, self.target)
-        counts = race(target, (ctx.dsn(DB), 8), ctx.args.workers, ctx.args.timeout)
+        counts = race(target, (ctx.dsn(DB), DEFAULT_BATCH), ctx.args.workers, ctx.args.timeout)
         first, last, first_finish, done, attempts = PalisadeDB.one(
             "SELECT min(a.claimed_at), max(j.finished_at), min(j.finished_at), "
             "count(*) FILTER (WHERE j.state = 'succeeded'), count(a.id) "
@@ -404,7 +414,7 @@ class Decomposition:
             raise RuntimeError(f"{self.key}: {done} of {n} jobs succeeded")
         return {
             "workers": ctx.args.workers,
-            "claim_batch": 8,
+            "claim_batch": DEFAULT_BATCH,
             **drain_rates(n, first, first_finish, last),
             "attempts": attempts,
             "per_worker": [c[0] for c in counts],

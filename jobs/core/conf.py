@@ -30,7 +30,7 @@ class JobsSettings:
     # A direct (session) connection for LISTEN when DATABASE_URL goes through a transaction
     # pooler such as PgBouncer, where LISTEN does not work; "" = DATABASE_URL.
     LISTEN_URL: str = ""
-    CLAIM_BATCH: int = 8
+    CLAIM_BATCH: int = 64  # the most; the drain grows to it only for quick jobs (jobs.core.policy)
     # The drain's hot statements (claim, commit, heartbeat, fail, release) as server-side
     # prepared statements on PostgreSQL (jobs.core.transitions.fence.hot_cursor). False behind a
     # transaction pooler that cannot keep prepared statements (PgBouncer before 1.21, or without

@@ -49,18 +49,42 @@ def backoff_seconds(attempt: int, base: float, cap: float, jitter: float) -> flo
 
 
 FAST_JOB_SECONDS = 0.05
+# Quick jobs batch up to this many whatever the claim costs; beyond it see next_claim_batch.
+SMALL_BATCH = 8
+# Past SMALL_BATCH a batch grows while its claim took more than this share of the time its
+# handlers took.
+CLAIM_SHARE = 0.25
 
 
-def next_claim_batch(current: int, seconds_per_job: float, cap: int) -> int:
+def next_claim_batch(
+    current: int, seconds_per_job: float, cap: int, claim_seconds: float = 0.0
+) -> int:
     """Grow the claim batch while jobs are quick; drop to one as soon as they are not.
 
     Claimed jobs wait in the drain behind each other. Batching only quick jobs keeps that wait
     short, and a slow job never has more than the rest of one quick batch queued behind it,
-    while another worker stays free to claim the remaining work.
+    while another worker stays free to claim the remaining work (batch-mates that wait behind a
+    handler running long are handed back, jobs.worker.heartbeat.HANDOFF_SECONDS). Up to
+    SMALL_BATCH the batch doubles while each job takes under FAST_JOB_SECONDS.
+
+    Past SMALL_BATCH it grows only where the claim is what costs: while the last claim
+    (`claim_seconds`) took more than CLAIM_SHARE of what its jobs' handlers took, and no further
+    than the whole batch at this pace running within FAST_JOB_SECONDS; it shrinks back as claims
+    get cheaper. Under a backlog every claim walks jobs_job_pick_idx from its head, over the
+    entries of the jobs claimed since jobs_job was last vacuumed (a minute of them under a
+    steady stream): there a claim of 8 no-op jobs can cost more than running them, and the
+    batch grows until it does not. Where claims are cheap the batch stays at SMALL_BATCH, so a
+    slow job that follows quick ones finds at most SMALL_BATCH - 1 batch-mates to hand back.
     """
-    if seconds_per_job < FAST_JOB_SECONDS:
-        return max(1, min(cap, current * 2))
-    return 1
+    if seconds_per_job >= FAST_JOB_SECONDS:
+        return 1
+    wanted = current * 2
+    if wanted > SMALL_BATCH:
+        per_job = max(seconds_per_job, 1e-6)
+        worth = int(claim_seconds / (CLAIM_SHARE * per_job))
+        fits = int(FAST_JOB_SECONDS / per_job)
+        wanted = max(SMALL_BATCH, min(wanted, worth, fits))
+    return max(1, min(cap, wanted))
 
 
 def charged_attempts(attempt: int, attempts_released: int) -> int:

@@ -125,10 +125,12 @@ def drain(
         ) as beats:
             while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
                 try:
+                    claim_started = time.monotonic()
                     with bounded("claim"):
                         batch = transitions.claim(
                             worker, limit=size, lease_seconds=cfg.LEASE_SECONDS, queues=queues
                         )
+                    claim_seconds = time.monotonic() - claim_started
                 except DatabaseError as exc:
                     if idle is None:
                         raise
@@ -151,7 +153,7 @@ def drain(
                 # The time per handler that ran: jobs handed back unstarted (waiting behind a
                 # slow batch-mate, or at a stop) took no time and must not make it look quick.
                 per_job = (time.monotonic() - started) / max(1, handlers)
-                size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH)
+                size = policy.next_claim_batch(size, per_job, cfg.CLAIM_BATCH, claim_seconds)
     finally:
         if idle is not None:
             idle.close()

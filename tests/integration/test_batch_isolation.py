@@ -38,7 +38,9 @@ def one_batch(monkeypatch):
     # The batch grows to its cap at once whatever the quick jobs' timing: on a slow machine an
     # echo could take longer than FAST_JOB_SECONDS, drop the batch to one and split the jobs this
     # fixture means to claim together (seen once locally, 2026-12-02).
-    monkeypatch.setattr(runner.policy, "next_claim_batch", lambda current, per_job, cap: cap)
+    monkeypatch.setattr(
+        runner.policy, "next_claim_batch", lambda current, per_job, cap, claim_seconds=0.0: cap
+    )
 
     def enqueue(*payloads, max_attempts=1):
         for _ in range(3):

@@ -42,7 +42,9 @@ def batches(monkeypatch):
         return rows
 
     monkeypatch.setattr(runner.transitions, "claim", claim)
-    monkeypatch.setattr(runner.policy, "next_claim_batch", lambda current, per_job, cap: cap)
+    monkeypatch.setattr(
+        runner.policy, "next_claim_batch", lambda current, per_job, cap, claim_seconds=0.0: cap
+    )
     return claimed
 
 

@@ -71,3 +71,28 @@ def test_the_claim_batch_doubles_while_jobs_are_quick_up_to_the_cap():
 
 def test_the_claim_batch_drops_to_one_after_a_slow_job():
     assert policy.next_claim_batch(8, 2.0, cap=8) == 1
+
+
+def test_past_eight_the_claim_batch_grows_only_while_the_claim_costs_more_than_a_quarter():
+    def settle(per_job: float, claim: float) -> int:
+        size = 1
+        for _ in range(12):
+            size = policy.next_claim_batch(size, per_job, cap=64, claim_seconds=claim)
+        return size
+
+    # Cheap claims (a fresh table): quick jobs batch up to SMALL_BATCH, as before.
+    assert settle(0.0002, 0.0003) == policy.SMALL_BATCH == 8
+    assert settle(0.001, 0.0005) == 8
+    # A claim walking a long dead head (4 ms) for no-op jobs of 0.2 ms: up to the cap.
+    assert settle(0.0002, 0.004) == 64
+    # 1 ms jobs behind a 4 ms claim: 16 of them take four times the claim.
+    assert settle(0.001, 0.004) == 16
+    # Never past what the whole batch runs within FAST_JOB_SECONDS: 3 ms jobs stop at 16.
+    assert settle(0.003, 1.0) == 16
+    # 10 ms and 40 ms jobs stay at SMALL_BATCH whatever the claim costs.
+    assert settle(0.010, 1.0) == 8
+    assert settle(0.040, 1.0) == 8
+    # The batch shrinks back as claims get cheaper, never below SMALL_BATCH; a slow job drops it.
+    assert policy.next_claim_batch(64, 0.0002, cap=64, claim_seconds=0.001) == 20
+    assert policy.next_claim_batch(64, 0.0002, cap=64, claim_seconds=0.0001) == 8
+    assert policy.next_claim_batch(64, 0.2, cap=64, claim_seconds=1.0) == 1
