@@ -11,7 +11,8 @@ installed from the package index on first use and cached, see bench/peers.py):
   batch1         the same with JOBS_CLAIM_BATCH=1
   effects        the same drain of jobs that each stage one small output and record one effect
   tasks          the same drain of a django.tasks @task no-op (jobs.tasks.PalisadeBackend)
-  sql            Palisade's own claim + batch commit SQL in a raw loop: its SQL floor
+  sql            Palisade's own claim + batch commit SQL in a raw loop: its SQL floor (batch 64)
+  sql8           the same at batch 8: the floor of batch8
   runner         jobs.worker.runner.drain() in plain processes: no django-q2, no scheduler
   bare           a minimal fenced claim/commit loop on a table of its own
   celery         Celery 5 + Redis                                   bench/systems/celery.py
@@ -69,6 +70,7 @@ SYSTEMS: list[Any] = [
     PalisadeEffects(),
     PalisadeTasks(),
     Decomposition("sql", "Palisade SQL floor (raw loop, batch 64)", "sql_worker"),
+    Decomposition("sql8", "Palisade SQL floor (raw loop, batch 8)", "sql_worker", batch=8),
     Decomposition("runner", "runner.drain(), no django-q2", "runner_worker"),
     Bare(),
     Celery(),
@@ -172,6 +174,9 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"Palisade / fastest peer ({names[fastest]}): {base / peers[fastest]:.2f}x")
     if base and "sql" in summary:
         print(f"Palisade / its own SQL floor: {base / summary['sql']['jobs_per_s_median']:.2f}")
+    if "batch8" in summary and "sql8" in summary:
+        ratio = summary["batch8"]["jobs_per_s_median"] / summary["sql8"]["jobs_per_s_median"]
+        print(f"Palisade batch 8 / its SQL floor at batch 8: {ratio:.2f}")
     print()
 
 

@@ -8,8 +8,9 @@ batch8    the same drain with JOBS_CLAIM_BATCH=8 (the default until 2026-12-05; 
           with graphile-worker's localQueue 8).
 batch1    the same drain with JOBS_CLAIM_BATCH=1.
 bare      2 raw-psycopg processes: one-statement claim + fenced commit per job, own table.
-sql       2 raw-psycopg processes running Palisade's own claim (batch 64) and batch commit SQL
-          (jobs.core.sql.PostgresDriver) against jobs_job, autocommit: the SQL floor of Palisade.
+sql       2 raw-psycopg processes running Palisade's own claim (batch 64; sql8: batch 8) and
+          batch commit SQL (jobs.core.sql.PostgresDriver) against jobs_job, autocommit: the SQL
+          floor of Palisade.
 tasks     the palisade drain of a django.tasks @task no-op through jobs.tasks.PalisadeBackend.
 runner    2 plain Django processes calling jobs.worker.runner.drain() in a loop (batch 64): the
 runner
@@ -390,10 +391,10 @@ class Bare:
 
 
 class Decomposition:
-    """`sql` or `runner`: N jobs_job rows drained by spawned processes (the default batch)."""
+    """`sql`, `sql8` or `runner`: N jobs_job rows drained by spawned processes (`batch`)."""
 
-    def __init__(self, key: str, label: str, target: str) -> None:
-        self.key, self.label, self.target = key, label, target
+    def __init__(self, key: str, label: str, target: str, batch: int = DEFAULT_BATCH) -> None:
+        self.key, self.label, self.target, self.batch = key, label, target, batch
 
     def setup(self, ctx: Context) -> None:
         PalisadeDB.setup(ctx)
@@ -404,7 +405,7 @@ class Decomposition:
         n = ctx.args.jobs
         PalisadeDB.insert_jobs(n)
         target = getattr(palisade_workers, self.target)
-        counts = race(target, (ctx.dsn(DB), DEFAULT_BATCH), ctx.args.workers, ctx.args.timeout)
+        counts = race(target, (ctx.dsn(DB), self.batch), ctx.args.workers, ctx.args.timeout)
         first, last, first_finish, done, attempts = PalisadeDB.one(
             "SELECT min(a.claimed_at), max(j.finished_at), min(j.finished_at), "
             "count(*) FILTER (WHERE j.state = 'succeeded'), count(a.id) "
@@ -414,7 +415,7 @@ class Decomposition:
             raise RuntimeError(f"{self.key}: {done} of {n} jobs succeeded")
         return {
             "workers": ctx.args.workers,
-            "claim_batch": DEFAULT_BATCH,
+            "claim_batch": self.batch,
             **drain_rates(n, first, first_finish, last),
             "attempts": attempts,
             "per_worker": [c[0] for c in counts],
