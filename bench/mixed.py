@@ -6,7 +6,7 @@
 
 The mix (seeded): 90% fast jobs sleeping 1-5 ms, 9% medium 50-200 ms, 1% slow 2-5 s
 (`demo.work`, a plain sleep). For each worker count it measures, on one `manage.py qcluster`
-(claim batch 8, the default):
+(the default claim batch, JOBS_CLAIM_BATCH 64: past 8 only where claims cost, jobs.core.policy):
 
   drain      N mixed jobs inserted while no cluster runs: N / (last finish - first claim).
   open loop  jobs enqueued one at a time (autocommit) at Poisson arrivals whose rate keeps the

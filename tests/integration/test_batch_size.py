@@ -6,6 +6,8 @@ handlers (one ran, seven handed back) looked like 25 ms jobs and the batch staye
 batch ran one job and released seven, and attempt numbers climbed with every release.
 """
 
+import time
+
 import pytest
 from django.test import override_settings
 
@@ -42,3 +44,42 @@ def test_after_a_batch_of_slow_handlers_the_drain_claims_one_job_at_a_time(monke
         assert job.state == "succeeded"
         assert job.attempt - job.attempts_released == 1  # each ran once
         assert job.attempt <= 2  # handed back at most once, by the one slow batch
+
+
+def _claims_of_a_drain(monkeypatch, jobs: list[Job], claim_delay: float) -> list[tuple[int, int]]:
+    """Drain `jobs`, each claim `claim_delay` slower than it is (as a claim walking a long dead
+    index head under a stream); return (limit asked, jobs claimed) per claim."""
+    Job.objects.bulk_create(jobs)
+    claims: list[tuple[int, int]] = []
+    real_claim = transitions.claim
+
+    def slow_claim(worker, *, limit, **kw):  # type: ignore[no-untyped-def]
+        batch = real_claim(worker, limit=limit, **kw)
+        time.sleep(claim_delay)
+        claims.append((limit, len(batch)))
+        return batch
+
+    monkeypatch.setattr(transitions, "claim", slow_claim)
+    assert runner.drain(budget_seconds=60.0) == len(jobs)
+    return claims
+
+
+@override_settings(JOBS={"POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 0.0, "CLAIM_BATCH": 64})
+def test_past_eight_the_batch_grows_where_the_claim_costs_more_than_its_quick_jobs(monkeypatch):
+    # A claim of 0.1 s for jobs of about a millisecond or less: the claim is what costs, so the
+    # drain asks for more than eight jobs per claim (up to 64 where the jobs are quick enough
+    # that 64 of them run within 50 ms).
+    jobs = [Job(kind="test.echo", payload={"n": i}) for i in range(300)]
+    claims = _claims_of_a_drain(monkeypatch, jobs, claim_delay=0.1)
+    limits = [limit for limit, _ in claims]
+    assert limits[:4] == [1, 2, 4, 8]
+    assert max(limits) > 8, claims
+
+
+@override_settings(JOBS={"POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 0.0, "CLAIM_BATCH": 64})
+def test_jobs_of_20_ms_batch_no_more_than_eight_however_dear_the_claim(monkeypatch):
+    # Eight such jobs already take longer than 50 ms: past eight the batch would hold jobs
+    # behind each other for longer than a quick batch may.
+    jobs = [Job(kind="test.script", payload={"seconds": 0.02}) for _ in range(40)]
+    claims = _claims_of_a_drain(monkeypatch, jobs, claim_delay=0.1)
+    assert max(limit for limit, _ in claims) == 8, claims
