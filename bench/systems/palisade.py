@@ -38,9 +38,10 @@ from bench.protocol import (
     wait_for,
 )
 from bench.systems import Context, recreate_database
+from jobs.core.conf import JobsSettings
 
 DB = os.environ.get("BENCH_DB", "palisade_bench")  # one per engineer on a shared server
-DEFAULT_BATCH = 64  # JOBS_CLAIM_BATCH's default (jobs/core/conf.py)
+DEFAULT_BATCH = JobsSettings.CLAIM_BATCH  # JOBS_CLAIM_BATCH's default, 64
 
 
 class PalisadeDB:
