@@ -128,11 +128,15 @@ class PostgresDriver(Driver):
         return claimed_rows(cur.fetchall())
 
     def heartbeat(self, cur, fences, confirm):  # type: ignore[no-untyped-def]
-        params: dict[str, Any] = {"confirm": confirm}
-        values = []
-        for i, f in enumerate(fences):
-            params.update({f"i{i}": f.id, f"a{i}": f.attempt, f"l{i}": float(f.lease_seconds)})
-            values.append(f"(%(i{i})s::bigint, %(a{i})s::int, %(l{i})s::float8)")
+        # The fences travel as three arrays, not a VALUES row per job: one statement text
+        # whatever the batch (prepared once per connection, its conversion cached by psycopg)
+        # and three parameters instead of three per job.
+        params: dict[str, Any] = {
+            "confirm": confirm,
+            "ids": [f.id for f in fences],
+            "attempts": [f.attempt for f in fences],
+            "leases": [float(f.lease_seconds) for f in fences],
+        }
         # One UPDATE of jobs_attempt sets both the beat and, for the job whose handler runs
         # now, the confirmation (two CTEs updating one row would apply only one of them).
         cur.execute(
@@ -141,7 +145,8 @@ class PostgresDriver(Driver):
                 UPDATE jobs_job j
                    SET lease_expires_at = clock_timestamp() + make_interval(secs => v.lease),
                        heartbeat_at = clock_timestamp()
-                  FROM (VALUES {", ".join(values)}) AS v(id, attempt, lease)
+                  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(leases)s::float8[])
+                       AS v(id, attempt, lease)
                  WHERE j.id = v.id AND j.attempt = v.attempt AND j.state = '{RUNNING}'
                 RETURNING j.id, j.attempt
             ), attempts AS (
@@ -162,23 +167,28 @@ class PostgresDriver(Driver):
 
     def commit(self, cur, worker, rows):  # type: ignore[no-untyped-def]
         # Several attempts' commits in one statement (one WAL flush), each row still fenced by
-        # its own (id, attempt): a stale row simply does not match and is reported missing.
-        params: dict[str, Any] = {"worker": worker}
-        values = []
-        for i, r in enumerate(rows):
-            params.update(
-                {f"i{i}": r.id, f"a{i}": r.attempt, f"r{i}": dumps(r.result), f"f{i}": r.ref}
-            )
-            values.append(f"(%(i{i})s::bigint, %(a{i})s::int, %(r{i})s::jsonb, %(f{i})s::text)")
+        # its own (id, attempt): a stale row simply does not match and is reported missing. The
+        # rows travel as four arrays: one statement text whatever the batch size (prepared once
+        # per connection; psycopg converts a text that long on every call, and a VALUES row per
+        # job made one text per batch size, each re-prepared as the prepared-statement cache
+        # turned over).
+        params: dict[str, Any] = {
+            "worker": worker,
+            "ids": [r.id for r in rows],
+            "attempts": [r.attempt for r in rows],
+            "results": [dumps(r.result) for r in rows],
+            "refs": [r.ref for r in rows],
+        }
         intents = _intents_cte(rows, params)
         cur.execute(
             f"""
             WITH done AS (
                 UPDATE jobs_job j
-                   SET state = '{JobState.SUCCEEDED}', result = v.result, result_ref = v.ref,
+                   SET state = '{JobState.SUCCEEDED}', result = v.result::jsonb, result_ref = v.ref,
                        error = '', lease_expires_at = NULL,
                        finished_at = clock_timestamp(), updated_at = clock_timestamp()
-                  FROM (VALUES {", ".join(values)}) AS v(id, attempt, result, ref)
+                  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[],
+                              %(refs)s::text[]) AS v(id, attempt, result, ref)
                  WHERE j.id = v.id AND j.attempt = v.attempt AND j.state = '{RUNNING}'
                 RETURNING j.id, j.attempt, v.ref
             ), attempts AS (
@@ -359,28 +369,25 @@ def _intents_cte(rows: Any, params: dict[str, Any]) -> str:
     that already exists (an operator's re-run of a finished job) is the same intent, kept once.
     Empty when no row carries intents, so the plain commit statement is unchanged.
     """
-    values = []
-    for i, r in enumerate(rows):
-        for k, intent in enumerate(r.intents):
-            p = f"n{i}_{k}"
-            params.update(
-                {
-                    f"{p}s": intent.step,
-                    f"{p}k": intent.key,
-                    f"{p}t": intent.target,
-                    f"{p}d": dumps(intent.data),
-                }
-            )
-            values.append(
-                f"(%(i{i})s::bigint, %(a{i})s::int, %({p}s)s::text, %({p}k)s::text, "
-                f"%({p}t)s::text, %({p}d)s::jsonb)"
-            )
-    if not values:
+    flat = [(r.id, r.attempt, intent) for r in rows for intent in r.intents]
+    if not flat:
         return ""
-    return f""", intents AS (
+    params.update(
+        {
+            "n_ids": [job_id for job_id, _, _ in flat],
+            "n_attempts": [attempt for _, attempt, _ in flat],
+            "n_steps": [intent.step for _, _, intent in flat],
+            "n_keys": [intent.key for _, _, intent in flat],
+            "n_targets": [intent.target for _, _, intent in flat],
+            "n_data": [dumps(intent.data) for _, _, intent in flat],
+        }
+    )
+    return """, intents AS (
                 INSERT INTO jobs_intent (job_id, attempt, step, key, target, data)
-                SELECT iv.id, iv.attempt, iv.step, iv.key, iv.target, iv.data
-                  FROM (VALUES {", ".join(values)}) AS iv(id, attempt, step, key, target, data)
+                SELECT iv.id, iv.attempt, iv.step, iv.key, iv.target, iv.data::jsonb
+                  FROM unnest(%(n_ids)s::bigint[], %(n_attempts)s::int[], %(n_steps)s::text[],
+                              %(n_keys)s::text[], %(n_targets)s::text[], %(n_data)s::text[])
+                       AS iv(id, attempt, step, key, target, data)
                   JOIN done ON done.id = iv.id AND done.attempt = iv.attempt
                 ON CONFLICT (job_id, step) DO NOTHING
             )"""
