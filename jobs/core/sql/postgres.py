@@ -81,6 +81,21 @@ class PostgresDriver(Driver):
     def seconds_between(self, later: str, earlier: str) -> str:
         return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
 
+    def count_due(self, cur, limit, queues):  # type: ignore[no-untyped-def]
+        """Due jobs a claim could take now, counted in claim order (jobs_count_due, migration
+        0021) so that the count reads the pick index, never the finished rows of jobs_job. From
+        named queues, the inline count (the planner takes them by jobs_job_queue_depth_idx)."""
+        if queues:
+            return super().count_due(cur, limit, queues)
+        params: dict[str, Any] = {"limit": int(limit)}
+        guard = queues_sql.claim_guard(None, params).rstrip().removesuffix(",")
+        cur.execute(
+            f"WITH {guard} "
+            "SELECT jobs_count_due(%(limit)s, ARRAY(SELECT queue::text FROM blocked))",
+            params,
+        )
+        return int(cur.fetchone()[0])
+
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
         # The limit is part of the text, not a parameter: a prepared claim then gets a generic
         # plan as good as a custom one (with `LIMIT $n` PostgreSQL plans for an unknown, large
