@@ -6,10 +6,10 @@ costs, and how much of jobs_job it reads for that.
                                               [--rounds 2]
 
 On a database of its own (palisade_bench_ticks, or BENCH_TICKS_DB): `--finished` jobs inserted
-queued, ANALYZEd, then all marked succeeded and the table vacuumed without ANALYZE (the statistics of a
-backlog on a table that has since run it: what the scheduler meets after a burst, until
-autovacuum analyzes again; autovacuum is off for the table meanwhile). Then,
-per phase, the real `EmbeddedScheduler.run` (jobs.worker.scheduler, with its maintenance thread)
+queued, ANALYZEd, then all marked succeeded and the table vacuumed without ANALYZE (the
+statistics of a backlog on a table that has since run it: what the scheduler meets after a
+burst, until autovacuum analyzes again; autovacuum is off for the table meanwhile). Then, per
+phase, the real `EmbeddedScheduler.run` (jobs.worker.scheduler, with its maintenance thread)
 in a thread of this process while another connection commits `--rate` single-row enqueues a
 second for `--seconds` (no workers: the scheduler only requests drains). Two variants,
 alternated each round:
