@@ -144,9 +144,9 @@ class PostgresDriver(Driver):
         return claimed_rows(cur.fetchall())
 
     def heartbeat(self, cur, fences, confirm):  # type: ignore[no-untyped-def]
-        # The fences travel as three arrays, not a VALUES row per job: one statement text
-        # whatever the batch (prepared once per connection, its conversion cached by psycopg)
-        # and three parameters instead of three per job.
+        # The fences travel as three arrays, not a VALUES row of three parameters per job: one
+        # statement text whatever the batch (prepared once per connection, its conversion cached
+        # by psycopg).
         params: dict[str, Any] = {
             "confirm": confirm,
             "ids": [f.id for f in fences],
