@@ -98,6 +98,7 @@ def module_at(ref: str, path: str, name: str) -> Any:
     spec = importlib.util.spec_from_loader(name, loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in it looks its module up there
     exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)  # noqa: S102 -- our own repo
     return module
 
