@@ -107,15 +107,24 @@ def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
 
 def json_text(value: Any, limit_bytes: int, what: str = "payload") -> str:
     """`json_value`'s checks, returning the JSON text itself: what the database is then sent,
-    so a value is encoded once (enqueue passes it to the `jsonb` column as it is)."""
+    so a value is encoded once (enqueue passes it to the `jsonb` column as it is, the runner a
+    handler's result to its commit)."""
+    if value is None:
+        return "null"  # a no-op's result: nothing to inspect
+    if value is True or value is False:
+        return "true" if value else "false"
     return _checked_json(value, limit_bytes, what)[0]
+
+
+# json.dumps builds an encoder per call when given options; encode() keeps no state.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 def _checked_json(value: Any, limit_bytes: int, what: str) -> tuple[str, int]:
     if isinstance(value, dict | list | tuple) and _too_deep(value, JSON_DEPTH):
         raise InvalidPayload(f"{what} is nested deeper than {JSON_DEPTH} levels")
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        encoded = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
     try:

@@ -35,8 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -47,6 +46,7 @@ from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.core.registry import Handler, get_handler
+from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
 from jobs.worker import completer, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
@@ -68,9 +68,9 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What the handler's run amounted to, decided before any write."""
+class Outcome(NamedTuple):
+    """What the handler's run amounted to, decided before any write (a named tuple: one per
+    job). A success's `result` is its JSON text, checked and encoded once."""
 
     succeeded: bool
     result: Any = None
@@ -91,10 +91,10 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     except Exception:  # noqa: BLE001  a handler's failure is data: classified, then written once
         return Outcome(succeeded=False, error=traceback.format_exc())
     try:
-        bounds.json_value(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
+        text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
     except InvalidPayload as exc:
         return Outcome(succeeded=False, error=f"handler returned an unusable result: {exc}")
-    return Outcome(succeeded=True, result=result)
+    return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
 
 
 def drain(

@@ -17,8 +17,7 @@ its lease, as before.
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs.context import Held
 from jobs.core.transitions import Claimed
@@ -28,8 +27,7 @@ from jobs.core.transitions import Claimed
 FLUSH_SECONDS = 0.2
 
 
-@dataclass(frozen=True)
-class Finished:
+class Finished(NamedTuple):  # one per job: a named tuple is built in a third of the time
     held: Held
     claimed: Claimed
     result: Any

@@ -6,6 +6,7 @@ were claimed together.
 """
 
 import asyncio
+import json
 import threading
 import time
 
@@ -74,7 +75,8 @@ def test_a_result_the_database_cannot_store_fails_only_its_own_job(one_batch, ba
 def test_a_row_the_database_refuses_at_commit_fails_alone(one_batch, monkeypatch):
     """Defence in depth: a value the validation misses is refused by the commit statement; the
     batch is split until the refused row stands alone, and only its job fails."""
-    monkeypatch.setattr(runner.bounds, "json_value", lambda *args, **kwargs: 0)
+    # The check skipped: the result's JSON text, NUL and all, goes to the commit unchecked.
+    monkeypatch.setattr(runner.bounds, "json_text", lambda value, *a, **k: json.dumps(value))
     first, poison, last = one_batch({"return": 1}, {"bad": "nul_result"}, {"return": 3})
     runner.drain()
     one_batch.were_claimed_together([first, poison, last])

@@ -9,6 +9,7 @@
   wakes it for is one round trip.
 - The commit (and the heartbeat) carry their rows as arrays: one statement text, so one prepared
   statement, whatever the batch size.
+- A handler's result is encoded once, by its check; the commit sends that text as it is.
 - The hot statements are planned again as the process's statement count grows
   (jobs/core/sql/plans.py): a commit first planned on a tiny jobs_attempt reads its attempt rows
   by index once the table has grown, not the whole table on every batch.
@@ -16,16 +17,20 @@
 
 import itertools
 import time
+from typing import Any
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs.core import transitions
-from jobs.core.sql import plans
+import jobs
+from jobs.core import bounds, transitions
+from jobs.core.sql import plans, rows
+from jobs.core.states import JobState
 from jobs.core.transitions import worker as transitions_worker
 from jobs.core.transitions.fence import HOT_PREPARED_MAX
 from jobs.models import Job, RejectedWrite
+from jobs.worker import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -230,3 +235,32 @@ def test_the_switch_reads_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
         jobs_settings()
     monkeypatch.delenv("JOBS_PREPARED_STATEMENTS")
     jobs_settings.cache_clear()
+
+
+class _Counting:
+    """A JSON encoder that counts what it encodes, for the test below."""
+
+    def __init__(self, real: Any, watched: Any) -> None:
+        self.real, self.watched, self.calls = real, watched, 0
+
+    def encode(self, value: Any) -> str:
+        self.calls += value == self.watched
+        return str(self.real.encode(value))
+
+
+def test_a_result_is_encoded_once_by_its_check_and_sent_as_encoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runner's check of a handler's result (jobs.core.bounds.json_text) encodes it, and the
+    commit sends that text as it is (jobs.core.sql.rows.JSONText): one encoding a result."""
+    result = {"rows": [{"id": i, "name": "é\u2603"} for i in range(3)], "ok": True}
+    checked = _Counting(bounds._ENCODER, result)
+    committed = _Counting(rows._ENCODER, result)
+    monkeypatch.setattr(bounds, "_ENCODER", checked)
+    monkeypatch.setattr(rows, "_ENCODER", committed)
+    job = jobs.enqueue("test.script", {"return": result})
+    while runner.drain():
+        pass
+    job.refresh_from_db()
+    assert (job.state, job.result) == (JobState.SUCCEEDED, result)
+    assert (checked.calls, committed.calls) == (1, 0)

@@ -7,11 +7,14 @@ a batch heartbeat presents, what the reaper decides on, and the evidence of an e
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+# The row types built once per job on the drain's path (a claim's rows, a commit's) are named
+# tuples: immutable like the frozen dataclasses beside them, built in a third of the time (a
+# frozen dataclass sets each field through object.__setattr__).
 
 
-@dataclass(frozen=True)
-class ClaimedRow:
+class ClaimedRow(NamedTuple):
     id: int
     attempt: int
     kind: str
@@ -19,6 +22,13 @@ class ClaimedRow:
     max_attempts: int | None
     lease_seconds: float | None
     attempts_released: int
+
+
+class JSONText(str):
+    """JSON text already checked and encoded (jobs.core.bounds.json_text): `dumps` sends it as
+    it is, so a handler's result is encoded once, by its check, not again by the commit."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -31,11 +41,11 @@ class IntentRow:
     data: Any
 
 
-@dataclass(frozen=True)
-class CommitRow:
+class CommitRow(NamedTuple):
     """One attempt's commit: the job is succeeded only if (id, attempt) is still current.
 
-    Its intents are inserted by the same statement, only for a row that committed.
+    Its intents are inserted by the same statement, only for a row that committed. `result`:
+    a value, or its JSONText.
     """
 
     id: int
@@ -87,8 +97,14 @@ def expiry_evidence(row: ExpiredRow, charged: bool) -> str:
     )
 
 
+# json.dumps builds an encoder per call when given separators; encode() keeps no state.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    if type(value) is JSONText:
+        return value
+    return _ENCODER.encode(value)
 
 
 def loads(value: Any) -> Any:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -47,8 +47,7 @@ class Fence:
     worker: str
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):  # one per job claimed: a named tuple is built in a third of the time
     fence: Fence
     kind: str
     payload: Any
