@@ -210,6 +210,21 @@ class Palisade:
             queue_controls.resume("default", actor=None)
 
             def drained() -> bool:
+                # While jobs are left, two probes of partial indexes (queued, running), each
+                # stopping at the first entry: a fraction of a millisecond. Counting jobs_job at
+                # every poll (as until 2026-12-05) cost the server 1-3 ms a poll at 4,000 jobs and
+                # 10-14 at 30,000, every 20 ms, on the two cores the drain runs on -- a tax on
+                # this drain that its SQL floor (timed by its own processes) never paid. The
+                # drain's figures come from the rows' own timestamps, so when it is noticed
+                # changes nothing else.
+                (left,) = PalisadeDB.one(
+                    "SELECT (SELECT 1 FROM jobs_job WHERE state = 'queued' "
+                    "ORDER BY queue, run_at LIMIT 1) IS NOT NULL "
+                    "OR (SELECT 1 FROM jobs_job WHERE state = 'running' "
+                    "ORDER BY lease_expires_at LIMIT 1) IS NOT NULL"
+                )
+                if left:
+                    return False
                 done, bad = PalisadeDB.one(
                     "SELECT count(*) FILTER (WHERE state = 'succeeded'), "
                     "count(*) FILTER (WHERE state IN ('failed', 'cancelled')) FROM jobs_job"
@@ -218,8 +233,7 @@ class Palisade:
                     raise RuntimeError(f"{self.key}: {bad} jobs ended badly (see {log})")
                 return bool(done >= n)
 
-            # Polled every 20 ms, as the agents' peers are (bench/systems/agent.py): each poll
-            # counts jobs_job on the same two cores, so a tighter poll would tax this drain only.
+            # Polled every 20 ms, as the agents' peers are (bench/systems/agent.py).
             wait_for(drained, ctx.args.timeout, self.key, [proc], interval=0.02)
             first_claim, first_finish, last_finish, attempts = PalisadeDB.one(
                 "SELECT min(a.claimed_at), min(j.finished_at), max(j.finished_at), count(a.id) "
