@@ -1,11 +1,13 @@
 """The pipelined commit: a batch's successes are committed by the drain's background thread while
-the runner claims the next batch -- never lost, never more than one hand-over on its way, and
-"flushed" still means "committed" to the runner (jobs/worker/successes.py)."""
+the runner claims the next batch -- never lost, never more than one hand-over on its way and one
+waiting behind it, and "flushed" still means "committed" to the runner
+(jobs/worker/successes.py)."""
 
 import threading
 import time
 
 import pytest
+from django.test import override_settings
 
 import jobs
 from jobs.core.states import JobState
@@ -103,8 +105,48 @@ def test_a_batch_is_committed_by_the_drains_thread_while_the_runner_claims_the_n
     every_job_succeeded_once(ids)
 
 
-def test_the_runner_commits_itself_while_the_last_hand_over_is_on_its_way(monkeypatch, batches):
-    ids = [jobs.enqueue("test.echo", {"n": n}).pk for n in range(20)]
+@override_settings(JOBS={"CLAIM_BATCH": 4, "IDLE_WAIT_SECONDS": 0.0})
+def test_a_batch_ending_while_a_hand_over_is_on_its_way_waits_behind_it(monkeypatch, batches):
+    # Claims of 1, 4 and 4: the second batch ends while the first one's commit is held. It is
+    # handed over all the same, and the runner claims the third batch instead of committing the
+    # second itself (and waiting for the first: until 2026-12-05 it did both, and this test
+    # waited out its deadline).
+    ids = [jobs.enqueue("test.echo", {"n": n}).pk for n in range(9)]
+    third_claimed = threading.Event()
+    held_up = []
+
+    def before_commit(thread, number):
+        if number == 1:  # the first hand-over: held until the runner has claimed again twice
+            held_up.append(third_claimed.wait(DEADLINE))
+
+    seen = commits_by_thread(monkeypatch, before_commit)
+    real_claim = runner.transitions.claim
+
+    def claim(*args, **kwargs):
+        rows = real_claim(*args, **kwargs)
+        if len(batches) >= 3:
+            third_claimed.set()
+        return rows
+
+    monkeypatch.setattr(runner.transitions, "claim", claim)
+    assert runner.drain() == 9
+    assert held_up == [True], f"the runner stopped to commit behind the held hand-over: {seen}"
+    assert [len(b) for b in batches[:3]] == [1, 4, 4]
+    assert seen[0] == ("jobs-heartbeat", batches[0])
+    # The second batch was never committed alone on the runner's thread (the thread commits it
+    # next, or, if the third batch ended first, the runner commits both: the next test).
+    assert ("MainThread", batches[1]) not in seen, seen
+    every_job_succeeded_once(ids)
+
+
+@override_settings(JOBS={"CLAIM_BATCH": 4, "IDLE_WAIT_SECONDS": 0.0})
+def test_the_runner_commits_itself_when_one_hand_over_is_on_its_way_and_one_waits(
+    monkeypatch, batches
+):
+    # Claims of 1, 4, 4 and 4 while the first hand-over is held: the second batch waits behind
+    # it, and the third batch's end, finding both places taken, commits on the runner's thread
+    # -- the second batch with it -- so the runner never runs more than two batches ahead.
+    ids = [jobs.enqueue("test.echo", {"n": n}).pk for n in range(13)]
     runner_committed = threading.Event()
     held_up = []
 
@@ -115,10 +157,10 @@ def test_the_runner_commits_itself_while_the_last_hand_over_is_on_its_way(monkey
             runner_committed.set()
 
     seen = commits_by_thread(monkeypatch, before_commit)
-    assert runner.drain() == 20
+    assert runner.drain() == 13
     assert held_up == [True], f"no batch committed on the runner's thread meanwhile: {seen}"
     assert seen[0] == ("jobs-heartbeat", batches[0])
-    assert ("MainThread", batches[1]) in seen  # not queued behind the slow hand-over
+    assert ("MainThread", batches[1] + batches[2]) in seen, seen
     every_job_succeeded_once(ids)
 
 
@@ -157,7 +199,9 @@ def test_a_flush_from_another_thread_waits_for_the_commit_on_its_way():
     assert entered.wait(DEADLINE)
     assert successes.hand_over() is True  # nothing left here: nothing for the runner to do
     successes.add("second")  # type: ignore[arg-type]
-    assert successes.hand_over() is False  # one on its way already: the caller commits itself
+    assert successes.hand_over() is True  # one on its way: this one waits behind it
+    assert successes.handed_over
+    assert successes.hand_over() is False  # one on its way and one waiting: commit it yourself
     waiter = threading.Thread(target=successes.commit, args=(lambda item: None, True))
     waiter.start()
     deadline = time.monotonic() + DEADLINE
