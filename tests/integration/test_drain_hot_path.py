@@ -9,7 +9,8 @@
   wakes it for is one round trip.
 - The commit (and the heartbeat) carry their rows as arrays: one statement text, so one prepared
   statement, whatever the batch size.
-- A handler's result is encoded once, by its check; the commit sends that text as it is.
+- A handler's result is encoded once, by its check; the commit sends that text as it is, its
+  arrays in binary where the cursor binds on the server.
 - The hot statements are planned again as the process's statement count grows
   (jobs/core/sql/plans.py): a commit first planned on a tiny jobs_attempt reads its attempt rows
   by index once the table has grown, not the whole table on every batch.
@@ -96,6 +97,33 @@ def test_prepared_statements_can_be_turned_off(settings) -> None:  # type: ignor
     connection.close()
     _drain(40, 4)
     assert _prepared() == []
+
+
+def test_the_commit_sends_its_arrays_in_binary_where_the_cursor_binds_on_the_server(
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    # Binary: no quoting scan of every result and ref on the client, no text parsing on the
+    # server. Django's client-side binding cursor (prepared statements off) cannot send binary:
+    # there the arrays go as text, and the commit works the same.
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    def commits_of_a_drain() -> list[str]:
+        seen.clear()
+        connection.close()
+        with connection.execute_wrapper(wrapper):
+            _drain(8, 4)
+        return [s for s in seen if "WITH done AS" in s]
+
+    commits = commits_of_a_drain()
+    assert commits and all("%(results)b::text[]" in s and "%(ids)b" in s for s in commits)
+    settings.JOBS = {**getattr(settings, "JOBS", {}), "PREPARED_STATEMENTS": False}
+    commits = commits_of_a_drain()
+    assert commits and all("%(results)s::text[]" in s and "%(ids)s" in s for s in commits)
+    assert Job.objects.filter(state="succeeded").count() == 16
 
 
 def test_a_stale_commit_through_the_prepared_statement_is_rejected() -> None:
