@@ -14,6 +14,8 @@ BENCH_ENQUEUE_DB), in autocommit:
   before      with `--before REF`: jobs/models/one_statement.py and jobs/core/sql/enqueue.py as
               they were at git REF (e.g. the commit before this change), loaded from git into
               this process; the rules (jobs/core/enqueue.py) are today's
+  before_unprepared
+              the same, with ENQUEUE_PREPARE "off" (against `unprepared`)
   savepoint   the oldest path, kept as the fallback (`Job.objects._enqueue_with_savepoint`):
               BEGIN, INSERT job, INSERT event, COMMIT
   floor_py    one single-row INSERT into a scratch table (id bigserial, kind text, payload jsonb),
@@ -167,6 +169,8 @@ def main() -> None:
             return old.enqueue(Job, JobEvent, connection, row, rules.UNIQUE_KEY_CONSTRAINT)
 
         systems["before"] = before
+        systems["before_unprepared"] = before
+        contexts["before_unprepared"] = contexts["unprepared"]
     systems.update(savepoint=savepoint, floor_py=floor_py)
     systems["statement_in_tx"] = in_tx(statement)
     systems["savepoint_in_tx"] = in_tx(savepoint)
@@ -223,7 +227,8 @@ def main() -> None:
     if "pgbench" in rates:
         floor = statistics.median(rates["pgbench"])
         for name in (
-            "statement", "keyed", "unprepared", "before", "savepoint", "floor_py",
+            "statement", "keyed", "unprepared", "before", "before_unprepared", "savepoint",
+            "floor_py",
             "pgbench_statement",
         ):  # fmt: skip
             if name in rates:

@@ -3,7 +3,9 @@
 Owns: turning an enqueue's row (jobs/core/enqueue.py `checked`, the one place of the rules) into
 the columns, types and values Django's own INSERT would write -- taken from the model's fields, so
 a column added later with a default needs nothing here -- sending the statement, and reading its
-result back into a model instance with Django's converters. The SQL text is
+result back into a model instance with Django's converters: the whole row for a keyed job (it
+may be the live holder's), for a keyless one only what the database decided (the id, the
+defaults, READ_BACK), the rest taken from what was sent. The SQL text is
 jobs/core/sql/enqueue.py's.
 
 Never: validates, commits or opens a transaction (`Job.objects.enqueue()` is the caller, inside
@@ -37,6 +39,27 @@ Columns = tuple[list[str], list[str], list[Any]]  # quoted columns, their casts,
 _PLAIN_PRE_SAVE = (Field.pre_save, DateField.pre_save, DateTimeField.pre_save)
 
 
+# Columns of a new job whose stored value the database decides whatever the statement sent: a
+# trigger sets `deferred` from `run_at` (`jobs_job_defer`, migration 0010), and jsonb normalises
+# the payload's numbers (1e300 is read back as an int, -0.0 as 0). Read back, never assumed.
+READ_BACK = frozenset({"deferred", "payload"})
+
+# Values a literal may share between the jobs built from one plan.
+_IMMUTABLE = (type(None), str, int, float, bool)
+
+
+@dataclass(frozen=True)
+class _Lean:
+    """How a keyless job is built from what was sent, the database returning only what it
+    decided (the id, the columns left to their defaults, READ_BACK)."""
+
+    attnames: list[str]  # every concrete field, in the model's order
+    template: list[Any]  # per field: a literal's value (the same for every job), else None
+    from_row: list[tuple[int, str]]  # (position, attname): the row's own values
+    returned: list[int]  # positions of the returned columns, in RETURNING order
+    converters: dict[int, Any]  # by index in `returned`: Django's converters for that column
+
+
 @dataclass(frozen=True)
 class _Plan:
     """One statement shape: its SQL, and the fields whose row values are its parameters."""
@@ -44,6 +67,7 @@ class _Plan:
     sql: str
     slots: list[Field]  # in parameter order
     payload: Field  # among them, sent as the JSON text the rules checked
+    lean: _Lean | None = None  # keyless: the job built from what was sent
 
 
 _INSERTABLE: dict[tuple[str, type[models.Model]], list[tuple[Any, str, str]]] = {}
@@ -89,6 +113,8 @@ def enqueue(
     found = _execute(conn, sql, params)
     if found is None:
         return None
+    if plan is not None and plan.lean is not None:
+        return _built(job_model, conn, plan.lean, row, found)
     attnames, converters = _reader(job_model, conn)
     stored = list(found[:-1])
     for pos, (convert_all, expression) in converters.items():
@@ -96,6 +122,30 @@ def enqueue(
             stored[pos] = convert(stored[pos], expression, conn)
     job = job_model.from_db(conn.alias, attnames, stored)
     job.duplicate = bool(found[-1])  # type: ignore[attr-defined]
+    return job
+
+
+def _built(
+    job_model: type[models.Model],
+    conn: BaseDatabaseWrapper,
+    lean: _Lean,
+    row: dict[str, Any],
+    found: tuple[Any, ...],
+) -> models.Model:
+    """The new keyless job: the literals, the row's values, and what the database returned
+    (`found`, then `duplicate`)."""
+    values = list(lean.template)
+    for pos, attname in lean.from_row:
+        values[pos] = row[attname]
+    for i, pos in enumerate(lean.returned):
+        value = found[i]
+        if i in lean.converters:
+            convert_all, expression = lean.converters[i]
+            for convert in convert_all:
+                value = convert(value, expression, conn)
+        values[pos] = value
+    job = job_model.from_db(conn.alias, lean.attnames, values)
+    job.duplicate = False  # type: ignore[attr-defined]
     return job
 
 
@@ -135,6 +185,8 @@ def _plan(
     columns: list[str] = []
     values: list[str] = []
     slots: list[Field] = []
+    decided: set[str] = set(READ_BACK)  # attnames the database decides
+    literals: dict[str, Any] = {}
     for field, column, sql_type in _insertable(job_model, conn):
         plain = type(field).pre_save in _PLAIN_PRE_SAVE and not (
             getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
@@ -147,7 +199,9 @@ def _plan(
         else:
             value = field.pre_save(sample, add=True)
             if hasattr(value, "resolve_expression"):  # DatabaseDefault: the column's own default
+                decided.add(field.attname)
                 continue
+            literals[field.attname] = value
             literal = _literal(conn, field.get_db_prep_save(value, conn))
             values.append(enqueue_sql.cast(literal, sql_type))
         columns.append(column)
@@ -156,10 +210,47 @@ def _plan(
         enqueue_sql.cast(_literal(conn, value), sql_type)
         for value, sql_type in zip(event_params, event_casts, strict=True)
     ]
-    holder = unique_constraint if row["unique_key"] is not None else None
-    sql = _statement(job_model, conn, columns, values, event_columns, event_values, holder)
     payload = next(f for f in slots if f.attname == "payload")
-    return _Plan(sql, slots, payload)
+    if row["unique_key"] is not None:
+        holder = unique_constraint
+        sql = _statement(job_model, conn, columns, values, event_columns, event_values, holder)
+        return _Plan(sql, slots, payload)
+    lean = _lean(job_model, conn, row, decided, literals)
+    returning = None
+    if lean is not None:
+        fields = job_model._meta.concrete_fields
+        returning = [conn.ops.quote_name(str(fields[pos].column)) for pos in lean.returned]
+    sql = _statement(job_model, conn, columns, values, event_columns, event_values, None, returning)
+    return _Plan(sql, slots, payload, lean)
+
+
+def _lean(
+    job_model: type[models.Model],
+    conn: BaseDatabaseWrapper,
+    row: dict[str, Any],
+    decided: set[str],
+    literals: dict[str, Any],
+) -> _Lean | None:
+    """How to build a keyless job of this shape from what is sent; None (read the whole row
+    back) when a literal is a value the jobs built could share and change (a dict, a list)."""
+    fields = job_model._meta.concrete_fields
+    template: list[Any] = [None] * len(fields)
+    from_row: list[tuple[int, str]] = []
+    returned: list[int] = []
+    for pos, field in enumerate(fields):
+        if field.primary_key or field.attname in decided:
+            returned.append(pos)
+        elif field.attname in row:
+            from_row.append((pos, field.attname))
+        elif not isinstance(literals[field.attname], _IMMUTABLE):
+            return None
+        else:
+            template[pos] = literals[field.attname]
+    table = job_model._meta.db_table
+    compiler = Query(model=job_model).get_compiler(connection=conn)
+    converters = compiler.get_converters([fields[pos].get_col(table) for pos in returned])
+    attnames = [f.attname for f in fields]
+    return _Lean(attnames, template, from_row, returned, converters)
 
 
 def _callable_default(field: Field) -> bool:
@@ -202,11 +293,19 @@ def _statement(
     event_columns: list[str],
     event_values: list[str],
     unique_constraint: str | None,
+    returning: list[str] | None = None,
 ) -> str:
-    """The statement for these columns and values; with `unique_constraint`, for a keyed job."""
-    shape = (conn.alias, tuple(columns), tuple(values), tuple(event_values), unique_constraint)
+    """The statement for these columns and values; with `unique_constraint`, for a keyed job.
+    It returns `returning` (quoted columns), by default the whole row."""
+    shape = (
+        conn.alias, tuple(columns), tuple(values), tuple(event_values), unique_constraint,
+        None if returning is None else tuple(returning),
+    )  # fmt: skip
     if shape not in _STATEMENTS:
-        returning = [conn.ops.quote_name(str(f.column)) for f in job_model._meta.concrete_fields]
+        if returning is None:
+            returning = [
+                conn.ops.quote_name(str(f.column)) for f in job_model._meta.concrete_fields
+            ]
         holder = None
         if unique_constraint is not None:
             holder = _live_holder(job_model, conn, unique_constraint)

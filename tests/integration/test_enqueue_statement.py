@@ -5,11 +5,13 @@ savepoint (jobs/core/sql/enqueue.py). The rules themselves are tested in test_en
 import re
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import jobs
 from jobs.core import enqueue as enqueue_rules
@@ -247,3 +249,59 @@ def test_an_enqueue_in_autocommit_notifies_a_listener_once_it_returns(second_con
     jobs.enqueue("test.echo")
     received = list(second_connection.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in received] == ["jobs_enqueued"]
+
+
+# -- a keyless job: the database returns only what it decides ---------------------------------
+
+
+def returned_columns(sql: str) -> list[str]:
+    found = re.search(r" RETURNING (.*?)\), event AS", sql)
+    assert found, sql
+    return [c.strip().strip('"') for c in found.group(1).split(",")]
+
+
+@pytest.mark.django_db
+def test_a_keyless_statement_returns_only_what_the_database_decides():
+    """The rest of the job is built from what was sent: parsing and planning 22 returned columns
+    was about a third of an unprepared enqueue's server time (docs/benchmarks.md, 2026-12-06);
+    the text is the same prepared or not."""
+    _, sent = sent_while(lambda: jobs.enqueue("test.echo", {"a": 1}))
+    _, sent_keyed = sent_while(lambda: jobs.enqueue("test.echo", unique_key="whole-row"))
+    decided = ["id", "payload", "run_at", "deferred", "created_at", "updated_at"]
+    assert returned_columns(sent[0][0]) == decided
+    assert " VALUES (" in sent[0][0]
+    # A keyed job may be the live holder, a row of its own: read back whole.
+    assert returned_columns(sent_keyed[0][0]) == [f.column for f in Job._meta.concrete_fields]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"queue": "mail", "priority": -5, "max_attempts": 4, "lease_seconds": 2},
+        {"run_at": "far"},  # deferred: set by the jobs_job_defer trigger, read back
+        {"run_at": "past"},
+    ],
+    ids=["defaults", "options", "due-later", "due-earlier"],
+)
+def test_a_keyless_job_is_returned_with_every_field_as_stored(options):
+    now = timezone.now()
+    when = {"far": now + timedelta(hours=3), "past": now - timedelta(hours=3)}
+    if "run_at" in options:
+        options = {**options, "run_at": when[options["run_at"]]}
+    payload = {"list": [1, (2, 3)], "float": 1.5, "text": "é\"'\\", "nested": {"b": None}}
+    job = jobs.enqueue("test.echo", payload, **options)
+    assert type(job) is Job and job.duplicate is False and job.pk is not None
+    stored = Job.objects.get(pk=job.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(job, field.attname) == getattr(stored, field.attname), field.name
+    assert job.payload == {
+        "list": [1, [2, 3]],
+        "float": 1.5,
+        "text": "é\"'\\",
+        "nested": {"b": None},
+    }
+    assert job.deferred is (options.get("run_at") == when["far"])
+    job.payload["list"].append(4)  # each job its own values: the next one is unchanged
+    assert jobs.enqueue("test.echo", payload, **options).payload["list"] == [1, [2, 3]]

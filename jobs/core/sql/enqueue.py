@@ -25,6 +25,11 @@ Hazards, and why the statement looks the way it does:
 - Values that are the same for every job (the new job's state, attempt, ..., the whole event) are
   literals in the text, rendered once by the caller: the statement is prepared once per
   connection (jobs/models/prepared.py), and each call sends only the row's own values.
+- What comes back: a keyed statement returns the whole row (the holder's when it is a
+  duplicate); a keyless one only what the database decided, and the caller builds the rest from
+  what it sent (jobs/models/one_statement.py). Unprepared (behind a transaction pooler), the
+  statement is parsed and planned on every call, and 22 columns named twice (the CTE's RETURNING,
+  the last SELECT) were about half of that (docs/benchmarks.md, 2026-12-06).
 """
 
 from collections.abc import Sequence
@@ -49,13 +54,19 @@ def enqueue_statement(
     Parameters, in order: the job's placeholders, the event's (its `job_id` comes from the
     inserted row), then -- with `live_holder`, the SQL condition of a live job holding a key --
     the unique key once. `returning` names the job columns returned by both the inserted and the
-    holder row.
+    holder row (for a keyless job the caller may name only those the database decides).
+
+    A keyless job's row is `VALUES (...)`, a keyed one's `SELECT ... WHERE` (the isolation gate):
+    PostgreSQL parses and plans the VALUES form in less time, which is what an unprepared
+    statement (behind a transaction pooler) pays on every call.
     """
     out = ", ".join(returning)
     holder_out = ", ".join(f"h.{c}" for c in returning)
-    gate = conflict = holder = ""
+    row = f"VALUES ({', '.join(values)})"  # a keyless job: nothing to gate
+    conflict = holder = ""
     if live_holder is not None:
-        gate = " WHERE current_setting('transaction_isolation') = 'read committed'"
+        row = f"SELECT {', '.join(values)}"
+        row += " WHERE current_setting('transaction_isolation') = 'read committed'"
         conflict = " ON CONFLICT DO NOTHING"
         holder = (
             f" UNION ALL (SELECT {holder_out}, true FROM jobs_job h"
@@ -63,8 +74,8 @@ def enqueue_statement(
             " AND NOT EXISTS (SELECT 1 FROM inserted) LIMIT 1)"
         )
     return (
-        f"WITH inserted AS (INSERT INTO jobs_job ({', '.join(columns)}) SELECT {', '.join(values)}"
-        f"{gate}{conflict} RETURNING {out}), "
+        f"WITH inserted AS (INSERT INTO jobs_job ({', '.join(columns)}) {row}"
+        f"{conflict} RETURNING {out}), "
         f"event AS (INSERT INTO jobs_jobevent (job_id, {', '.join(event_columns)}) "
         f"SELECT id, {', '.join(event_values)} FROM inserted) "
         f"SELECT {out}, false AS {DUPLICATE_COLUMN} FROM inserted{holder}"
