@@ -238,7 +238,8 @@ def _lean(
     from_row: list[tuple[int, str]] = []
     returned: list[int] = []
     for pos, field in enumerate(fields):
-        if field.primary_key or field.attname in decided:
+        sent = field.attname in row or field.attname in literals
+        if field.attname in decided or not sent:  # READ_BACK, a default, the key, generated
             returned.append(pos)
         elif field.attname in row:
             from_row.append((pos, field.attname))
