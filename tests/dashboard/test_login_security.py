@@ -150,3 +150,35 @@ def test_the_proxy_settings_reach_django() -> None:
         "True",
         "True",
     ]
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({}, "5 0:15:00"),  # the README's "5 wrong passwords ... for 15 minutes"
+        ({"LOGIN_FAILURE_LIMIT": "3", "LOGIN_COOLOFF_MINUTES": "60"}, "3 1:00:00"),
+    ],
+)
+def test_the_lockout_limit_and_cool_off_default_to_5_and_15_minutes(
+    variables: dict[str, str], expected: str
+) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LOGIN_FAILURE_LIMIT", "LOGIN_COOLOFF_MINUTES")
+    }
+    env |= {"DJANGO_SETTINGS_MODULE": "config.settings", "PALISADE_ENV_FILE": "none"}
+    env |= {"SECRET_KEY": secrets.token_urlsafe(64), **variables}
+    script = (
+        "from django.conf import settings as s; print(s.AXES_FAILURE_LIMIT, s.AXES_COOLOFF_TIME)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {script}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert out.strip() == expected

@@ -6,19 +6,21 @@ were claimed together.
 """
 
 import asyncio
+import datetime
 import json
 import threading
 import time
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import override_settings
 from django_q.exceptions import TimeoutException
 
 import jobs
 from jobs.core import transitions
-from jobs.core.states import AttemptOutcome, JobState
-from jobs.models import Attempt
+from jobs.core.states import AttemptOutcome, EventType, JobState
+from jobs.models import Attempt, Job
 from jobs.worker import reaper, runner
 from tests.acceptance.cluster import wait_until
 
@@ -121,6 +123,26 @@ def test_a_base_exception_fails_its_own_job_and_settles_the_batch(one_batch, nam
         2,
     )
     assert state(also_never) == JobState.SUCCEEDED
+
+
+def test_a_base_exception_is_retried_like_any_failure_while_attempts_remain(one_batch):
+    done, crash = one_batch({"return": 1}, {"base": "SystemExit"}, max_attempts=2)
+    with pytest.raises(SystemExit):
+        runner.drain()
+    one_batch.were_claimed_together([done, crash])
+    assert state(done) == JobState.SUCCEEDED
+    # Charged and failed, then queued again with a backoff: not ended, not lost.
+    assert state(crash) == JobState.QUEUED and "handler raised SystemExit" in crash.error
+    assert Attempt.objects.get(job=crash, number=1).outcome == AttemptOutcome.FAILED
+    assert crash.events.filter(type=EventType.RETRY_SCHEDULED, attempt=1).exists()
+    first = Attempt.objects.get(job=crash, number=1)
+    assert crash.run_at >= first.ended_at + datetime.timedelta(seconds=1.9)  # the backoff
+    Job.objects.filter(pk=crash.pk).update(run_at=Now())  # skipped, to see the last attempt
+    with pytest.raises(SystemExit):
+        runner.drain()
+    crash.refresh_from_db()
+    # Its second attempt raised SystemExit again: the last attempt fails it for good.
+    assert (crash.state, crash.attempt) == (JobState.FAILED, 2)
 
 
 def test_a_quick_success_is_committed_while_a_batch_mate_runs_long(one_batch):

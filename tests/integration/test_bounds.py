@@ -41,6 +41,7 @@ def _nested(depth: int) -> list:
         ({}, {"run_at": dt.datetime(1900, 1, 1, tzinfo=dt.UTC)}, jobs.InvalidOption),
         ({}, {"unique_key": "a\x00b"}, jobs.InvalidOption),
         ({}, {"unique_key": "lone \ud800"}, jobs.InvalidOption),
+        ({}, {"unique_key": "k" * 201}, jobs.InvalidOption),  # else the column's DataError
         ({"text": "a\x00b"}, {}, jobs.InvalidPayload),
         ({"text": "lone \ud800 surrogate"}, {}, jobs.InvalidPayload),
         ({"nul\x00key": 1}, {}, jobs.InvalidPayload),
@@ -57,6 +58,12 @@ def test_hostile_enqueue_input_is_a_clear_value_error_and_writes_nothing(payload
 def test_a_literal_backslash_u0000_text_is_not_mistaken_for_nul():
     job = jobs.enqueue("test.echo", {"text": "\\u0000 is six characters"})
     assert Job.objects.get(pk=job.pk).payload == {"text": "\\u0000 is six characters"}
+
+
+def test_a_unique_key_of_200_characters_is_stored_as_given():
+    key = "😀" + "k" * 199  # characters, not bytes: 203 bytes of UTF-8
+    job = jobs.enqueue("test.echo", unique_key=key)
+    assert Job.objects.get(pk=job.pk).unique_key == key
 
 
 def test_a_payload_with_astral_characters_is_stored():

@@ -1,9 +1,11 @@
 """The background heartbeat and the batch commit it hands jobs over to."""
 
+import datetime as dt
 import time
 
 import pytest
 
+from jobs.context import Held, JobContext
 from jobs.core import transitions
 from jobs.core.states import JobState, Write
 from jobs.core.transitions import Fence
@@ -11,6 +13,7 @@ from jobs.models import Job, RejectedWrite
 from jobs.worker import completer
 from jobs.worker import heartbeat as heartbeat_module
 from jobs.worker.heartbeat import Heartbeater
+from tests.conftest import database_now
 
 pytestmark = pytest.mark.django_db
 WORKER = "host-a:101"
@@ -30,6 +33,24 @@ def test_a_beat_extends_every_held_lease(make_job):
     beats.beat_now()
     after = dict(Job.objects.values_list("id", "lease_expires_at"))
     assert all(after[f.job_id] > before[f.job_id] for f in fences)
+    assert not RejectedWrite.objects.exists()
+
+
+# Committed rows: a handler's heartbeat and checkpoint run outside any open transaction.
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("write", ["heartbeat", "checkpoint"])
+def test_a_handlers_heartbeat_and_checkpoint_extend_its_lease_on_the_database_clock(
+    make_job, write
+):
+    job = make_job(state=JobState.RUNNING, attempt=1, worker=WORKER, lease_in=5)
+    ctx = JobContext(Held(Fence(job.pk, 1, WORKER), 600), "test.echo", {})
+    before = database_now()
+    ctx.heartbeat() if write == "heartbeat" else ctx.checkpoint({"done": 3, "of": 7})
+    after = database_now()
+    job.refresh_from_db()
+    lease = dt.timedelta(seconds=600)  # the held lease, from the clock of the write
+    assert before + lease <= job.lease_expires_at <= after + lease
+    assert job.progress == ({"done": 3, "of": 7} if write == "checkpoint" else None)
     assert not RejectedWrite.objects.exists()
 
 

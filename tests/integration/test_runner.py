@@ -1,7 +1,10 @@
 """The runner in this process against PostgreSQL: claim -> handler -> classify -> one write."""
 
+import datetime as dt
+
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 import jobs
 from jobs.core.states import AttemptOutcome, JobState
@@ -20,6 +23,38 @@ def test_drain_runs_due_jobs_and_commits_their_results():
         assert job.state == JobState.SUCCEEDED
         assert job.result == {"echo": {"n": n}, "attempt": 1}
     assert Attempt.objects.get(job=a).worker == runner.worker_identity()
+
+
+def test_a_drain_runs_its_jobs_in_claim_order_priority_then_due_time_then_id(monkeypatch):
+    now = timezone.now()
+    low_old = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=30))
+    low_new = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=20))
+    low_tie = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=20))
+    urgent = jobs.enqueue("test.echo", priority=10, run_at=now - dt.timedelta(seconds=1))
+    mid = jobs.enqueue("test.echo", priority=5, run_at=now - dt.timedelta(seconds=5))
+    later = jobs.enqueue("test.echo", priority=10, run_at=now + dt.timedelta(hours=1))
+    ran: list[int] = []
+    real = runner.execute
+
+    def spy(handler, ctx):
+        ran.append(ctx.job_id)
+        return real(handler, ctx)
+
+    monkeypatch.setattr(runner, "execute", spy)
+    # In batches of 1, 2, then 4 (the drain's adaptive batch), and at one batch of eight.
+    assert runner.drain() == 5
+    expected = [urgent.pk, mid.pk, low_old.pk, low_new.pk, low_tie.pk]
+    assert ran == expected
+    Job.objects.filter(pk__in=expected).update(state="queued", finished_at=None)
+    ran.clear()
+    monkeypatch.setattr(
+        runner.policy, "next_claim_batch", lambda current, per_job, cap, claim_seconds=0.0: cap
+    )
+    with override_settings(JOBS={"CLAIM_BATCH": 8}):
+        assert runner.drain() == 5
+    assert ran == expected
+    later.refresh_from_db()
+    assert later.state == JobState.QUEUED  # not due: not run, whatever its priority
 
 
 def test_drain_returns_zero_when_nothing_is_due():
