@@ -221,10 +221,11 @@ def test_a_key_whose_holder_finishes_while_we_wait_goes_to_the_new_job(second_co
 
 
 @pytest.mark.django_db(transaction=True)
-def test_under_repeatable_read_a_free_key_is_still_enqueued_and_a_visible_holder_returned():
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_under_repeatable_read_a_free_key_is_still_enqueued_and_a_visible_holder_returned(level):
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
         first, sent = sent_while(lambda: jobs.enqueue("test.echo", unique_key="rr"))
         second, sent_again = sent_while(lambda: jobs.enqueue("test.echo", unique_key="rr"))
     assert (first.duplicate, second.duplicate, second.pk) == (False, True, first.pk)
