@@ -58,14 +58,28 @@ def limit_statements_of_this_process() -> None:
     def limit(sender: object, connection: Any, **kwargs: object) -> None:
         if os.getpid() != pid or connection.vendor != "postgresql":
             return
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT set_config('statement_timeout', %s, false), "
-                "set_config('lock_timeout', %s, false)",
-                [f"{timeout_ms}ms", f"{max(1, timeout_ms // 2)}ms"],
-            )
+        limit_session(connection, timeout_ms)
 
     connection_created.connect(limit, weak=False, dispatch_uid="jobs.scheduler.limit")
+
+
+def limit_session(connection: Any, timeout_ms: int) -> bool:
+    """Set this session's statement and lock timeouts, unless a pooler is in the way; True if
+    set. Behind a transaction pooler (PgBouncer, pgcat, Odyssey: the backend pid the start-up
+    gave is not the server's) the settings would stay on a pooled server connection and reach
+    other clients' transactions -- a handler's long report, a web request. The statement
+    decides in one round trip: its WHERE gates the set_config calls."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT set_config('statement_timeout', %s, false), "
+            "set_config('lock_timeout', %s, false) WHERE pg_backend_pid() = %s",
+            [
+                f"{timeout_ms}ms",
+                f"{max(1, timeout_ms // 2)}ms",
+                connection.connection.info.backend_pid,
+            ],
+        )
+        return cur.fetchone() is not None
 
 
 class EmbeddedScheduler:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from jobs import enqueue
 from jobs.models import Attempt, Job, RejectedWrite
+from jobs.worker import scheduler
 from tests.acceptance.cluster import subprocess_database_url, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -35,8 +36,10 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def pgbouncer(transactional_db: None) -> Iterator[str]:
-    """A pgbouncer in transaction pooling in front of the test database; yields its URL."""
+def pgbouncer(transactional_db: None, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A pgbouncer in transaction pooling in front of the test database; yields its URL.
+    Its pool holds 4 server connections, or `request.param` (indirect parametrization)."""
+    pool_size = getattr(request, "param", 4)
     s = connection.settings_dict
     port = free_port()
     # a directory of its own that the postgres user can reach (pytest's tmp_path is root-only)
@@ -52,7 +55,7 @@ unix_socket_dir =
 auth_type = trust
 auth_file = {work / "users.txt"}
 pool_mode = transaction
-default_pool_size = 4
+default_pool_size = {pool_size}
 max_client_conn = 200
 ignore_startup_parameters = extra_float_digits,options
 logfile = {work / "pgbouncer.log"}
@@ -152,3 +155,28 @@ def test_listen_url_gives_the_listeners_a_direct_session(pgbouncer, start_qclust
         what="the job",
         job_id=job.pk,
     )
+
+
+@pytest.mark.parametrize("pgbouncer", [1], indirect=True)  # one server connection for all
+def test_the_main_processs_timeouts_never_reach_other_clients_through_the_pooler(pgbouncer):
+    """qcluster's main process limits its own sessions' statements (scheduler.limit_session);
+    through a transaction pooler that setting would stay on the pooled server connection, and
+    every other client's transactions there would be cancelled after DB_TIMEOUT_SECONDS."""
+    port = int(pgbouncer.rsplit(":", 1)[1].split("/", 1)[0])
+    direct = connections[connection.alias]
+    via = type(direct)({**direct.settings_dict, "PORT": port}, alias=connection.alias)
+    try:
+        via.ensure_connection()
+        limited = scheduler.limit_session(via, 5000)
+    finally:
+        via.close()
+    with psycopg.connect(pgbouncer, autocommit=True) as other:
+        assert other.execute("SHOW statement_timeout").fetchone() == ("0",)
+        assert other.execute("SHOW lock_timeout").fetchone() == ("0",)
+    assert limited is False
+    # Direct, the same call limits its own session (and only it).
+    assert scheduler.limit_session(connection, 5000) is True
+    with connection.cursor() as cur:
+        cur.execute("SHOW statement_timeout")
+        assert cur.fetchone() == ("5s",)
+        cur.execute("RESET statement_timeout; RESET lock_timeout")
