@@ -148,7 +148,10 @@ class PalisadeBackend(BaseTaskBackend):
         """Queue names a job can carry (jobs.E030), and served by this process's workers when
         JOBS["QUEUES"] limits them (jobs.W031: such a task would wait for ever here)."""
         messages: list[CheckMessage] = []
-        served = jobs_settings().QUEUES
+        try:
+            served = jobs_settings().QUEUES
+        except ValueError:  # a JOBS value out of range: jobs.E001 says which, not a traceback
+            served = None
         for queue in sorted(self.queues):
             if not QUEUE_NAME.match(queue):
                 messages.append(

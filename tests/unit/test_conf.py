@@ -48,3 +48,28 @@ def test_check_refuses_a_django_q_timeout_not_below_retry():
 
 def test_the_shipped_settings_pass_every_check():
     assert not {i for i in _ids() if i.startswith("jobs.")}
+
+
+def test_check_refuses_a_drain_not_below_the_django_q_timeout():
+    q = {"timeout": 60, "retry": 120, "max_attempts": 1, "ack_failures": True}
+    assert "jobs.E006" in _ids(JOBS={"DRAIN_SECONDS": 60}, Q_CLUSTER=q)
+    assert "jobs.E006" not in _ids(JOBS={"DRAIN_SECONDS": 59}, Q_CLUSTER=q)
+
+
+@pytest.mark.parametrize(
+    "value", [{"CLAIM_BATCH": 0}, {"LEASE_SECONDS": 1e13}, {"MAX_ATTEMPTS": 10**6}]
+)
+def test_check_refuses_a_jobs_value_out_of_its_range(value):
+    assert "jobs.E001" in _ids(JOBS=value)
+
+
+def test_the_documented_defaults():
+    """docs/operations.md's table and docs/design.md name these defaults."""
+    with override_settings(JOBS={}):
+        cfg = jobs_settings()
+        assert (cfg.CLAIM_BATCH, cfg.LEASE_SECONDS, cfg.DRAIN_SECONDS) == (64, 30.0, 10.0)
+        assert (cfg.INTENT_RETRY_HOURS, cfg.IDLE_WAIT_SECONDS, cfg.REAPER_SECONDS) == (
+            24.0,
+            10.0,
+            1,
+        )
