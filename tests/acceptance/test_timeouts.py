@@ -6,9 +6,10 @@ import os
 import signal
 
 import pytest
+from django.db import transaction
 
 from jobs import enqueue
-from jobs.models import Attempt
+from jobs.models import Attempt, Job
 from tests.acceptance.cluster import (
     wait_for_attempt,
     wait_for_outcome,
@@ -139,3 +140,32 @@ def test_a_sigterm_to_one_worker_stops_that_worker_alone(start_qcluster):
     assert wait_for_state(job.pk, "succeeded", timeout=10).attempt == 2
     quick_jobs_all_succeed()
     assert "stopping:" not in cluster.log()
+
+
+def test_a_timeout_commits_its_batchs_successes_and_hands_the_unstarted_ones_back(
+    start_qcluster,
+):
+    """One worker, claim batches growing while jobs are quick (1, 2, then 4): the batch of four
+    holds a quick job, the overrunning one, and two behind it. The quick one's success is
+    committed, the two go back uncharged (`released`) and run on the replacement worker, and
+    only the overrunning attempt fails with the timeout."""
+    start_qcluster(JOBS_WORKERS="1", JOBS_CLAIM_BATCH="8", **QUICK_RETRY)
+    with transaction.atomic():  # one wake-up, so one drain finds them all, in this order
+        warm = [enqueue("test.echo", {"n": n}) for n in range(3)]  # batches of 1, then 2
+        done = enqueue("test.echo", {"n": 3})  # the batch of 4: this one,
+        stuck = enqueue(  # the one that overruns,
+            "test.timeout_in_c", {"seconds_by_attempt": {"1": 60, "2": 0}}, lease_seconds=60
+        )
+        behind = [enqueue("test.echo", {"behind": n}) for n in range(2)]  # and these two
+    for job in [*warm, done]:
+        wait_for_state(job.pk, "succeeded")
+    first = wait_for_attempt(stuck.pk, 1)
+    failed = wait_for_outcome(stuck.pk, 1, {"failed"}, timeout=1.5 + 8)
+    assert "exceeded the task timeout of 1.5 s" in failed.error
+    assert Attempt.objects.get(job=done, number=1).outcome == "succeeded"
+    for job in behind:  # held by the same drain while the overrunning handler ran: handed back
+        assert wait_for_outcome(job.pk, 1, {"released"}, timeout=10).worker == first.worker
+        finished = wait_for_state(job.pk, "succeeded", timeout=20)
+        assert (finished.attempt, finished.attempts_released) == (2, 1)  # uncharged
+    assert wait_for_state(stuck.pk, "succeeded", timeout=20).attempt == 2  # retried, then done
+    assert not Job.objects.exclude(state="succeeded").exists()
