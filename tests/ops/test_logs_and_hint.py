@@ -2,14 +2,19 @@
 
 import json
 import logging
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from jobs.core import transitions
 from jobs.core.exceptions import LeaseLost
 from jobs.core.states import JobState
-from jobs.core.transitions import Fence
-from jobs.models import Attempt, JobEvent
+from jobs.core.transitions import Fence, operator
+from jobs.models import Attempt, JobEvent, RejectedWrite
 from jobs.ops.lease_hint import lease_hints
 from jobs.ops.logs import JsonFormatter
 from jobs.worker.reaper import reap
@@ -71,3 +76,59 @@ def test_the_hint_does_not_blame_the_lease_for_long_stalls(make_job):
     _ended(make_job, "test.sleep", gap=600.0, outcome="expired", n=2)
     (hint,) = lease_hints()
     assert not hint.too_short and "would not have saved them" in hint.advice
+
+
+def test_the_hint_blames_the_lease_for_expiries_after_short_silences_with_rejected_commits(
+    make_job,
+):
+    _ended(make_job, "test.sleep", gap=40.0, outcome="expired", n=2)  # under 3 x 30 s
+    job = make_job(kind="test.sleep", state=JobState.RUNNING, attempt=2)
+    RejectedWrite.objects.create(
+        job=job,
+        write="commit",
+        attempt_presented=1,
+        attempt_current=2,
+        state_current="running",
+        worker="w:1",
+    )
+    (hint,) = lease_hints()
+    assert hint.too_short and hint.near_miss_expiries == 2 and hint.rejected_commits == 1
+    assert "Consider 90 s" in hint.advice
+
+
+def test_an_operator_action_logs_one_line_named_after_it(make_job, caplog):
+    job = make_job(kind="test.echo", state=JobState.FAILED, attempt=1)
+    with caplog.at_level(logging.WARNING, logger="jobs.fencing"):
+        assert operator.requeue(job.pk, "alice").changed
+    (line,) = _json_lines(caplog, "operator_requeue")
+    assert (line["job_id"], line["attempt"], line["state_before"], line["by"]) == (
+        job.pk,
+        1,
+        "failed",
+        "alice",
+    )
+
+
+def test_jobs_log_format_json_prints_one_json_object_a_line():
+    """The settings' console handler, switched by the variable, in a process of its own."""
+    script = (
+        "import logging; f = {'event': 'operator_cancel', 'action': 'cancel', 'job_id': 7}; "
+        "logging.getLogger('jobs.fencing').warning('operator %(action)s', f, extra={'fields': f})"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "PALISADE_ENV_FILE": "none"}
+    env |= {"SECRET_KEY": secrets.token_urlsafe(64), "JOBS_LOG_FORMAT": "json"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {script}"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (line,) = [json.loads(text) for text in done.stderr.splitlines() if text.strip()]
+    assert (line["event"], line["job_id"], line["message"]) == (
+        "operator_cancel",
+        7,
+        "operator cancel",
+    )
