@@ -19,7 +19,8 @@ unique key `schedule:<name>:<tick>`.
 Missed ticks (the cluster was down, or the previous run is still going) follow `missed`:
   latest  enqueue the most recent due tick once; older missed ticks are skipped (default)
   all     enqueue every missed tick, one at a time: the next one only after the previous run
-          ended, at most MAX_CATCH_UP behind (older ones are skipped)
+          ended, at most MAX_CATCH_UP behind (older ones are skipped in the same pass, which
+          enqueues the oldest kept one)
   skip    enqueue a tick only if it is at most GRACE_SECONDS late; otherwise wait for the next
 A tick never starts while the previous tick's job is still queued or running (no pile-up): under
 `latest`/`skip` that tick is skipped and counted; under `all` it waits.
@@ -53,6 +54,7 @@ from jobs.models import Job, Schedule
 logger = logging.getLogger("jobs.schedules")
 
 MAX_CATCH_UP = 100  # `all`: missed ticks further behind than this are skipped
+MAX_SKIPPED_COUNTED = 10_000  # a schedule far behind counts its skipped ticks up to this (~0.3 s)
 GRACE_SECONDS = 60.0  # `skip`: how late a tick may still be enqueued
 MISSED = {choice.value for choice in Schedule.Missed}
 # The source sync gives a row it disabled because nothing declares it any more. A disabled row
@@ -235,24 +237,38 @@ def _decide(row: Schedule, now: datetime, busy: bool) -> tuple[datetime | None, 
         if t > now or len(due) > MAX_CATCH_UP:
             break
         due.append(t)
-    behind = len(due) > MAX_CATCH_UP  # more missed ticks than we look at
+    dropped = 0
+    if len(due) > MAX_CATCH_UP:  # further behind than kept: the most recent ticks, from now back
+        due = _ticks_back(row.cron, row.timezone, now, MAX_CATCH_UP)
+        dropped = _count_from(row.cron, row.timezone, row.next_at, due[0])
     latest = due[-1]
-    if behind:  # the most recent due tick, found from now backwards
-        local_now = now.astimezone(ZoneInfo(row.timezone))
-        latest = croniter(row.cron, local_now).get_prev(datetime).astimezone(ZoneInfo("UTC"))
     after_latest = next_tick(row.cron, row.timezone, latest)
     if row.missed == Schedule.Missed.ALL:
-        if behind:  # too far behind: drop all but the last MAX_CATCH_UP
-            kept = due[-MAX_CATCH_UP:]
-            return None, len(due) - len(kept), kept[0]
-        if busy:
-            return None, 0, row.next_at  # wait: this tick runs once the previous one ended
-        return due[0], 0, due[1] if len(due) > 1 else next_tick(row.cron, row.timezone, due[0])
+        if busy:  # wait: this tick runs once the previous one ended (the dropped stay dropped)
+            return None, dropped, due[0]
+        return due[0], dropped, due[1] if len(due) > 1 else after_latest
     if busy:
-        return None, len(due), after_latest
+        return None, dropped + len(due), after_latest
     if row.missed == Schedule.Missed.SKIP and (now - latest) > timedelta(seconds=GRACE_SECONDS):
-        return None, len(due), after_latest
-    return latest, len(due) - 1, after_latest
+        return None, dropped + len(due), after_latest
+    return latest, dropped + len(due) - 1, after_latest
+
+
+def _ticks_back(cron: str, tz: str, now: datetime, n: int) -> list[datetime]:
+    """The `n` most recent ticks due at `now`, oldest first, in UTC."""
+    it = croniter(cron, now.astimezone(ZoneInfo(tz)))
+    back = [it.get_prev(datetime).astimezone(ZoneInfo("UTC")) for _ in range(n)]
+    return back[::-1]
+
+
+def _count_from(cron: str, tz: str, first: datetime, end: datetime) -> int:
+    """Ticks from `first` (a tick) up to `end`, counted up to MAX_SKIPPED_COUNTED."""
+    count = 1
+    for t in ticks_after(cron, tz, first):
+        if t >= end or count >= MAX_SKIPPED_COUNTED:
+            break
+        count += 1
+    return count
 
 
 def _enqueue_tick(row: Schedule, tick: datetime) -> Job:

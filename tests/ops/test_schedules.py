@@ -77,6 +77,29 @@ def test_all_policy_catches_up_one_tick_at_a_time_without_overlap():
     assert [k[-9:] for k in keys] == ["12:00:00Z", "12:01:00Z"]
 
 
+def test_all_policy_far_behind_keeps_the_last_100_ticks_and_runs_the_first_at_once():
+    plant(missed="all")
+    now = T0 + timedelta(minutes=150, seconds=1)  # 151 ticks due: 12:00 .. 14:30
+    report = schedules.run_due(now)
+    # 12:00 .. 12:50 dropped; 12:51 .. 14:30 kept, the oldest of them enqueued in this pass
+    assert (report.enqueued, report.skipped) == (1, 51)
+    assert Job.objects.get().unique_key.endswith("12:51:00Z")
+    assert Schedule.objects.get().next_at == T0 + timedelta(minutes=52)
+    Job.objects.update(state=JobState.SUCCEEDED, finished_at=now)
+    assert (schedules.run_due(now).enqueued, Job.objects.count()) == (1, 2)  # 12:52 follows
+
+
+def test_all_policy_days_behind_is_decided_in_one_pass():
+    plant(missed="all")
+    now = T0 + timedelta(days=5, seconds=1)  # 7,201 minutely ticks due
+    report = schedules.run_due(now)
+    assert report.enqueued == 1
+    assert Job.objects.get().unique_key.endswith("2026-01-20T10:21:00Z")  # 100 ticks back
+    assert report.skipped == 7_201 - 100
+    plant(name="further", missed="all", next_at=T0 - timedelta(days=30))
+    assert schedules.run_due(now).skipped == schedules.MAX_SKIPPED_COUNTED  # counted up to it
+
+
 def test_a_tick_never_starts_while_the_previous_run_is_live():
     plant(missed="latest")
     schedules.run_due(T0 + timedelta(seconds=1))
