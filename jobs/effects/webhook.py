@@ -1,12 +1,14 @@
 """The built-in outbox target `webhook`: one HTTP call per perform or check, under a total deadline.
 
-Owns: what a call's answer means to the relay (jobs/effects/outbox.py):
-- 2xx: performed (a check: the receiver has the effect);
-- 4xx or 503: refused, not performed (a check's 404: not performed, and from now on no call
-  with a lower relay token will be -- the receiver contract, docs/effects.md);
-- any other answer (500, 502, 504, ...), a timeout, a cut connection or the total deadline:
-  the outcome is *unknown*
-  (`OutcomeUnknown`), never a failure -- the relay reconciles before anything is sent again.
+Owns: what an answer means to the relay (jobs/effects/outbox.py), as the receiver contract
+(docs/effects.md) defines it:
+- a call (POST): 2xx performed; 4xx or 503 refused, not performed; any other answer (500, 502,
+  504, ...), a timeout, a cut connection or the total deadline: the outcome is *unknown*
+  (`OutcomeUnknown`) -- the relay reconciles before anything is sent again;
+- a check (GET): only 200 says performed; 404 not performed (and from now on no call with a
+  lower relay token will be); any other answer, 2xx included (202, 204: "accepted, still
+  deciding"), cannot tell yet (`OutcomeUnknown`), so a receiver that is still deciding never
+  gets its intent closed unperformed.
 
 Never: waits longer than `timeout` for one call in all (connect, send, headers, body): a timer
 shuts the socket down at the deadline, so a target that trickles bytes cannot hold a relay thread
@@ -118,7 +120,7 @@ class WebhookTarget:
         url = f"{self._url(data, 'check_url')}?key={quote(key)}&token={int(token)}"
         headers = {KEY_HEADER: key, TOKEN_HEADER: str(token)}
         status = _Call(url, self.timeout).run("GET", None, headers)
-        if 200 <= status < 300:
+        if status == 200:  # the contract's only "performed": a 202 or 204 cannot tell yet
             return True
         if status == 404:
             return False

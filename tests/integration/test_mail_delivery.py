@@ -1,21 +1,25 @@
-"""Mail is at-least-once with a detected duplicate, at a real SMTP server: attempt 1's message is
-accepted but its worker never hears the `250`; the reaper reclaims; attempt 2 sends again under
-the same key and Message-ID. That second send is recorded (`mail_resent`), counted by /metrics,
-shown on the job page and logged. The Message-ID's domain is per install, never a constant."""
+"""Mail is at-least-once with a recorded possible duplicate, at a real SMTP server: attempt 1's
+message is accepted but its worker never hears the `250`; the reaper reclaims; attempt 2 sends
+again under the same key and Message-ID. That second send is recorded (`mail_resent`), counted by
+/metrics, shown on the job page and logged. A send started and never recorded is taken over the
+same way when nothing reached the server (connection refused): recorded all the same, since the
+ledger cannot tell. The Message-ID's domain is per install, never a constant."""
 
 import logging
+import socket
 import threading
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
 
 import jobs
 from jobs.core.exceptions import InvalidOption, LeaseLost
 from jobs.effects import keys
-from jobs.models import IdempotencyKey, JobEvent
+from jobs.models import IdempotencyKey, Job, JobEvent
 from jobs.ops import metrics
 from tests.integration.attempts import claim, expire_and_reap
 from tests.slow_receivers import wait_for
@@ -87,6 +91,31 @@ def test_a_mail_sent_again_after_a_lost_250_is_recorded_counted_shown_and_logged
     client.force_login(staff)
     page = client.get(reverse("dashboard:job", args=[job.pk])).content.decode()
     assert "duplicate detected" in page
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_mail_whose_first_send_never_reached_the_server_is_still_recorded_as_resent(settings):
+    job = jobs.enqueue("test.echo")
+    first = claim("host-a:1")
+    _use_smtp(settings, _closed_port())
+    with pytest.raises(ConnectionRefusedError) as refused:
+        _send(first.ctx)  # started, refused before anything was sent, never recorded
+    first.fail(repr(refused.value))  # the handler raised: retried
+    Job.objects.filter(pk=job.pk).update(run_at=Now())  # its backoff, over
+    with smtp_server() as box:
+        _use_smtp(settings, box.port)
+        result = _send(claim("host-b:2").ctx)
+        assert box.message_ids() == [result["message_id"]]  # the server got it once
+
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
+    assert (row.performs, row.attempt, row.status) == (2, 2, "done")
+    (event,) = JobEvent.objects.filter(job_id=job.pk, type="mail_resent")
+    assert (event.attempt, event.data["sends"]) == (2, 2)  # a possible duplicate, not a proven one
 
 
 def test_a_mail_sent_once_records_no_duplicate(settings):

@@ -4,6 +4,9 @@ intents -- against real local HTTP receivers that are slow, trickle, or do not d
 - a timeout is *unknown*: reconciled (the relay's token fences the slow first call out at the
   receiver), performed once; with no way to check, parked for an operator, never re-sent;
 - a relay stalled between marking and calling is refused by the receiver (lower relay token);
+- a check answering anything but 200 or 404 (a 202 or 204 included) cannot tell yet: the intent
+  stays pending with its outcome unknown, neither closed nor performed again, until its retry
+  horizon passes and it is parked `failed`;
 - a call has a total deadline: a trickling target is cut;
 - with one target hanging and the janitor stuck on a slow storage, another target's intent is
   delivered within 2 s of its commit by the embedded relay (jobs/worker/maintenance.py).
@@ -20,12 +23,13 @@ from django.db import connection
 from django.utils import timezone
 
 import jobs
+from jobs.core.conf import jobs_settings
 from jobs.effects import outbox
 from jobs.effects.webhook import OutcomeUnknown, WebhookTarget
 from jobs.models import Intent, StagedOutput
 from jobs.worker.maintenance import Maintenance
 from tests.integration.attempts import claim, expire_and_reap
-from tests.receiver import receiver
+from tests.receiver import JsonHandler, receiver, serving
 from tests.slow_receivers import fencing_receiver, trickling_server, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,6 +118,67 @@ def test_a_relay_stalled_between_marking_and_calling_is_refused_by_its_token():
         assert r.performs(key) == [2]
         assert r.refused == [(key, 1)]
         assert Intent.objects.get().state == "done"
+
+
+class _Undecided:
+    """A receiver answering every call and every check with `status` (a 2xx other than 200):
+    for a call, "performed"; for a check, "accepted, cannot tell yet". Counts both."""
+
+    def __init__(self, status: int) -> None:
+        self.status, self.posts, self.checks = status, 0, 0
+        self.lock = threading.Lock()
+
+    def handler(self) -> type[JsonHandler]:
+        r = self
+
+        class Handler(JsonHandler):
+            def _empty(self) -> None:
+                self.send_response(r.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with r.lock:
+                    r.posts += 1
+                self._empty()
+
+            def do_GET(self) -> None:  # noqa: N802
+                with r.lock:
+                    r.checks += 1
+                self._empty()
+
+        return Handler
+
+
+@pytest.mark.parametrize("status", [202, 204])
+def test_a_check_answering_another_2xx_cannot_tell_yet_and_leaves_the_intent_unknown(status):
+    undecided = _Undecided(status)
+    with serving(undecided.handler()) as url:
+        data = {"url": f"{url}/hook", "check_url": f"{url}/check"}
+        WebhookTarget(timeout=5.0).perform("1:publish", data, 1)  # a call's 2xx: performed
+        with pytest.raises(OutcomeUnknown, match=f"answered {status}: cannot tell yet"):
+            WebhookTarget(timeout=5.0).reconcile("1:publish", data, 1)
+        assert (undecided.checks, undecided.posts) == (1, 1)
+
+        _commit_intent("test.quick-webhook", data)
+        # A relay died mid-call: the outcome is unknown, so the next try asks the check first.
+        Intent.objects.update(outcome_unknown=True, performs=1, claims=1)
+        assert outbox.relay_once("relay-a") == 1
+        row = Intent.objects.get()
+        assert (row.state, row.outcome_unknown, row.reconciled) == ("pending", True, False)
+        assert (row.performs, row.failures) == (1, 1)
+        assert "cannot tell yet" in row.last_error
+        assert (undecided.checks, undecided.posts) == (2, 1)  # asked, never performed again
+
+        # Past its retry horizon it is given up like any intent, still unknown, never performed.
+        horizon = timedelta(hours=jobs_settings().INTENT_RETRY_HOURS)
+        Intent.objects.update(retry_since=timezone.now() - horizon - timedelta(minutes=1))
+        _due_now()
+        assert outbox.relay_once("relay-a") == 1
+        row.refresh_from_db()
+        assert (row.state, row.outcome_unknown, row.failures) == ("failed", True, 2)
+        assert (undecided.checks, undecided.posts) == (3, 1)
 
 
 def test_a_trickling_target_is_cut_at_the_calls_total_deadline():

@@ -2,14 +2,19 @@
 its own outputs, and the orphan janitor (never a committed output, safe twice at once)."""
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
 import jobs
+from jobs.context import Held, JobContext
+from jobs.core import transitions
 from jobs.effects import janitor
 from jobs.models import Attempt, Job, JobEvent, StagedOutput
+from jobs.worker import completer
+from jobs.worker.heartbeat import Finished
 from tests.integration.attempts import claim, expire_and_reap
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,6 +46,30 @@ def test_the_commit_points_the_job_at_the_committing_attempts_outputs(media):
     job.refresh_from_db()
     assert job.result_ref == f"jobs/{job.pk}/attempt-1/"
     assert Attempt.objects.get(job=job, number=1).staging_ref == job.result_ref
+
+
+def test_a_batch_commit_points_each_job_at_its_own_attempts_outputs(media):
+    staged = jobs.enqueue("test.echo")
+    claim(A).ctx.stage("out.txt", "attempt 1")  # its worker vanishes: attempt 2 is next
+    expire_and_reap(staged.pk)
+    bare = jobs.enqueue("test.echo")
+    claimed = {c.fence.job_id: c for c in transitions.claim(B, limit=2, lease_seconds=30)}
+    assert {(c.fence.job_id, c.fence.attempt) for c in claimed.values()} == {
+        (staged.pk, 2),
+        (bare.pk, 1),
+    }
+    held = {pk: Held(c.fence, 30) for pk, c in claimed.items()}
+    JobContext(held[staged.pk], "test.echo", {}).stage("out.txt", "attempt 2")
+
+    completer.commit([Finished(held[pk], c, pk, time.monotonic()) for pk, c in claimed.items()])
+
+    # One statement, each row its own: the stager's attempt-2 prefix, nothing for the other.
+    staged.refresh_from_db()
+    bare.refresh_from_db()
+    assert (staged.state, staged.result_ref) == ("succeeded", f"jobs/{staged.pk}/attempt-2/")
+    assert (bare.state, bare.result_ref) == ("succeeded", "")
+    assert Attempt.objects.get(job=staged, number=2).staging_ref == staged.result_ref
+    assert Attempt.objects.get(job=bare, number=1).staging_ref == ""
 
 
 def test_a_zombie_whose_commit_is_rejected_deletes_its_own_outputs(media):

@@ -257,10 +257,15 @@ def test_reaper_reclaims_only_expired_leases(make_job):
 
 
 def test_reaper_fails_a_job_whose_last_attempt_expired(make_job):
-    job = make_job(state=JobState.RUNNING, attempt=2, lease_in=-1, max_attempts=2)
+    job = make_job(
+        state=JobState.RUNNING, attempt=2, lease_in=-1, max_attempts=2, worker="host-z:909"
+    )
     reaper.reap("reaper:1")
     job.refresh_from_db()
     assert job.state == JobState.FAILED and "expired" in job.error
+    # The operator reads which attempt ran where and stopped heartbeating (docs/design.md).
+    assert "attempt 2 " in job.error and "ran on host-z:909" in job.error
+    assert "stopped heartbeating" in job.error
     assert transitions.claim(WORKER, lease_seconds=30) == []
 
 
