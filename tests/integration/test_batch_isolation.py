@@ -21,7 +21,7 @@ import jobs
 from jobs.core import transitions
 from jobs.core.states import AttemptOutcome, EventType, JobState
 from jobs.models import Attempt, Job
-from jobs.worker import reaper, runner
+from jobs.worker import reaper, runner, successes
 from tests.acceptance.cluster import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,6 +164,11 @@ def test_a_quick_success_is_committed_while_a_batch_mate_runs_long(one_batch):
         thread.join(timeout=30)
     one_batch.were_claimed_together([quick, slow])
     assert state(slow) == JobState.SUCCEEDED
+    # Within twice FLUSH_SECONDS of its claim (its handler takes a millisecond), with a margin
+    # for a loaded machine: the batch's end would have been 4 s later.
+    ran = Attempt.objects.get(job=quick, number=1)
+    waited = (ran.ended_at - ran.claimed_at).total_seconds()
+    assert waited < 2 * successes.FLUSH_SECONDS + 0.3, f"committed {waited:.2f} s after its claim"
 
 
 @override_settings(JOBS={"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 0.1})
