@@ -199,12 +199,12 @@ def send_mail(
     to: list[str],
     from_email: str | None = None,
 ) -> dict[str, Any]:
-    """Send one mail per (job, step), at least once: a duplicate is possible and detected.
+    """Send one mail per (job, step), at least once: every possible duplicate is recorded.
 
     A repeat after a recorded send (a later attempt, or a zombie) gets the recorded result and
-    sends nothing. A mail an earlier attempt handed to the mail server without recording it is
-    sent again with the same Message-ID -- mail servers do not deduplicate, so the recipient may
-    get it twice -- and that second send is recorded (a `mail_resent` event, counted by
+    sends nothing. A mail an earlier attempt started to send without recording the result (it
+    may or may not have reached the server) is sent again with the same Message-ID -- mail
+    servers do not deduplicate, so the recipient may get it twice -- and that send is recorded (a `mail_resent` event, counted by
     /metrics as `jobs_mail_resent_total`, marked on the job page) and logged.
     """
 
