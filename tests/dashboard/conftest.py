@@ -30,6 +30,30 @@ def operator(db: None) -> User:
     return user
 
 
+#: Every permission a press asks for: the drill's, the job actions' and queue controls', cron's.
+PRESS_PERMISSIONS = [
+    "dashboard.view_dashboard",
+    "dashboard.run_drill",
+    "jobs.change_job",
+    "jobs.change_schedule",
+]
+
+
+@pytest.fixture
+def unstaffed(db: None) -> User:
+    """Not staff, yet holding every permission a press asks for: only the `is_staff` half of
+    each check stands between this user and a write."""
+    user = User.objects.create_user("unstaffed", password="pw")
+    for name in PRESS_PERMISSIONS:
+        app_label, codename = name.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    user = User.objects.get(pk=user.pk)  # permissions are cached per instance
+    assert user.has_perms(PRESS_PERMISSIONS) and not user.is_staff
+    return user
+
+
 @pytest.fixture
 def outsider(db: None) -> User:
     return User.objects.create_user("outsider", password="pw")

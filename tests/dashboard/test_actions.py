@@ -1,8 +1,9 @@
 """Acting where you look: the job page's buttons and the jobs list's bulk run (dashboard/actions).
 
-Who may press (anonymous, a read-only viewer, staff without `jobs.change_job`, staff with it), the
-CSRF refusal, what each action does and how it is audited, the confirmation in the fence's words,
-and a bulk run over a filter that goes on, chunk by chunk, until every matching job is reached.
+Who may press (anonymous, a read-only viewer, staff without `jobs.change_job`, a user holding it
+who is not staff, staff with it), the CSRF refusal, what each action does and how it is audited,
+the confirmation in the fence's words, and a bulk run over a filter that goes on, chunk by chunk,
+until every matching job is reached.
 """
 
 import json
@@ -81,6 +82,25 @@ def test_staff_without_change_job_may_not_press(staff_client: Client, make_job) 
     assert 'id="bulk-form"' not in page
     job.refresh_from_db()
     assert job.state == JobState.FAILED
+
+
+def test_a_user_who_is_not_staff_may_not_press_even_with_change_job(
+    unstaffed: User, make_job
+) -> None:
+    job = make_job(state=JobState.FAILED, attempt=1)
+    client = client_for(unstaffed)
+    page = client.get(reverse("dashboard:job", args=[job.pk])).content.decode()
+    assert not [name for name in actions.ACTIONS if f'id="action-{name}"' in page]
+    assert 'id="bulk-form"' not in client.get(reverse("dashboard:jobs")).content.decode()
+    for name in actions.ACTIONS:
+        assert client.get(act_url(job, name)).status_code == 403
+        assert client.post(act_url(job, name), {"attempt": 1}, **HTMX).status_code == 403
+    for step in ("confirm", "run"):
+        fields = {"action": "retry", "scope": "matching", "step": step, "upto": job.pk}
+        assert client.post(reverse("dashboard:bulk"), fields).status_code == 403
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and Job.objects.count() == 1
+    assert not LogEntry.objects.exists()
 
 
 def test_staff_with_change_job_sees_the_buttons(presser_client: Client, make_job) -> None:

@@ -136,6 +136,22 @@ def test_a_viewer_sees_no_buttons_and_may_not_press(operator_client: Client) -> 
     assert Schedule.objects.get(name="nightly").enabled
 
 
+def test_a_user_who_is_not_staff_sees_no_buttons_and_may_not_press_even_with_the_permission(
+    unstaffed: User,
+) -> None:
+    plant()
+    plant(name="weekly", enabled=False)
+    client = client_for(unstaffed)
+    html = client.get(reverse("dashboard:cron")).content.decode()
+    assert "Run now" not in html and reverse("dashboard:cron-action") not in html
+    url = reverse("dashboard:cron-action")
+    for name, action in [("nightly", "run"), ("nightly", "disable"), ("weekly", "enable")]:
+        assert client.post(url, {"name": name, "action": action}).status_code == 403, action
+    assert Schedule.objects.get(name="nightly").enabled
+    assert not Schedule.objects.get(name="weekly").enabled
+    assert not Job.objects.exists() and not LogEntry.objects.exists()
+
+
 def test_staff_without_the_change_permission_may_not_press(staff_client: Client) -> None:
     plant()
     response = staff_client.post(

@@ -65,6 +65,33 @@ def test_a_correct_login_succeeds_again_after_the_cool_off(operator: User) -> No
     assert client.session["_auth_user_id"] == str(operator.pk)
 
 
+def test_a_successful_login_resets_the_count(operator: User) -> None:
+    client = Client()
+    limit = settings.AXES_FAILURE_LIMIT
+    assert [log_in(client, "wrong") for _ in range(limit - 1)] == [200] * (limit - 1)
+    assert log_in(Client(), "pw") == 302  # one right password, from the same address
+    assert [log_in(client, "wrong") for _ in range(limit - 1)] == [200] * (limit - 1)
+    assert log_in(Client(), "pw") == 302  # 2 * (limit - 1) failures in all: still not locked
+
+
+def admin_log_in(client: Client, password: str) -> int:
+    url = reverse("admin:login")
+    return client.post(url, {"username": "staff", "password": password}).status_code
+
+
+def test_the_admin_login_is_throttled_too(staff: User) -> None:
+    client = Client()
+    limit = settings.AXES_FAILURE_LIMIT
+    assert admin_log_in(client, "pw") == 302  # the admin's login works, for staff
+    client.logout()
+    assert [admin_log_in(client, "wrong") for _ in range(limit - 1)] == [200] * (limit - 1)
+    assert admin_log_in(client, "wrong") == 429  # the limit-th failure locks, here too
+    response = client.post(reverse("admin:login"), {"username": "staff", "password": "pw"})
+    assert response.status_code == 429  # even the right password, until the cool-off
+    assert "Too many failed logins" in response.content.decode()
+    assert "_auth_user_id" not in client.session
+
+
 def test_the_lockout_is_per_username_and_address(operator: User) -> None:
     for _ in range(settings.AXES_FAILURE_LIMIT):
         log_in(Client(), "wrong")

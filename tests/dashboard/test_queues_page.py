@@ -230,6 +230,19 @@ def test_a_viewer_sees_no_controls_and_may_not_pause(
     assert response.status_code == 403 and queue_ops.controls() == {}
 
 
+def test_a_user_who_is_not_staff_sees_no_controls_and_may_not_press_even_with_change_job(
+    unstaffed: User, make_job: Callable[..., Job]
+) -> None:
+    make_job(queue="mail")
+    client = client_for(unstaffed)
+    html = client.get(reverse("dashboard:queues")).content.decode()
+    assert "Pause" not in html and reverse("dashboard:queue-action") not in html
+    for fields in ({"action": "pause"}, {"action": "resume"}, {"action": "limit", "limit": "3"}):
+        response = client.post(reverse("dashboard:queue-action"), {"name": "mail", **fields})
+        assert response.status_code == 403, fields
+    assert queue_ops.controls() == {} and not LogEntry.objects.exists()
+
+
 def test_staff_without_the_job_change_permission_may_not_pause(staff_client: Client) -> None:
     response = staff_client.post(
         reverse("dashboard:queue-action"), {"name": "mail", "action": "pause"}

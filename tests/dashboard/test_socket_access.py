@@ -1,6 +1,7 @@
 """A websocket lives no longer than its access: logout, deactivation, removal from `operators`
 or a vanished session close it before it sends anything more, and it cannot re-point itself
-afterwards; the handshake's Origin must be this site's scheme, host *and* port."""
+afterwards; the handshake's Origin must be this site's scheme, host *and* port, and its Host an
+allowed host."""
 
 import asyncio
 import contextlib
@@ -166,6 +167,19 @@ async def test_the_port_of_the_host_is_part_of_the_origin(operator: User) -> Non
     client = await sync_to_async(logged_in)(operator)
     assert await connects(client, host=f"{HOST}:8000", origin=f"http://{HOST}:8000")
     assert not await connects(client, host=f"{HOST}:8000", origin=f"http://{HOST}")
+
+
+async def test_a_host_outside_allowed_hosts_is_refused_even_when_the_origin_matches_it(
+    operator: User, settings: Any
+) -> None:
+    """DNS rebinding: a page on rebound.example whose name now resolves to this server sends
+    Origin and Host alike; only ALLOWED_HOSTS tells it from the site."""
+    settings.ALLOWED_HOSTS = [HOST]
+    client = await sync_to_async(logged_in)(operator)
+    rebound = "rebound.example"
+    assert not await connects(client, host=rebound, origin=f"http://{rebound}")
+    assert not await connects(client, host=f"{rebound}:8000", origin=f"http://{rebound}:8000")
+    assert await connects(client)  # the site itself, on an allowed host
 
 
 async def test_behind_a_tls_proxy_the_https_origin_and_trusted_origins_are_accepted(
