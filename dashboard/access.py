@@ -1,7 +1,9 @@
 """Who may see and who may press, for pages and for sockets -- and for how long.
 
 Seeing needs a logged-in, active user with `dashboard.view_dashboard` (the read-only "operators"
-group); pressing an action also needs `is_staff` and `dashboard.run_drill`, and a POST with CSRF.
+group); pressing needs `is_staff` too, the press's own permission (`dashboard.run_drill` for the
+drill, `jobs.change_job` for job actions and queue controls, `jobs.change_schedule` for cron) and
+a POST with CSRF.
 
 A websocket is checked for longer than a request: `socket_still_allowed` re-reads its session and
 user from the database (the consumer calls it on every receive and, at most every

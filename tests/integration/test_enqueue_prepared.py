@@ -109,6 +109,17 @@ def test_prepared_statements_off_turns_the_enqueues_off_too_even_when_it_says_on
     assert sent[0][1].startswith('"" "WITH inserted AS'), sent  # the unnamed statement
 
 
+@pytest.mark.django_db(transaction=True)
+def test_auto_does_not_prepare_where_the_database_disables_server_side_cursors(monkeypatch):
+    """DISABLE_SERVER_SIDE_CURSORS is Django's own setting for a transaction pooler."""
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    jobs.enqueue("test.echo")
+    with wire() as sent:
+        jobs.enqueue("test.echo", {"n": 4})
+    assert types(sent) == ["Parse", "Bind", "Describe", "Execute", "Sync"], sent
+    assert sent[0][1].startswith('"" "WITH inserted AS'), sent  # the unnamed statement
+
+
 @pytest.mark.django_db
 def test_an_unknown_enqueue_prepare_setting_is_refused_with_its_choices():
     with (
