@@ -6,8 +6,10 @@ import re
 
 import pytest
 from django.core import mail
+from django.db import connection
 
 import jobs
+from jobs.core.exceptions import InvalidPayload, PayloadTooLarge
 from jobs.effects import keys as effects
 from jobs.models import IdempotencyKey, Job, JobEvent, RejectedWrite
 from tests.integration.attempts import claim, expire_and_reap
@@ -94,6 +96,34 @@ def test_an_effect_result_that_cannot_be_stored_leaves_the_effect_unrecorded():
     assert IdempotencyKey.objects.get().status == "started"
 
 
+@pytest.mark.parametrize(
+    ("result", "refused"),
+    [
+        ("x" * 63, PayloadTooLarge),  # 65 bytes of JSON with its quotes
+        ({"at": {1, 2}}, InvalidPayload),
+        (float("nan"), InvalidPayload),
+        (object(), InvalidPayload),
+    ],
+    ids=["oversize", "set", "nan", "object"],
+)
+def test_an_effect_result_over_the_payload_bound_or_not_json_is_not_recorded(
+    settings, result, refused
+):
+    settings.JOBS = {**settings.JOBS, "MAX_PAYLOAD_BYTES": 64}
+    job = jobs.enqueue("test.echo")
+    running = claim(A)
+    calls: list[str] = []
+    with pytest.raises(refused):
+        running.ctx.effect("charge", lambda key: calls.append(key) or result)
+    assert calls == [f"{job.pk}:charge"]
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:charge")
+    assert (row.status, row.result) == ("started", None)  # nothing recorded as performed
+    assert not JobEvent.objects.filter(job=job, type="effect_performed").exists()
+
+    assert running.ctx.effect("bounded", lambda key: "x" * 62) == "x" * 62  # 64 bytes: stored
+    assert IdempotencyKey.objects.get(key=f"{job.pk}:bounded").status == "done"
+
+
 def test_an_effect_whose_result_cannot_be_stored_runs_again_on_the_next_attempt():
     job = jobs.enqueue("test.echo")
     first = claim(A)
@@ -129,6 +159,27 @@ def test_mail_is_sent_once_with_the_key_in_its_message_id():
     assert re.fullmatch(rf"<{job.pk}\.notice\.\d+@{domain}>", message.extra_headers["Message-ID"])
     assert message.extra_headers["X-Idempotency-Key"] == f"{job.pk}:notice"
     assert IdempotencyKey.objects.get(key=f"{job.pk}:notice").repeats == 1
+
+
+def test_a_job_id_reused_after_a_restore_gets_a_new_message_id():
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    effects.send_mail(first.ctx, "notice", "Rendered", "Your file is ready", ["a@b.c"])
+    # A restore from a backup taken before that job: its key row and the job are gone, and the
+    # sequence hands the same id out again.
+    IdempotencyKey.objects.filter(key=f"{job.pk}:notice").delete()
+    Job.objects.filter(pk=job.pk).delete()
+    with connection.cursor() as cur:
+        cur.execute("SELECT setval(pg_get_serial_sequence('jobs_job', 'id'), %s, false)", [job.pk])
+    assert jobs.enqueue("test.echo").pk == job.pk
+    second = claim(B)
+    effects.send_mail(second.ctx, "notice", "Rendered", "Another file is ready", ["a@b.c"])
+
+    earlier, later = (m.extra_headers["Message-ID"] for m in mail.outbox)
+    domain = re.escape(effects.mail_domain())
+    for message_id in (earlier, later):
+        assert re.fullmatch(rf"<{job.pk}\.notice\.\d+@{domain}>", message_id)
+    assert later != earlier
 
 
 def test_a_stale_attempt_cannot_record_completion_while_the_newer_one_is_performing():

@@ -9,6 +9,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
 import jobs
@@ -118,6 +119,105 @@ def test_an_operator_retries_failed_intents_from_the_command_line_audited(admin_
         with pytest.raises(Exception, match="may not retry"):
             call_command("jobs", "intents", "retry", str(row.pk), "--user", nobody.username)
         assert Intent.objects.get(pk=row.pk).state == "failed"
+
+
+def _parked_intent(r: Received) -> Intent:
+    """A relay died mid-call (outcome unknown) on a webhook without `check_url`: the next relay
+    cannot reconcile it, so it parks it `failed` without calling the target."""
+    row = _commit_intent(r)
+    Intent.objects.filter(pk=row.pk).update(
+        state="performing",
+        claims=1,
+        performs=1,
+        outcome_unknown=True,
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    assert outbox.relay_once("relay-a") == 1
+    row.refresh_from_db()
+    assert (row.state, row.outcome_unknown) == ("failed", True)
+    return row
+
+
+def _operator_retry(via: str, row: Intent, client: Client, user: User, again: bool) -> None:
+    if via == "admin":
+        action = "perform_failed_intents_again" if again else "retry_failed_intents"
+        response = client.post(
+            "/admin/jobs/intent/", {"action": action, "_selected_action": [row.pk]}, follow=True
+        )
+        assert "retried 1 failed intents" in response.content.decode().lower()
+    else:
+        flags = ["--perform-again"] if again else []
+        out = StringIO()
+        call_command(
+            "jobs", "intents", "retry", str(row.pk), *flags, "--user", user.username, stdout=out
+        )
+        assert "retried 1 failed intents" in out.getvalue()
+
+
+@pytest.mark.parametrize("via", ["admin", "cli"])
+def test_an_operators_retry_reconciles_an_unknown_outcome_and_only_perform_again_calls(
+    via, admin_client, admin_user
+):
+    with receiver() as r:
+        row = _parked_intent(r)
+
+        _operator_retry(via, row, admin_client, admin_user, again=False)
+        row.refresh_from_db()
+        assert (row.state, row.outcome_unknown) == ("pending", True)
+        assert outbox.relay_once("relay-a") == 1  # reconciled first: the target cannot check
+        row.refresh_from_db()
+        assert (row.state, row.outcome_unknown, row.performs) == ("failed", True, 1)
+        assert r.posts() == 0  # parked again, the receiver never called
+
+        _operator_retry(via, row, admin_client, admin_user, again=True)
+        row.refresh_from_db()
+        assert (row.state, row.outcome_unknown) == ("pending", False)
+        assert outbox.relay_once("relay-a") == 1
+        row.refresh_from_db()
+        assert (row.state, row.reconciled, row.performs) == ("done", False, 2)
+        assert r.verdicts(row.key) == ["performed"]  # exactly one call
+
+    messages = list(
+        LogEntry.objects.filter(object_id=str(row.job_id))
+        .order_by("id")
+        .values_list("change_message", flat=True)
+    )
+    assert messages == [
+        f"intent {row.key} retried ({via})",
+        f"intent {row.key} performed again without reconciling ({via})",
+    ]
+    retried = JobEvent.objects.filter(job_id=row.job_id, type="intent_retried").order_by("id")
+    assert [e.data["perform_again"] for e in retried] == [False, True]
+
+
+def test_an_operators_retry_restarts_the_retry_horizon(settings, admin_user):
+    settings.JOBS = {**settings.JOBS, "INTENT_RETRY_HOURS": 1.0}
+    with receiver() as down:
+        down.failing = True  # refuses every call (503)
+        row = _commit_intent(down)
+        committed_long_ago = timezone.now() - timedelta(hours=2)  # past the horizon
+        Intent.objects.filter(pk=row.pk).update(
+            state="failed", failures=40, retry_since=committed_long_ago
+        )
+        call_command(
+            "jobs",
+            "intents",
+            "retry",
+            str(row.pk),
+            "--user",
+            admin_user.username,
+            stdout=StringIO(),
+        )
+        row.refresh_from_db()
+        assert row.retry_since > timezone.now() - timedelta(minutes=1)
+        assert outbox.relay_once("relay-a") == 1  # refused again: within the new horizon
+        row.refresh_from_db()
+        assert (row.state, row.failures) == ("pending", 1)
+
+        _due(row, retry_since=timezone.now() - timedelta(minutes=61))  # an hour after the retry
+        outbox.relay_once("relay-a")
+        row.refresh_from_db()
+        assert row.state == "failed"
 
 
 def test_retention_never_deletes_a_job_with_an_undelivered_intent():

@@ -1,17 +1,20 @@
 """Staged outputs: attempt-scoped paths, promotion by the fenced commit, a losing worker deleting
 its own outputs, and the orphan janitor (never a committed output, safe twice at once)."""
 
+import io
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from django.core.files.base import ContentFile
 from django.db import connection
 
 import jobs
 from jobs.context import Held, JobContext
 from jobs.core import transitions
-from jobs.effects import janitor
+from jobs.core.exceptions import InvalidOption
+from jobs.effects import janitor, staging
 from jobs.models import Attempt, Job, JobEvent, StagedOutput
 from jobs.worker import completer
 from jobs.worker.heartbeat import Finished
@@ -108,6 +111,33 @@ def test_a_hostile_output_name_is_refused_before_anything_is_written(media, name
         running.ctx.stage(name, b"x")
     assert not StagedOutput.objects.exists()
     assert list(media.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        lambda n: b"x" * n,
+        lambda n: "x" * n,
+        lambda n: ContentFile(b"x" * n),
+        lambda n: io.BytesIO(b"x" * n),
+    ],
+    ids=["bytes", "str", "file", "readable"],
+)
+def test_an_output_over_the_size_limit_is_refused_before_anything_is_written(
+    media, monkeypatch, content
+):
+    assert staging.MAX_BYTES == 1024**3  # the documented bound: 1 GiB
+    monkeypatch.setattr(staging, "MAX_BYTES", 8)
+    job = jobs.enqueue("test.echo")
+    running = claim(A)
+    with pytest.raises(InvalidOption, match="9 bytes is more than 8"):
+        running.ctx.stage("big.bin", content(9))
+    assert not StagedOutput.objects.exists()
+    assert list(media.iterdir()) == []
+
+    ref = running.ctx.stage("big.bin", content(8))  # at the bound: staged
+    assert (media / ref).read_bytes() == b"x" * 8
+    assert StagedOutput.objects.get(job=job).size == 8
 
 
 def _outputs_of_killed_and_committed_attempts(media: Path) -> tuple[Job, str, str]:
