@@ -1,16 +1,21 @@
 """Every transition changes the job, its attempt and its events together or not at all.
 
-On PostgreSQL the transitions run in autocommit, so each must be one statement: here a second
-connection locks a row the transition needs, the transition's connection is cut while it waits
-(pg_terminate_backend), and the state is all or nothing -- and a release presented again after
-the cut lands without a false rejection. The tests named test_refused_* run on SQLite too
+On PostgreSQL the transitions run in autocommit, so each must be one statement: each is counted
+as one, and each that writes more than the job row (claim, heartbeat, commit and the batch
+commit, fail, release, reclaim, poison) is cut: a second connection locks a row the transition
+needs (the attempt row, once the statement has moved the job; for the claim, an advisory lock
+its event rows wait on; for a poison, the event table), the transition's connection is cut
+while it waits (pg_terminate_backend), and the state is all or nothing -- and the write
+presented again after the cut lands without a false rejection. A checkpoint writes the job row
+alone: it is counted, not cut. The tests named test_refused_* run on SQLite too
 (tests/sqlite/test_atomic_transitions.py): a trigger refuses the event row, and nothing of the
 transition remains.
 """
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -20,10 +25,11 @@ from django.test.utils import CaptureQueriesContext
 
 import jobs
 from jobs.core import transitions
-from jobs.core.sql import driver_for
+from jobs.core.sql import IntentRow, driver_for
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.core.transitions import Fence
-from jobs.models import Attempt, Job, JobEvent, RejectedWrite
+from jobs.core.transitions import worker as worker_transitions
+from jobs.models import Attempt, Intent, Job, JobEvent, RejectedWrite
 from jobs.worker import reaper
 from tests.conftest import on_sqlite, raw_connection
 
@@ -164,6 +170,139 @@ def test_a_poison_cut_mid_way_changes_nothing():
     assert not JobEvent.objects.filter(job=job, type="poisoned").exists()
 
 
+# The claim has no row of its own to lock before it runs (its attempt row is its own insert): a
+# trigger makes each event insert wait on an advisory lock the holder takes, so the claim is
+# cut after its jobs were moved (its events are inserted from the rows its UPDATE returned).
+HOLD_EVENTS = "SELECT pg_advisory_xact_lock(%s)"
+EVENTS_KEY = 424242
+
+
+@contextmanager
+def events_wait_for_the_holder() -> Iterator[None]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION wait_for_holder() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN PERFORM pg_advisory_xact_lock_shared({EVENTS_KEY}); RETURN NEW; END $$"
+        )
+        cur.execute(
+            "CREATE TRIGGER wait_for_holder BEFORE INSERT ON jobs_jobevent "
+            "FOR EACH ROW EXECUTE FUNCTION wait_for_holder()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER wait_for_holder ON jobs_jobevent")
+            cur.execute("DROP FUNCTION wait_for_holder()")
+
+
+def test_a_claim_cut_mid_way_claims_nothing():
+    if on_sqlite():
+        pytest.skip("pg_terminate_backend")
+    first, second = jobs.enqueue("test.echo"), jobs.enqueue("test.echo")
+
+    with events_wait_for_the_holder():
+        raised = cut_while_blocked(
+            lambda: transitions.claim(WORKER, limit=2, lease_seconds=30), HOLD_EVENTS, [EVENTS_KEY]
+        )
+
+    assert isinstance(raised, DatabaseError | psycopg.Error), raised
+    for job in (first, second):
+        assert Job.objects.filter(pk=job.pk).values_list("state", "attempt").get() == (
+            JobState.QUEUED,
+            0,
+        )
+    assert not Attempt.objects.exists()
+    assert not JobEvent.objects.exclude(type="enqueued").exists()
+    claimed = transitions.claim(WORKER, limit=2, lease_seconds=30)  # the next claim takes them
+    assert sorted((c.fence.job_id, c.fence.attempt) for c in claimed) == [
+        (first.pk, 1),
+        (second.pk, 1),
+    ]
+
+
+def _lease(job_id: int) -> tuple[Any, ...]:
+    """What a heartbeat moves: the job's lease and beat, its attempt's beat and confirmation."""
+    job = Job.objects.get(pk=job_id)
+    attempt = Attempt.objects.get(job_id=job_id, number=job.attempt)
+    return (
+        job.lease_expires_at,
+        job.heartbeat_at,
+        attempt.heartbeat_at,
+        attempt.running_confirmed_at,
+    )
+
+
+def test_a_heartbeat_cut_mid_way_changes_nothing_and_the_next_beat_lands():
+    if on_sqlite():
+        pytest.skip("pg_terminate_backend")
+    jobs.enqueue("test.echo")
+    fence = claim_one()
+    before = _lease(fence.job_id)
+
+    def beat() -> None:
+        transitions.heartbeat_many([(fence, 300)], confirm=fence)
+
+    raised = cut_while_blocked(beat, LOCK_ATTEMPT, [fence.job_id])
+
+    assert isinstance(raised, DatabaseError | psycopg.Error), raised
+    assert _lease(fence.job_id) == before
+    assert transitions.heartbeat_many([(fence, 300)], confirm=fence) == set()
+    lease, job_beat, attempt_beat, confirmed = _lease(fence.job_id)
+    assert lease > before[0] and job_beat > before[1] and attempt_beat > before[2]
+    assert confirmed is not None
+
+
+def test_a_batch_commit_cut_mid_way_commits_none_and_presented_again_lands_unrejected():
+    if on_sqlite():
+        pytest.skip("pg_terminate_backend")
+    jobs.enqueue("test.echo")
+    jobs.enqueue("test.echo")
+    one, two = (c.fence for c in transitions.claim(WORKER, limit=2, lease_seconds=30))
+    items = [(one, {"n": 1}, "ref-1"), (two, {"n": 2}, "ref-2")]
+    intents = {two.job_id: [IntentRow("notify", f"{two.job_id}:notify", "test.target", {})]}
+
+    # The second job's attempt row is held: the statement has written the first one's by then.
+    raised = cut_while_blocked(
+        lambda: transitions.commit_many(items, intents), LOCK_ATTEMPT, [two.job_id]
+    )
+
+    assert isinstance(raised, DatabaseError | psycopg.Error), raised
+    for fence in (one, two):
+        assert snapshot(fence.job_id) == (JobState.RUNNING, AttemptOutcome.RUNNING, [])
+    assert not Intent.objects.exists()
+    assert transitions.commit_many(items, intents) == []  # presented again, as after a cut
+    for fence in (one, two):
+        assert snapshot(fence.job_id) == (
+            JobState.SUCCEEDED,
+            AttemptOutcome.SUCCEEDED,
+            ["succeeded"],
+        )
+    assert list(Intent.objects.values_list("job_id", "attempt", "step")) == [
+        (two.job_id, 1, "notify")
+    ]
+    assert not RejectedWrite.objects.exists()
+
+
+def test_a_fail_cut_mid_way_changes_nothing_and_presented_again_lands_unrejected():
+    if on_sqlite():
+        pytest.skip("pg_terminate_backend")
+    jobs.enqueue("test.echo")
+    fence = claim_one()
+
+    raised = cut_while_blocked(
+        lambda: transitions.fail(fence, "boom", None), LOCK_ATTEMPT, [fence.job_id]
+    )
+
+    assert isinstance(raised, DatabaseError | psycopg.Error), raised
+    assert snapshot(fence.job_id) == (JobState.RUNNING, AttemptOutcome.RUNNING, [])
+    assert Job.objects.get(pk=fence.job_id).error == ""
+    transitions.fail(fence, "boom", None)  # presented again, as the completer does after a cut
+    assert snapshot(fence.job_id) == (JobState.FAILED, AttemptOutcome.FAILED, ["failed"])
+    assert Attempt.objects.get(job_id=fence.job_id, number=1).error == "boom"
+    assert not RejectedWrite.objects.exists()
+
+
 def test_a_claim_never_logs_attempt_2_before_the_reclaim_logs_attempt_1_expired():
     if on_sqlite():
         pytest.skip("a second connection holding a row lock")
@@ -240,6 +379,39 @@ def test_release_reclaim_and_poison_are_each_one_statement_on_postgresql():
         .order_by("id")
         .values_list("type")
     ) == [("claimed",), ("expired",), ("failed",)]
+
+
+def test_claim_heartbeat_checkpoint_commit_and_fail_are_each_one_statement_on_postgresql():
+    if on_sqlite():
+        pytest.skip("SQLite runs them as several statements in one transaction")
+    for _ in range(5):
+        jobs.enqueue("test.echo")
+    worker_transitions._limited.clear()
+    transitions.refresh_limits(None)  # the claim below knows its queues are not limited
+    with CaptureQueriesContext(connection) as queries:
+        claimed = transitions.claim(WORKER, limit=5, lease_seconds=30)
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    one, two, three, four, five = (c.fence for c in claimed)
+    intents = {four.job_id: [IntentRow("notify", f"{four.job_id}:notify", "test.target", {})]}
+    for transition in (
+        lambda: transitions.heartbeat(one, 60),
+        lambda: transitions.heartbeat_many([(one, 60), (two, 60)], confirm=one),
+        lambda: transitions.confirm_running(two),
+        lambda: transitions.checkpoint(one, {"done": 1}, 60),
+        lambda: transitions.commit(one, {"ok": True}),
+        lambda: transitions.commit_many([(two, 2, ""), (three, 3, ""), (four, 4, "r")], intents),
+        lambda: transitions.fail(five, "boom", None),
+    ):
+        with CaptureQueriesContext(connection) as queries:
+            transition()
+        assert len(queries) == 1, [q["sql"] for q in queries]
+    assert (
+        sorted(Job.objects.values_list("state", flat=True))
+        == [JobState.FAILED] + [JobState.SUCCEEDED] * 4
+    )
+    assert Job.objects.get(pk=one.job_id).progress == {"done": 1}
+    assert Intent.objects.filter(job_id=four.job_id).count() == 1
+    assert not RejectedWrite.objects.exists()
 
 
 # -- both drivers: the event row refused, nothing of the transition remains -------------------
