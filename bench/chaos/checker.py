@@ -3,6 +3,8 @@ a run, and counts every violation of the invariants (the `must_be_zero` figures)
 expected under faults and only informational.
 
 Invariants, per job:
+- every job the run enqueued exists exactly once (one job per `chaos-<i>` unique key: a wave is
+  one transaction, retried only after checking that it did not land, bench/chaos/run.py);
 - no job lost: every job terminal at the end;
 - at most one accepted terminal write (terminal events of a job);
 - the committed result and result_ref belong to the committing attempt;
@@ -10,7 +12,8 @@ Invariants, per job:
 - charged attempts (attempt - attempts_released) <= max_attempts;
 - no token-checked row holds a value from a non-current attempt of a job that succeeded, and the
   database never accepted a token-checked write while the writer's attempt was not the job's
-  current running one (the audit trigger of bench/chaos/workload);
+  current running one (the audit trigger of bench/chaos/workload records every row an accepted
+  UPDATE wrote, same values included, with the job row as that UPDATE saw it);
 - every effect key performed at most once at the deduplicating receiver;
 - every refused token-checked write the handler saw has a rejection record, and no record
   exists that no handler saw;
@@ -33,9 +36,10 @@ from bench.chaos import evidence, history
 
 TERMINAL_EVENTS = ("succeeded", "failed", "cancelled")
 INVARIANTS = (
-    "lost_jobs", "several_terminal_writes", "result_not_from_committing_attempt",
-    "result_ref_not_from_committing_attempt", "attempts_not_each_claimed_once",
-    "claimed_events_not_one_per_attempt", "charged_attempts_over_max",
+    "enqueued_key_not_exactly_one_job", "lost_jobs", "several_terminal_writes",
+    "result_not_from_committing_attempt", "result_ref_not_from_committing_attempt",
+    "attempts_not_each_claimed_once", "claimed_events_not_one_per_attempt",
+    "charged_attempts_over_max",
     "token_row_body_not_its_token", "token_row_holds_non_current_attempt",
     "token_write_accepted_from_stale_attempt", "effect_performed_twice_at_deduplicating_receiver",
     "refusal_seen_but_not_recorded", "token_refusal_recorded_but_never_seen",
@@ -52,13 +56,14 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
           mails: list[str] | None = None, logs: list[Path] | None = None,
           killed: set[int] | None = None, metric_delta: float | None = None,
           lanes: dict[str, str] | None = None, faults: list[dict[str, Any]] | None = None,
-          lease: float = 2.0) -> dict[str, Any]:  # fmt: skip
+          lease: float = 2.0,
+          enqueued_keys: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     zero: dict[str, list[Any]] = {name: [] for name in INVARIANTS}
     info: dict[str, Any] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         jobs = {r[0]: r for r in conn.execute(
             "SELECT id, state, attempt, attempts_released, max_attempts, result, result_ref, "
-            "payload FROM jobs_job WHERE kind = 'chaos.work'"
+            "payload, unique_key FROM jobs_job WHERE kind = 'chaos.work'"
         ).fetchall()}  # fmt: skip
         attempts: dict[int, list[int]] = defaultdict(list)
         for job, number in conn.execute("SELECT job_id, number FROM jobs_attempt ORDER BY 1, 2"):
@@ -119,7 +124,11 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
             "FROM jobs_attempt a WHERE a.outcome = 'expired'"
         ).fetchall()
 
-    for job, (_, state, attempt, released, max_attempts, result, ref, _p) in jobs.items():
+    if enqueued_keys is not None:
+        zero["enqueued_key_not_exactly_one_job"] = keys_not_exactly_once(
+            enqueued_keys, [j[8] for j in jobs.values()]
+        )
+    for job, (_, state, attempt, released, max_attempts, result, ref, *_) in jobs.items():
         if state not in ("succeeded", "failed", "cancelled"):
             zero["lost_jobs"].append(job)
         if terminal[job] > 1:
@@ -144,9 +153,7 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         j = jobs.get(job)
         if j and j[1] == "succeeded" and attempt != j[2]:
             zero["token_row_holds_non_current_attempt"].append(row)
-    for row, job, attempt, job_attempt, job_state in audit:
-        if job_attempt != attempt or job_state != "running":
-            zero["token_write_accepted_from_stale_attempt"].append((row, job, attempt, job_attempt))
+    zero["token_write_accepted_from_stale_attempt"] = stale_accepted_writes(audit)
 
     # Per (job, step) from the body, not per key: an effect performed again under another key
     # (say, a key that wrongly carried the attempt) is a duplicate the receiver cannot see.
@@ -219,6 +226,23 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         "examples": {k: json.loads(json.dumps(v[:5], default=str)) for k, v in zero.items() if v},
         "informational": info,
     }
+
+
+def keys_not_exactly_once(enqueued: list[str], found: list[str | None]) -> list[tuple[str, int]]:
+    """(key, jobs holding it) for every key the run enqueued that no job, or several, hold."""
+    per_key = Counter(found)
+    return [(key, per_key[key]) for key in enqueued if per_key[key] != 1]
+
+
+def stale_accepted_writes(audit: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Audit rows (row_id, job_id, attempt, job_attempt, job_state) of writes the database
+    accepted while the writer's attempt was not the job's current running one: a lower attempt,
+    or the job not running (queued again, ended, deleted) -- whatever value the write stored."""
+    return [
+        (row, job, attempt, job_attempt, job_state)
+        for row, job, attempt, job_attempt, job_state in audit
+        if job_attempt != attempt or job_state != "running"
+    ]
 
 
 def _check_intents_and_mail(

@@ -79,14 +79,25 @@ HANG_SECONDS = 30.0  # the hanging ones: past the relay's 10 s and the handler's
 
 
 def enqueue_wave(plans: list[tuple[int, dict[str, Any]]]) -> int:
-    """Enqueue these jobs (unique key per index, so a retry after an unknown outcome is safe)."""
+    """Enqueue these jobs, one transaction per wave, each with the unique key `chaos-<i>`.
+
+    Exactly one job per key, whatever the outcome of a failed try: a unique key stops a second
+    job only while the first is queued or running, so a try that failed at its COMMIT (its
+    outcome unknown: it may have landed, and its jobs may have ended since) is not simply
+    repeated -- the next try first looks for the wave's first key (the wave is all or nothing).
+    """
     from django.db import DatabaseError, close_old_connections, transaction
 
     import jobs
+    from jobs.models import Job
 
-    for _ in range(50):
+    if not plans:
+        return 0
+    for tries in range(50):
         try:
             close_old_connections()
+            if tries and Job.objects.filter(unique_key=f"chaos-{plans[0][0]}").exists():
+                return len(plans)  # an earlier try landed though its caller heard an error
             with transaction.atomic():
                 for i, payload in plans:
                     jobs.enqueue("chaos.work", payload, unique_key=f"chaos-{i}")
@@ -277,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 lanes={name: r.url for name, r in intent_receivers.items()},
                 faults=world.log,
                 lease=world.lease,
+                enqueued_keys=[f"chaos-{i}" for i, _ in plans],
             ),
             "receivers": {
                 "effects_hung": received_hang.hung,

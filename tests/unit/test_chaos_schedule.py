@@ -1,11 +1,12 @@
 """The fault-injection suite's schedule is the seed's alone (times, kinds and victims), and its
-rejection accounting (log line = table row = metric delta) counts what it says. No clusters."""
+checker counts what it says: rejection accounting (log line = table row = metric delta), stale
+writes in the audit of accepted token writes, one job per enqueued key. No clusters."""
 
 import dataclasses
 
 import pytest
 
-from bench.chaos import evidence, nemesis
+from bench.chaos import checker, evidence, nemesis
 
 
 def test_one_seed_gives_one_schedule_times_kinds_and_victims() -> None:
@@ -78,3 +79,40 @@ def test_rejections_log_line_row_and_metric_must_agree() -> None:
     evidence.rejections([*lines, _line("commit", 1, 1)], rows, set(), 2.0, zero, info)
     assert zero["rejection_log_line_without_row"] == [((1, 1, "commit"), 1)]
     assert zero["rejection_metric_delta_not_row_count"] == [(2.0, 3)]
+
+
+def test_an_accepted_token_write_is_stale_whatever_value_it_wrote() -> None:
+    # (row, job, attempt presented, the job's attempt, the job's state) as the UPDATE saw it
+    current = (1, 7, 2, 2, "running")
+    audit = [
+        current,
+        (1, 7, 1, 1, "queued"),  # issue 15: a zombie's write while its job is queued again --
+        # in a long job's loop it writes the body its row already holds, and is still recorded
+        (2, 7, 1, 2, "running"),  # a lower attempt while a later one runs the job
+        (3, 8, 2, 2, "succeeded"),  # after the job ended
+        (4, 9, 1, None, None),  # the job row gone
+    ]
+    assert checker.stale_accepted_writes([current]) == []
+    assert checker.stale_accepted_writes(audit) == audit[1:]
+
+
+def test_the_audit_trigger_records_every_accepted_update_not_only_changes() -> None:
+    from importlib import import_module
+
+    trigger = import_module("bench.chaos.workload.migrations.0001_initial").TRIGGER
+    # No comparison with the row's old values: a write of the values a row already holds (a
+    # long job's loop, a zombie rewriting its own rows) is recorded like any other.
+    assert "OLD." not in trigger and " IF " not in trigger
+    assert "AFTER UPDATE ON chaos_chaosrow" in trigger and "FOR EACH ROW" in trigger
+    # STABLE: it reads the job row in the snapshot of the UPDATE that fired it
+    assert "FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql STABLE" in trigger
+
+
+def test_every_enqueued_key_must_hold_exactly_one_job() -> None:
+    enqueued = ["chaos-0", "chaos-1", "chaos-2"]
+    assert checker.keys_not_exactly_once(enqueued, ["chaos-2", "chaos-0", "chaos-1"]) == []
+    # a wave retried after it landed (its jobs ended), and one that never landed
+    found = ["chaos-0", "chaos-1", "chaos-0", "chaos-1", None]
+    assert checker.keys_not_exactly_once(enqueued, found) == [
+        ("chaos-0", 2), ("chaos-1", 2), ("chaos-2", 0)
+    ]  # fmt: skip

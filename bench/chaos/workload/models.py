@@ -15,8 +15,10 @@ class ChaosRow(FencedRow):
 
 
 class AcceptedWrite(models.Model):
-    """Written by a trigger on chaos_chaosrow, in the accepting statement's own snapshot: what
-    the job row said (attempt, state) when the database accepted a token-checked write."""
+    """Written by a trigger on chaos_chaosrow for every row an accepted UPDATE wrote (the same
+    values again included), in the accepting statement's own snapshot: what the job row said
+    (attempt, state) when the database accepted a token-checked write. A refused write is rolled
+    back, and its rows here with it."""
 
     row_id = models.IntegerField()
     job_id = models.BigIntegerField()

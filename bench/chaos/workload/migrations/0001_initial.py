@@ -1,20 +1,26 @@
 from django.db import migrations, models
 
-# The audit trigger reads the job row through a STABLE function, so it sees the snapshot of the
-# UPDATE that fired it: exactly what that statement's own fence check saw.
+# Every row an UPDATE of chaos_chaosrow changed is recorded -- even when it wrote the values the
+# row already held (a long job's loop writes the same body each round, so a zombie's stale write
+# onto rows it wrote itself changes nothing and must still be seen). Only fenced_write updates the
+# table; a refused write is rolled back (its savepoint, or its transaction) and its audit rows
+# with it. The trigger function is STABLE, so its query -- and chaos_job_now, STABLE too -- reads
+# the job row in the snapshot of the UPDATE that fired it: exactly what that statement's own fence
+# check saw, not a reclaim committed since (a VOLATILE function would take a fresh snapshot).
+# A STABLE function may not INSERT itself; it calls chaos_record, a VOLATILE one, to store the row.
 TRIGGER = """
 CREATE FUNCTION chaos_job_now(jid bigint) RETURNS TABLE (attempt int, state text)
 LANGUAGE sql STABLE AS $$ SELECT attempt, state FROM jobs_job WHERE id = jid $$;
 
-CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE a int; s text;
+CREATE FUNCTION chaos_record(r int, j bigint, a int, ja int, s text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+  INSERT INTO chaos_acceptedwrite (row_id, job_id, attempt, job_attempt, job_state, at)
+  VALUES (r, j, a, ja, s, clock_timestamp()) $$;
+
+CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql STABLE AS $$
 BEGIN
-  IF NEW.fence_job_id IS DISTINCT FROM OLD.fence_job_id
-     OR NEW.fence_attempt IS DISTINCT FROM OLD.fence_attempt OR NEW.body <> OLD.body THEN
-    SELECT n.attempt, n.state INTO a, s FROM chaos_job_now(NEW.fence_job_id) n;
-    INSERT INTO chaos_acceptedwrite (row_id, job_id, attempt, job_attempt, job_state, at)
-    VALUES (NEW.id, NEW.fence_job_id, NEW.fence_attempt, a, s, clock_timestamp());
-  END IF;
+  PERFORM chaos_record(NEW.id, NEW.fence_job_id, NEW.fence_attempt, n.attempt, n.state)
+  FROM (SELECT 1) one LEFT JOIN chaos_job_now(NEW.fence_job_id) n ON true;
   RETURN NEW;
 END $$;
 
