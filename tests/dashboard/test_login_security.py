@@ -151,15 +151,14 @@ def test_a_malformed_proxy_header_stops_start_up_with_a_clear_error() -> None:
     assert "expected 'HTTP_<HEADER>,<value>'" in result.stderr
 
 
-def test_the_proxy_settings_reach_django() -> None:
-    script = (
-        "from django.conf import settings as s; "
-        "print(s.SECURE_PROXY_SSL_HEADER, s.CSRF_TRUSTED_ORIGINS, s.SESSION_COOKIE_SECURE, "
-        "s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0)"
-    )
-    env = {**os.environ, **PRODUCTION, "DJANGO_SETTINGS_MODULE": "config.settings"}
-    env |= {"PALISADE_ENV_FILE": "none", "SECRET_KEY": secrets.token_urlsafe(64)}
-    out = subprocess.run(
+def _settings_printed(script: str, **variables: str) -> str:
+    """What `script` prints in a process of its own started with config.settings and `variables`
+    (the login-throttling variables unset unless given)."""
+    unset = ("LOGIN_FAILURE_LIMIT", "LOGIN_COOLOFF_MINUTES")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env |= {"DJANGO_SETTINGS_MODULE": "config.settings", "PALISADE_ENV_FILE": "none"}
+    env |= {"SECRET_KEY": secrets.token_urlsafe(64), **variables}
+    return subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {script}"],
         cwd=ROOT,
         env=env,
@@ -168,6 +167,15 @@ def test_the_proxy_settings_reach_django() -> None:
         timeout=60,
         check=True,
     ).stdout
+
+
+def test_the_proxy_settings_reach_django() -> None:
+    script = (
+        "from django.conf import settings as s; "
+        "print(s.SECURE_PROXY_SSL_HEADER, s.CSRF_TRUSTED_ORIGINS, s.SESSION_COOKIE_SECURE, "
+        "s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0)"
+    )
+    out = _settings_printed(script, **PRODUCTION)
     assert out.split() == [
         "('HTTP_X_FORWARDED_PROTO',",
         "'https')",
@@ -189,23 +197,8 @@ def test_the_proxy_settings_reach_django() -> None:
 def test_the_lockout_limit_and_cool_off_default_to_5_and_15_minutes(
     variables: dict[str, str], expected: str
 ) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("LOGIN_FAILURE_LIMIT", "LOGIN_COOLOFF_MINUTES")
-    }
-    env |= {"DJANGO_SETTINGS_MODULE": "config.settings", "PALISADE_ENV_FILE": "none"}
-    env |= {"SECRET_KEY": secrets.token_urlsafe(64), **variables}
     script = (
         "from django.conf import settings as s; print(s.AXES_FAILURE_LIMIT, s.AXES_COOLOFF_TIME)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", f"import django; django.setup(); {script}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = _settings_printed(script, **variables)
     assert out.strip() == expected

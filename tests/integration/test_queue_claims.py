@@ -34,14 +34,21 @@ def ids(claimed: list[transitions.Claimed]) -> list[int]:
     return [c.fence.job_id for c in claimed]
 
 
-def test_a_batch_comes_back_in_claim_order_priority_then_due_time_then_id():
+def jobs_in_claim_order() -> list[int]:
+    """Five due jobs enqueued out of order; their ids in the order a claim must take them:
+    priority (higher first), then due time, then id."""
     now = timezone.now()
     low_old = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=30))
     low_new = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=20))
     low_tie = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=20))
     urgent = jobs.enqueue("test.echo", priority=10, run_at=now - dt.timedelta(seconds=1))
     mid = jobs.enqueue("test.echo", priority=5, run_at=now - dt.timedelta(seconds=5))
-    assert ids(claim()) == [urgent.pk, mid.pk, low_old.pk, low_new.pk, low_tie.pk]
+    return [urgent.pk, mid.pk, low_old.pk, low_new.pk, low_tie.pk]
+
+
+def test_a_batch_comes_back_in_claim_order_priority_then_due_time_then_id():
+    expected = jobs_in_claim_order()
+    assert ids(claim()) == expected
 
 
 def test_a_paused_queue_is_not_claimed_until_it_is_resumed():

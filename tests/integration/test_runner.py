@@ -10,6 +10,7 @@ import jobs
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.worker import runner
+from tests.integration.test_queue_claims import jobs_in_claim_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,13 +27,8 @@ def test_drain_runs_due_jobs_and_commits_their_results():
 
 
 def test_a_drain_runs_its_jobs_in_claim_order_priority_then_due_time_then_id(monkeypatch):
-    now = timezone.now()
-    low_old = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=30))
-    low_new = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=20))
-    low_tie = jobs.enqueue("test.echo", priority=0, run_at=now - dt.timedelta(seconds=20))
-    urgent = jobs.enqueue("test.echo", priority=10, run_at=now - dt.timedelta(seconds=1))
-    mid = jobs.enqueue("test.echo", priority=5, run_at=now - dt.timedelta(seconds=5))
-    later = jobs.enqueue("test.echo", priority=10, run_at=now + dt.timedelta(hours=1))
+    expected = jobs_in_claim_order()
+    later = jobs.enqueue("test.echo", priority=10, run_at=timezone.now() + dt.timedelta(hours=1))
     ran: list[int] = []
     real = runner.execute
 
@@ -43,7 +39,6 @@ def test_a_drain_runs_its_jobs_in_claim_order_priority_then_due_time_then_id(mon
     monkeypatch.setattr(runner, "execute", spy)
     # In batches of 1, 2, then 4 (the drain's adaptive batch), and at one batch of eight.
     assert runner.drain() == 5
-    expected = [urgent.pk, mid.pk, low_old.pk, low_new.pk, low_tie.pk]
     assert ran == expected
     Job.objects.filter(pk__in=expected).update(state="queued", finished_at=None)
     ran.clear()
