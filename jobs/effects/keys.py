@@ -204,8 +204,9 @@ def send_mail(
     A repeat after a recorded send (a later attempt, or a zombie) gets the recorded result and
     sends nothing. A mail an earlier attempt started to send without recording the result (it
     may or may not have reached the server) is sent again with the same Message-ID -- mail
-    servers do not deduplicate, so the recipient may get it twice -- and that send is recorded (a `mail_resent` event, counted by
-    /metrics as `jobs_mail_resent_total`, marked on the job page) and logged.
+    servers do not deduplicate, so the recipient may get it twice -- and that send is recorded
+    (a `mail_resent` event, counted by /metrics as `jobs_mail_resent_total`, marked on the job
+    page) and logged.
     """
 
     def send(key: str) -> dict[str, Any]:
