@@ -22,12 +22,16 @@ Hazards: signal receivers are user code. task_started runs in the handler (a rai
 logged, `send_robust`); task_finished runs on a thread of its own, so a slow receiver delays
 neither a commit nor a heartbeat, and is sent only after the commit or final failure landed --
 never for a zombie's rejected write (the worker calls the hook after the write, see
-jobs.core.registry.finished). That thread is per process and daemonic: a notification still
-queued when the process dies is not sent (signals are in-process notices, never the truth;
-`get_result()` is).
+jobs.core.registry.finished). That thread is per process and daemonic, so a process that ends
+waits for it, up to EXIT_WAIT_SECONDS and no longer (a stuck receiver must not keep a process
+alive): at its normal end (a guard thread, not daemonic, waits once the main thread is over) and
+before a timed-out worker's os._exit (jobs.worker.watchdog calls `send_queued_before_exit`). A
+notice still queued past that bound, or in a process killed or ended by any other os._exit, is
+not sent (signals are in-process notices, never the truth; `get_result()` is).
 """
 
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -38,7 +42,7 @@ from django.apps import apps
 from django.db import connection
 from django.tasks import task_backends
 from django.tasks.base import Task, TaskContext
-from django.tasks.signals import task_finished, task_started
+from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
 from jobs.context import JobContext
@@ -155,14 +159,23 @@ def _adapter(kind: str) -> registry.HandlerFn:
     return run_task
 
 
+_SIGNAL_NAMES = {
+    task_enqueued: "task_enqueued",
+    task_started: "task_started",
+    task_finished: "task_finished",
+}
+
+
 def send_robustly(signal: Any, backend: Any, result: Any) -> None:
+    """Send `signal` as Django does; a receiver that raises is logged (naming the signal)
+    and changes nothing."""
     for _receiver, answer in signal.send_robust(sender=type(backend), task_result=result):
         if isinstance(answer, Exception):
             logger.error(
                 "task %s (job %s): a receiver of %s raised %r; the task's outcome is unchanged",
                 result.task.module_path,
                 result.id,
-                "task_started" if signal is task_started else "task_finished",
+                _SIGNAL_NAMES.get(signal, repr(signal)),
                 answer,
             )
 
@@ -171,18 +184,38 @@ def send_robustly(signal: Any, backend: Any, result: Any) -> None:
 
 _finished_queue: "queue.Queue[int]" = queue.Queue()
 FINISHED_BATCH = 200  # jobs read (in two queries) and announced together
+# How long a process that ends waits, at most, for the task_finished notices it queued: ample for
+# the two reads and ordinary receivers (milliseconds), and short enough that a stuck receiver
+# delays a worker's exit -- or a timed-out worker's replacement -- by this much only.
+EXIT_WAIT_SECONDS = 2.0
 _thread_lock = threading.Lock()
 _thread: threading.Thread | None = None
+_exit_guard: threading.Thread | None = None
 
 
 def _finished(job_id: int, attempt: int, succeeded: bool) -> None:
     """registry's on_finished hook: called by the worker after the final write landed."""
-    global _thread
+    global _thread, _exit_guard
     _finished_queue.put(job_id)
-    with _thread_lock:
+    with _thread_lock:  # threads do not survive a fork: each process starts its own
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_notify, name="jobs-task-finished", daemon=True)
             _thread.start()
+        if _exit_guard is None or not _exit_guard.is_alive():
+            # Not daemonic (said explicitly: a thread inherits its creator's flag, and this hook
+            # is often called on the drain's daemonic background thread), so the interpreter --
+            # and a django-q2 worker at its normal end -- waits for it.
+            _exit_guard = threading.Thread(
+                target=_at_exit, name="jobs-task-finished-exit", daemon=False
+            )
+            _exit_guard.start()
+
+
+def _at_exit() -> None:
+    """The process's main thread is over (it is ending): the notices still queued get up to
+    EXIT_WAIT_SECONDS before the daemonic notice thread dies with the process."""
+    threading.main_thread().join()
+    send_queued_before_exit()
 
 
 def _notify() -> None:
@@ -215,13 +248,27 @@ def _send_finished(job_ids: list[int]) -> None:
         send_robustly(task_finished, backend, results.build(task, job, attempts))
 
 
+def send_queued_before_exit(seconds: float = EXIT_WAIT_SECONDS) -> bool:
+    """This process is about to end: wait up to `seconds` for the task_finished notices it
+    queued (the exit guard at a normal end; jobs.worker.watchdog before a timed-out worker's
+    os._exit -- the one call the worker makes into jobs.tasks). True once all are sent; False,
+    logged, if some are lost."""
+    if wait_for_finished_notices(seconds):
+        return True
+    logger.warning(
+        "process %s ends with task_finished notices unsent after %g s (a receiver slow or stuck): "
+        "they are lost; get_result() reads the outcome",
+        os.getpid(),
+        seconds,
+    )
+    return False
+
+
 def wait_for_finished_notices(timeout: float) -> bool:
-    """True once every task_finished queued in this process was sent (tests, shutdown)."""
-    done = threading.Event()
+    """True once every task_finished queued in this process was sent (tests, process exit).
 
-    def joined() -> None:
-        _finished_queue.join()
-        done.set()
-
-    threading.Thread(target=joined, daemon=True).start()
-    return done.wait(timeout)
+    Waits on the queue's own condition, starting no thread: it runs at interpreter shutdown too,
+    when no thread may be started."""
+    done = _finished_queue.all_tasks_done
+    with done:
+        return done.wait_for(lambda: _finished_queue.unfinished_tasks == 0, timeout)

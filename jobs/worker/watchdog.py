@@ -5,12 +5,14 @@ jobs.worker.shutdown's grace) with one slot per worker process: its pid, the job
 handler runs, and when that attempt's timeout (`@handler(timeout=...)`, else django-q2's
 Q_TIMEOUT) runs out. The drain fills its slot when a handler starts and empties it when the
 handler returns. At the deadline the drain's background thread fails the attempt itself
-("exceeded the task timeout of N s", retried like any failure), hands its batch-mates back and
-ends the worker process, which django-q2's sentinel replaces (jobs.worker.runner). `Watchdog`,
-a thread of qcluster's main process, logs every worker that timed out, and SIGKILLs one still
-alive KILL_MARGIN_SECONDS after its deadline (or after its settling budget): a handler stuck in C
-code that holds the GIL, so that no thread of its process can run. Such an attempt then ends by
-its lease (the reaper), like any killed worker's.
+("exceeded the task timeout of N s", retried like any failure), hands its batch-mates back,
+gives the task_finished notices those writes queued up to jobs.tasks' EXIT_WAIT_SECONDS to be
+sent (os._exit would kill their thread first), and ends the worker process, which django-q2's
+sentinel replaces (jobs.worker.runner). `Watchdog`, a thread of qcluster's main process, logs
+every worker that timed out, and SIGKILLs one still alive KILL_MARGIN_SECONDS after its deadline
+(or after its settling budget): a handler stuck in C code that holds the GIL, so that no thread
+of its process can run. Such an attempt then ends by its lease (the reaper), like any killed
+worker's.
 
 Never: writes to the database except through jobs.worker.completer (`time_out`: the overrun
 attempt's fenced fail, its batch-mates' fenced releases), and never touches another worker's
@@ -36,6 +38,7 @@ import time
 from jobs.context import Held
 from jobs.core.conf import jobs_settings
 from jobs.core.transitions import Claimed, Fence
+from jobs.tasks import execution as task_notices
 from jobs.worker import completer
 from jobs.worker.heartbeat import Heartbeater
 
@@ -125,13 +128,17 @@ def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -
     """On the drain's background thread: the running handler overran its timeout.
 
     Its attempt fails with its own error (retried like any failure), the batch's finished
-    successes commit and its unstarted jobs go back; then this worker process ends -- the handler
-    cannot be interrupted safely (it may be inside C code) -- and django-q2 replaces it. Nothing
-    here stops any other worker: no shutdown grace begins.
+    successes commit and its unstarted jobs go back; the task_finished notices these final
+    writes queued are sent (bounded: a stuck receiver delays the exit by EXIT_WAIT_SECONDS at
+    most); then this worker process ends -- the handler cannot be interrupted safely (it may be
+    inside C code) -- and django-q2 replaces it. Nothing here stops any other worker: no
+    shutdown grace begins.
     """
     fence, cfg = claimed.fence, jobs_settings()
     error = f"exceeded the task timeout of {seconds:g} s"
-    settling(cfg.UNKNOWN_OUTCOME_SECONDS + 2 * cfg.DB_TIMEOUT_SECONDS)
+    settling(
+        cfg.UNKNOWN_OUTCOME_SECONDS + 2 * cfg.DB_TIMEOUT_SECONDS + task_notices.EXIT_WAIT_SECONDS
+    )
     logger.error(
         "job %s (%s) attempt %s %s: failing it; worker process %s exits and is replaced",
         fence.job_id,
@@ -151,6 +158,9 @@ def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -
             step()
         except Exception:  # noqa: BLE001  best effort: what is not settled here, its lease decides
             logger.exception("job %s attempt %s: could not settle part of a timeout", *_ids(fence))
+    # The notice thread is daemonic: os._exit would end it before it sends what the fail (and
+    # the batch's commits) queued -- the failure that ends a task must be announced.
+    task_notices.send_queued_before_exit()
     timed_out()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -200,7 +210,8 @@ def look(now: float) -> None:
         if state == TIMED_OUT:
             logger.error(
                 "worker %s: job %s attempt %s exceeded the task timeout of %g s; the attempt "
-                "failed (retried like any failure) and django-q2 replaces the worker",
+                "failed (retried like any failure, if attempts remain) and django-q2 replaces "
+                "the worker",
                 pid,
                 slot.job_id,
                 slot.attempt,

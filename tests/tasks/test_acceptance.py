@@ -5,7 +5,8 @@ another worker; a task whose worker is SIGSTOPped past its lease is reclaimed, a
 stopped worker resumes its stale commit is rejected while `get_result()` reports the winner's
 return value. The clusters resolve the tasks' kind from its module path (tests.app.tasks is
 imported by nothing in the qcluster before the first claim). Signals are read from the file the
-test receivers in tests/app/tasks.py append to in the qcluster processes.
+test receivers in tests/app/tasks.py (and tests/tasks/cluster_tasks.py) append to in the qcluster
+processes.
 """
 
 import os
@@ -20,6 +21,7 @@ from django.tasks import TaskResultStatus
 from demo.tasks import drill as drill_task
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.tasks import LeaseExpired
+from jobs.tasks.execution import EXIT_WAIT_SECONDS
 from tests.acceptance.cluster import (
     pause_first_attempt_until_reclaimed,
     wait_for_attempt,
@@ -31,6 +33,7 @@ from tests.acceptance.cluster import (
     worker_pid,
 )
 from tests.app import tasks
+from tests.tasks import cluster_tasks
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -144,3 +147,51 @@ def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_
     assert result.return_value["attempt"] == committed.attempt == result.attempts == 2
     assert result.worker_ids[0] == first.worker
     assert result.errors == []  # handed back unstarted-or-abandoned: not a failure of the task
+
+
+def test_a_task_finished_still_being_sent_when_a_worker_stops_is_sent_before_it_exits(
+    start_qcluster, tmp_path
+):
+    """The notice thread is daemonic: a worker that stopped normally used to end with it, and a
+    task_finished still being sent was lost. Its receiver here holds the notice until the worker
+    process is ending (its main thread is over), then completes it: the process waits for it
+    (at most jobs.tasks' EXIT_WAIT_SECONDS)."""
+    log = tmp_path / "signals.log"
+    cluster = start_qcluster(
+        DJANGO_SETTINGS_MODULE="tests.tasks.cluster_settings",
+        PALISADE_TEST_TASK_SIGNALS=str(log),
+        PALISADE_TEST_SLOW_FINISHED="until-exit",
+    )
+    result = cluster_tasks.quick.enqueue(7)
+    job_id = int(result.id)
+    wait_until(
+        lambda: ("holding", "SUCCESSFUL", 1) in _signals(log, result.id),
+        timeout=20,
+        what="the task_finished receiver to be holding the notice",
+        job_id=job_id,
+    )
+    cluster.shutdown()  # SIGTERM; returns once every process of the cluster is gone
+    assert [s for s in _signals(log, result.id) if s[0] == "held"] == [("held", "SUCCESSFUL", 1)]
+    assert "cluster processes still running" not in cluster.log()  # it ended on its own
+
+
+def test_a_stuck_task_finished_receiver_delays_a_workers_stop_by_the_bound_only(
+    start_qcluster, tmp_path
+):
+    """A receiver that never returns: the stopping worker gives up on it after the bound, says
+    so, and ends on its own (killed instead, it could not have logged it)."""
+    log = tmp_path / "signals.log"
+    cluster = start_qcluster(
+        DJANGO_SETTINGS_MODULE="tests.tasks.cluster_settings",
+        PALISADE_TEST_TASK_SIGNALS=str(log),
+        PALISADE_TEST_SLOW_FINISHED="stuck",
+    )
+    result = cluster_tasks.quick.enqueue(7)
+    wait_until(
+        lambda: ("holding", "SUCCESSFUL", 1) in _signals(log, result.id),
+        timeout=20,
+        what="the task_finished receiver to be stuck in the notice",
+        job_id=int(result.id),
+    )
+    cluster.shutdown()  # SIGTERM; SIGKILL of the group if it is not gone within 5 s
+    assert f"ends with task_finished notices unsent after {EXIT_WAIT_SECONDS:g} s" in cluster.log()

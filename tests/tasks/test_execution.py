@@ -1,6 +1,9 @@
 """Tasks run by the fenced runner in this process: statuses, retries, errors, worker_ids, the
 context, and which Task the worker agrees to run."""
 
+import importlib.util
+import sys
+
 import pytest
 from django.tasks import TaskResultStatus
 from django.test import override_settings
@@ -196,6 +199,36 @@ def test_the_worker_runs_only_tasks_of_a_palisade_backend(kind):
     job.refresh_from_db()
     assert job.state == JobState.FAILED
     assert "no handler is registered" in job.error
+
+
+OUTSIDE_TASK = """
+from django.tasks import task
+
+
+@task
+def shout(text: str) -> str:
+    return text.upper()
+"""
+
+
+def test_a_task_module_outside_the_installed_apps_is_never_imported(tmp_path, monkeypatch):
+    """A real @task of a Palisade backend, importable (on sys.path) but in no installed app: the
+    worker does not import its module to learn the kind -- the job fails as unknown."""
+    package = tmp_path / "outside_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(OUTSIDE_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert importlib.util.find_spec("outside_pkg") is not None  # importable all along
+    kind = "outside_pkg.mod.shout"  # the task's module_path, as enqueue would name it
+    job = Job.objects.create(
+        kind=kind, payload={"args": ["hi"], "kwargs": {}, "backend": "default"}, max_attempts=1
+    )
+    runner.drain()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert f"no handler is registered for kind {kind!r}" in job.error
+    assert "outside_pkg" not in sys.modules and "outside_pkg.mod" not in sys.modules
 
 
 def test_tasks_do_not_wait_for_finished_notices_to_be_committed():

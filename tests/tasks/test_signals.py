@@ -1,6 +1,9 @@
 """task_enqueued, task_started, task_finished: Django's sender and arguments, sent after the
 write they announce landed, never for a rejected one, and powerless over the task's outcome."""
 
+import logging
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -9,7 +12,7 @@ from django.tasks import TaskResultStatus
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 
-from jobs.models import Job, RejectedWrite
+from jobs.models import Attempt, Job, RejectedWrite
 from jobs.tasks import LeaseExpired, PalisadeBackend
 from jobs.tasks.execution import wait_for_finished_notices
 from jobs.worker import reaper, runner
@@ -137,15 +140,19 @@ def test_the_reapers_final_expiry_is_finished_failed(heard, make_job):
 
 
 @pytest.mark.parametrize("name", ["enqueued", "started", "finished"])
-def test_a_raising_receiver_never_changes_the_outcome(name, heard):
+def test_a_raising_receiver_never_changes_the_outcome(name, heard, caplog):
+    """...and is logged once, naming its own signal (a task_enqueued one was logged as a
+    task_finished receiver)."""
+
     def bad(sender, **kwargs):
         raise RuntimeError(f"receiver of {name} is broken")
 
     SIGNALS[name].connect(bad, weak=False)
     try:
-        result = tasks.add.enqueue(20, 22)
-        runner.drain()
-        assert wait_for_finished_notices(10)
+        with caplog.at_level(logging.ERROR, logger="jobs.tasks"):
+            result = tasks.add.enqueue(20, 22)
+            runner.drain()
+            assert wait_for_finished_notices(10)
     finally:
         SIGNALS[name].disconnect(bad)
     result.refresh()
@@ -155,3 +162,53 @@ def test_a_raising_receiver_never_changes_the_outcome(name, heard):
         1,
     )
     assert [n for n, _ in _of(heard, result.id)] == ["enqueued", "started", "finished"]
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "jobs.tasks" and r.levelno >= logging.ERROR
+    ]
+    assert len(logged) == 1, logged
+    assert f"(job {result.id}): a receiver of task_{name} raised" in logged[0]
+    assert f"receiver of {name} is broken" in logged[0]
+
+
+RECEIVER_BLOCKS_SECONDS = 30.0  # the slow receiver's own deadline: far beyond the drain's bound
+SLEEPY_SECONDS = 2.0
+HEARTBEAT_SECONDS = 0.2
+
+
+@override_settings(JOBS={"HEARTBEAT_SECONDS": HEARTBEAT_SECONDS})
+def test_a_slow_task_finished_receiver_delays_no_commit_and_no_heartbeat(heard):
+    """The first task's task_finished receiver blocks for the whole drain: the drain still ends
+    at once, both tasks are committed, and the second task -- running meanwhile -- is beaten on
+    time; released, the receiver lets both notices through."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(sender, task_result, **kwargs):
+        entered.set()
+        release.wait(RECEIVER_BLOCKS_SECONDS)
+
+    task_finished.connect(slow, weak=False)
+    try:
+        first = tasks.add.enqueue(1, 2)
+        second = tasks.sleepy.enqueue(seconds_by_attempt={"1": SLEEPY_SECONDS})
+        started = time.monotonic()
+        assert runner.drain() == 2
+        took = time.monotonic() - started
+        assert entered.wait(10)  # the receiver holds the first notice...
+        assert not release.is_set()  # ...and still does
+        assert took < SLEEPY_SECONDS + 5, f"the drain waited for the receiver: {took:.1f} s"
+        assert {j.state for j in Job.objects.filter(pk__in=[int(first.id), int(second.id)])} == {
+            "succeeded"
+        }
+        beaten = Attempt.objects.get(job_id=int(second.id), number=1)
+        assert beaten.heartbeat_gap_max is not None, "the running task was never beaten"
+        assert beaten.heartbeat_gap_max < SLEEPY_SECONDS / 2, beaten.heartbeat_gap_max
+        # The second task's notice waits behind the held one (one thread sends them in order).
+        assert [n for n, _ in _of(heard, second.id)] == ["enqueued", "started"]
+    finally:
+        release.set()
+        task_finished.disconnect(slow)
+    assert wait_for_finished_notices(10)
+    assert _of(heard, first.id)[-1] == ("finished", TaskResultStatus.SUCCESSFUL)
+    assert _of(heard, second.id)[-1] == ("finished", TaskResultStatus.SUCCESSFUL)
