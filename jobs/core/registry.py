@@ -7,9 +7,13 @@ Two hooks for kinds registered by a layer above (jobs.tasks registers each `@tas
 named by its module path): `on_finished(job_id, attempt, succeeded)`, which the worker calls once
 a kind's final write (commit, or the failure that ends the job) has landed; and resolvers, which
 `get_handler` asks about a kind it does not know yet (a task whose module this process has not
-imported) before it raises UnknownKind.
+imported) before it raises UnknownKind. And exit hooks (`add_exit_hook`), which a process that
+ends through os._exit -- a timed-out worker, a worker abandoning its handler at the end of a
+stop's grace, qcluster's main process -- runs first (`before_exit`), each bounded by
+EXIT_HOOK_SECONDS: jobs.tasks sends the task_finished notices still queued.
 """
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ from jobs.core.exceptions import HandlerAlreadyRegistered, InvalidOption, Unknow
 HandlerFn = Callable[[Any], Any]
 # on_finished(job_id, attempt, succeeded): called once the final write of such a job landed.
 FinishedHook = Callable[[int, int, bool], None]
+logger = logging.getLogger("jobs.registry")
 KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 
 
@@ -114,6 +119,27 @@ def add_resolver(resolve: Callable[[str], None]) -> None:
     """`resolve(kind)` is asked about an unknown kind and may register it; never raises."""
     if resolve not in _resolvers:
         _resolvers.append(resolve)
+
+
+# How long one exit hook may keep an ending process (a stuck hook must not keep it alive).
+EXIT_HOOK_SECONDS = 2.0
+_exit_hooks: list[Callable[[], object]] = []
+
+
+def add_exit_hook(hook: Callable[[], object]) -> None:
+    """`hook()` runs before this process ends through os._exit; it returns within
+    EXIT_HOOK_SECONDS."""
+    if hook not in _exit_hooks:
+        _exit_hooks.append(hook)
+
+
+def before_exit() -> None:
+    """Run the exit hooks; a hook that raises is logged and the others still run."""
+    for hook in list(_exit_hooks):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001  the process is ending: nothing may stop it
+            logger.exception("an exit hook failed")
 
 
 def finished(kind: str, job_id: int, attempt: int, succeeded: bool) -> None:

@@ -25,9 +25,9 @@ never for a zombie's rejected write (the worker calls the hook after the write, 
 jobs.core.registry.finished). That thread is per process and daemonic, so a process that ends
 waits for it, up to EXIT_WAIT_SECONDS and no longer (a stuck receiver must not keep a process
 alive): at its normal end (a guard thread, not daemonic, waits once the main thread is over) and
-before a timed-out worker's os._exit (jobs.worker.watchdog calls `send_queued_before_exit`). A
-notice still queued past that bound, or in a process killed or ended by any other os._exit, is
-not sent (signals are in-process notices, never the truth; `get_result()` is).
+before an os._exit of the worker or of qcluster's main process (`send_queued_before_exit`, an
+exit hook of jobs.core.registry). A notice still queued past that bound, or in a process killed,
+is not sent (signals are in-process notices, never the truth; `get_result()` is).
 """
 
 import logging
@@ -187,7 +187,7 @@ FINISHED_BATCH = 200  # jobs read (in two queries) and announced together
 # How long a process that ends waits, at most, for the task_finished notices it queued: ample for
 # the two reads and ordinary receivers (milliseconds), and short enough that a stuck receiver
 # delays a worker's exit -- or a timed-out worker's replacement -- by this much only.
-EXIT_WAIT_SECONDS = 2.0
+EXIT_WAIT_SECONDS = registry.EXIT_HOOK_SECONDS
 _thread_lock = threading.Lock()
 _thread: threading.Thread | None = None
 _exit_guard: threading.Thread | None = None
@@ -250,9 +250,8 @@ def _send_finished(job_ids: list[int]) -> None:
 
 def send_queued_before_exit(seconds: float = EXIT_WAIT_SECONDS) -> bool:
     """This process is about to end: wait up to `seconds` for the task_finished notices it
-    queued (the exit guard at a normal end; jobs.worker.watchdog before a timed-out worker's
-    os._exit -- the one call the worker makes into jobs.tasks). True once all are sent; False,
-    logged, if some are lost."""
+    queued (the exit guard at a normal end; registry.before_exit before an os._exit). True once
+    all are sent; False, logged, if some are lost."""
     if wait_for_finished_notices(seconds):
         return True
     logger.warning(
@@ -272,3 +271,6 @@ def wait_for_finished_notices(timeout: float) -> bool:
     done = _finished_queue.all_tasks_done
     with done:
         return done.wait_for(lambda: _finished_queue.unfinished_tasks == 0, timeout)
+
+
+registry.add_exit_hook(send_queued_before_exit)  # before an os._exit of this process

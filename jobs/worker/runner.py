@@ -41,7 +41,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from jobs.context import Held, JobContext, close_side_connection
-from jobs.core import bounds, policy, transitions
+from jobs.core import bounds, policy, registry, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
@@ -391,6 +391,7 @@ def _hand_back_at_shutdown(beats: Heartbeater) -> None:
         "shutdown grace period over: abandoning the running handler; worker process %s exits",
         os.getpid(),
     )
+    registry.before_exit()  # what this process's daemonic threads still owe (jobs.tasks' notices)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(0)  # the handler cannot be interrupted safely; its jobs are handed back

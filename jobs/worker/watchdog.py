@@ -6,13 +6,13 @@ handler runs, and when that attempt's timeout (`@handler(timeout=...)`, else dja
 Q_TIMEOUT) runs out. The drain fills its slot when a handler starts and empties it when the
 handler returns. At the deadline the drain's background thread fails the attempt itself
 ("exceeded the task timeout of N s", retried like any failure), hands its batch-mates back,
-gives the task_finished notices those writes queued up to jobs.tasks' EXIT_WAIT_SECONDS to be
-sent (os._exit would kill their thread first), and ends the worker process, which django-q2's
-sentinel replaces (jobs.worker.runner). `Watchdog`, a thread of qcluster's main process, logs
-every worker that timed out, and SIGKILLs one still alive KILL_MARGIN_SECONDS after its deadline
-(or after its settling budget): a handler stuck in C code that holds the GIL, so that no thread
-of its process can run. Such an attempt then ends by its lease (the reaper), like any killed
-worker's.
+runs the exit hooks (jobs.core.registry: jobs.tasks sends the task_finished notices those writes
+queued, bounded by EXIT_HOOK_SECONDS; os._exit would kill their thread first), and ends the
+worker process, which django-q2's sentinel replaces (jobs.worker.runner). `Watchdog`, a thread
+of qcluster's main process, logs every worker that timed out, and SIGKILLs one still alive
+KILL_MARGIN_SECONDS after its deadline (or after its settling budget): a handler stuck in C code
+that holds the GIL, so that no thread of its process can run. Such an attempt then ends by its
+lease (the reaper), like any killed worker's.
 
 Never: writes to the database except through jobs.worker.completer (`time_out`: the overrun
 attempt's fenced fail, its batch-mates' fenced releases), and never touches another worker's
@@ -36,9 +36,9 @@ import threading
 import time
 
 from jobs.context import Held
+from jobs.core import registry
 from jobs.core.conf import jobs_settings
 from jobs.core.transitions import Claimed, Fence
-from jobs.tasks import execution as task_notices
 from jobs.worker import completer
 from jobs.worker.heartbeat import Heartbeater
 
@@ -129,16 +129,14 @@ def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -
 
     Its attempt fails with its own error (retried like any failure), the batch's finished
     successes commit and its unstarted jobs go back; the task_finished notices these final
-    writes queued are sent (bounded: a stuck receiver delays the exit by EXIT_WAIT_SECONDS at
+    writes queued are sent (bounded: a stuck receiver delays the exit by EXIT_HOOK_SECONDS at
     most); then this worker process ends -- the handler cannot be interrupted safely (it may be
     inside C code) -- and django-q2 replaces it. Nothing here stops any other worker: no
     shutdown grace begins.
     """
     fence, cfg = claimed.fence, jobs_settings()
     error = f"exceeded the task timeout of {seconds:g} s"
-    settling(
-        cfg.UNKNOWN_OUTCOME_SECONDS + 2 * cfg.DB_TIMEOUT_SECONDS + task_notices.EXIT_WAIT_SECONDS
-    )
+    settling(cfg.UNKNOWN_OUTCOME_SECONDS + 2 * cfg.DB_TIMEOUT_SECONDS + registry.EXIT_HOOK_SECONDS)
     logger.error(
         "job %s (%s) attempt %s %s: failing it; worker process %s exits and is replaced",
         fence.job_id,
@@ -158,9 +156,9 @@ def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -
             step()
         except Exception:  # noqa: BLE001  best effort: what is not settled here, its lease decides
             logger.exception("job %s attempt %s: could not settle part of a timeout", *_ids(fence))
-    # The notice thread is daemonic: os._exit would end it before it sends what the fail (and
-    # the batch's commits) queued -- the failure that ends a task must be announced.
-    task_notices.send_queued_before_exit()
+    # os._exit skips what daemonic threads still owe: jobs.tasks' notices of the fail (and of
+    # the batch's commits) -- the failure that ends a task must be announced.
+    registry.before_exit()
     timed_out()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -47,6 +47,7 @@ from django.db import connection
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQClusterCommand
 
+from jobs.core import registry
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import cut_waits_of_this_thread
 from jobs.worker import shutdown, watchdog
@@ -118,6 +119,7 @@ class Command(DjangoQClusterCommand):
             timeouts.stop()
         # Everything is stopped and every job settled; skip the interpreter's teardown (about
         # half a second of module finalisation on a busy machine) -- logs flushed first.
+        registry.before_exit()  # the reaper's last expiries' task_finished notices, say
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
