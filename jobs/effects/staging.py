@@ -64,9 +64,15 @@ def _as_file(content: Any) -> "File[Any]":
             raise InvalidOption(f"stage(): {len(data)} bytes is more than {MAX_BYTES}")
         return ContentFile(data)
     if isinstance(content, File):
-        if content.size is not None and content.size > MAX_BYTES:
-            raise InvalidOption(f"stage(): {content.size} bytes is more than {MAX_BYTES}")
-        return content
+        try:
+            size = content.size
+        except AttributeError:  # Django could not tell (no size, name or seek)
+            size = None
+        if size is not None:
+            if size > MAX_BYTES:
+                raise InvalidOption(f"stage(): {size} bytes is more than {MAX_BYTES}")
+            return content
+        # A size nobody knows is no bound: read it like any readable, below.
     if hasattr(content, "read"):  # any readable object: read at most one byte past the limit
         data = content.read(MAX_BYTES + 1)
         return _as_file(data) if isinstance(data, bytes | str) else _as_file(None)

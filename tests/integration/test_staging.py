@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.core.files import File
 from django.core.files.base import ContentFile
 from django.db import connection
 
@@ -113,6 +114,16 @@ def test_a_hostile_output_name_is_refused_before_anything_is_written(media, name
     assert list(media.iterdir()) == []
 
 
+class _Unsized:
+    """A stream with neither size, name nor seek (a pipe, a socket's reader)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._data.read(n)
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -120,8 +131,9 @@ def test_a_hostile_output_name_is_refused_before_anything_is_written(media, name
         lambda n: "x" * n,
         lambda n: ContentFile(b"x" * n),
         lambda n: io.BytesIO(b"x" * n),
+        lambda n: File(_Unsized(b"x" * n)),  # a size Django cannot tell: read, bounded
     ],
-    ids=["bytes", "str", "file", "readable"],
+    ids=["bytes", "str", "file", "readable", "file of unknown size"],
 )
 def test_an_output_over_the_size_limit_is_refused_before_anything_is_written(
     media, monkeypatch, content
