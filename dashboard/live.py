@@ -18,7 +18,10 @@ commit after a higher one was read: ids skipped over are re-checked for GAP_SECO
 - SQLite: the same queries through the ORM in a thread (one writer at a time there, so ids
   become visible in order).
 - With REDIS_URL (channels-redis, several ASGI processes share the group): only the process
-  holding a PostgreSQL advisory lock publishes, so no notice is sent twice.
+  holding a PostgreSQL advisory lock publishes, so each change is one notice
+  (tests/dashboard/test_live_notices.py). When the holder goes and another process takes the
+  lock, that one's first notice may repeat changes already announced (screens re-render; nothing
+  is lost).
 
 Hazards: the task must survive database restarts (reconnect after a pause) and never block the
 event loop.
