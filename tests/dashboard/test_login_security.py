@@ -1,6 +1,7 @@
 """Logins are throttled (django-axes) and production security is switched on from the
 environment: `check --deploy` is clean with the documented variables set."""
 
+import io
 import os
 import secrets
 import subprocess
@@ -13,8 +14,9 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.hashers import MD5PasswordHasher
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db.models import F
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 pytestmark = pytest.mark.django_db
@@ -154,7 +156,7 @@ def test_a_malformed_proxy_header_stops_start_up_with_a_clear_error() -> None:
 def _settings_printed(script: str, **variables: str) -> str:
     """What `script` prints in a process of its own started with config.settings and `variables`
     (the login-throttling variables unset unless given)."""
-    unset = ("LOGIN_FAILURE_LIMIT", "LOGIN_COOLOFF_MINUTES")
+    unset = ("LOGIN_FAILURE_LIMIT", "LOGIN_COOLOFF_MINUTES", "LOGIN_LOCKOUT_BY")
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env |= {"DJANGO_SETTINGS_MODULE": "config.settings", "PALISADE_ENV_FILE": "none"}
     env |= {"SECRET_KEY": secrets.token_urlsafe(64), **variables}
@@ -202,3 +204,36 @@ def test_the_lockout_limit_and_cool_off_default_to_5_and_15_minutes(
     )
     out = _settings_printed(script, **variables)
     assert out.strip() == expected
+
+
+def test_axes_reset_lifts_every_lockout(operator: User) -> None:
+    client = Client()
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        log_in(client, "wrong")
+    assert log_in(client, "pw") == 429
+    call_command("axes_reset", stdout=io.StringIO())
+    assert log_in(client, "pw") == 302
+
+
+def test_lockout_by_address_locks_every_username_from_it(operator: User) -> None:
+    User.objects.create_user("other", password="pw2")
+    with override_settings(AXES_LOCKOUT_PARAMETERS=[["ip_address"]]):
+        for _ in range(settings.AXES_FAILURE_LIMIT):
+            log_in(Client(), "wrong")
+        other = Client().post(reverse("dashboard:login"), {"username": "other", "password": "pw2"})
+        assert other.status_code == 429  # another account, the same address
+        assert log_in(Client(REMOTE_ADDR="10.0.0.9"), "pw") == 302  # another address
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, "[['username', 'ip_address']]"),  # the default: one account from one address
+        ("ip_address", "[['ip_address']]"),
+        ("ip_address, username+user_agent", "[['ip_address'], ['username', 'user_agent']]"),
+    ],
+)
+def test_login_lockout_by_sets_the_lockout_key(value: str | None, expected: str) -> None:
+    script = "from django.conf import settings as s; print(s.AXES_LOCKOUT_PARAMETERS)"
+    variables = {} if value is None else {"LOGIN_LOCKOUT_BY": value}
+    assert _settings_printed(script, **variables).strip() == expected
