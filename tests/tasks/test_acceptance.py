@@ -149,6 +149,25 @@ def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_
     assert result.errors == []  # handed back unstarted-or-abandoned: not a failure of the task
 
 
+def _a_notice_held(start_qcluster, tmp_path, mode: str):  # type: ignore[no-untyped-def]
+    """A cluster whose task_finished receiver holds (PALISADE_TEST_SLOW_FINISHED=`mode`) the
+    notice of a task that succeeded: (cluster, its signal log, the task's result)."""
+    log = tmp_path / "signals.log"
+    cluster = start_qcluster(
+        DJANGO_SETTINGS_MODULE="tests.tasks.cluster_settings",
+        PALISADE_TEST_TASK_SIGNALS=str(log),
+        PALISADE_TEST_SLOW_FINISHED=mode,
+    )
+    result = cluster_tasks.quick.enqueue(7)
+    wait_until(
+        lambda: ("holding", "SUCCESSFUL", 1) in _signals(log, result.id),
+        timeout=20,
+        what=f"the task_finished receiver to hold the notice ({mode})",
+        job_id=int(result.id),
+    )
+    return cluster, log, result
+
+
 def test_a_task_finished_still_being_sent_when_a_worker_stops_is_sent_before_it_exits(
     start_qcluster, tmp_path
 ):
@@ -156,20 +175,7 @@ def test_a_task_finished_still_being_sent_when_a_worker_stops_is_sent_before_it_
     task_finished still being sent was lost. Its receiver here holds the notice until the worker
     process is ending (its main thread is over), then completes it: the process waits for it
     (at most jobs.tasks' EXIT_WAIT_SECONDS)."""
-    log = tmp_path / "signals.log"
-    cluster = start_qcluster(
-        DJANGO_SETTINGS_MODULE="tests.tasks.cluster_settings",
-        PALISADE_TEST_TASK_SIGNALS=str(log),
-        PALISADE_TEST_SLOW_FINISHED="until-exit",
-    )
-    result = cluster_tasks.quick.enqueue(7)
-    job_id = int(result.id)
-    wait_until(
-        lambda: ("holding", "SUCCESSFUL", 1) in _signals(log, result.id),
-        timeout=20,
-        what="the task_finished receiver to be holding the notice",
-        job_id=job_id,
-    )
+    cluster, log, result = _a_notice_held(start_qcluster, tmp_path, "until-exit")
     cluster.shutdown()  # SIGTERM; returns once every process of the cluster is gone
     assert [s for s in _signals(log, result.id) if s[0] == "held"] == [("held", "SUCCESSFUL", 1)]
     assert "cluster processes still running" not in cluster.log()  # it ended on its own
@@ -180,18 +186,6 @@ def test_a_stuck_task_finished_receiver_delays_a_workers_stop_by_the_bound_only(
 ):
     """A receiver that never returns: the stopping worker gives up on it after the bound, says
     so, and ends on its own (killed instead, it could not have logged it)."""
-    log = tmp_path / "signals.log"
-    cluster = start_qcluster(
-        DJANGO_SETTINGS_MODULE="tests.tasks.cluster_settings",
-        PALISADE_TEST_TASK_SIGNALS=str(log),
-        PALISADE_TEST_SLOW_FINISHED="stuck",
-    )
-    result = cluster_tasks.quick.enqueue(7)
-    wait_until(
-        lambda: ("holding", "SUCCESSFUL", 1) in _signals(log, result.id),
-        timeout=20,
-        what="the task_finished receiver to be stuck in the notice",
-        job_id=int(result.id),
-    )
+    cluster, log, result = _a_notice_held(start_qcluster, tmp_path, "stuck")
     cluster.shutdown()  # SIGTERM; SIGKILL of the group if it is not gone within 5 s
     assert f"ends with task_finished notices unsent after {EXIT_WAIT_SECONDS:g} s" in cluster.log()
