@@ -3,9 +3,11 @@
 the connection Django uses. Behind a transaction pooler it is never prepared:
 tests/acceptance/test_enqueue_pooler.py, with a real PgBouncer."""
 
+import gc
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -169,14 +171,26 @@ def test_the_enqueue_keeps_a_cursor_per_connection_and_thread():
     """Its cursor is kept (its adapters then know the statement's types: ~50 us of client CPU a
     call); a new connection gets a new one, and so does every thread."""
     jobs.enqueue("test.echo")
-    raw = connection.connection
-    kept = one_statement._LOCAL.cursors[raw]
+    kept = one_statement._LOCAL.cursors[DEFAULT_DB_ALIAS]
+    assert kept.connection is connection.connection
     jobs.enqueue("test.echo", {"n": 1})
-    assert one_statement._LOCAL.cursors[raw] is kept
+    assert one_statement._LOCAL.cursors[DEFAULT_DB_ALIAS] is kept
     connection.close()
     jobs.enqueue("test.echo", {"n": 2})
-    assert one_statement._LOCAL.cursors[connection.connection] is not kept
+    assert one_statement._LOCAL.cursors[DEFAULT_DB_ALIAS] is not kept
     assert Job.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_connection_is_not_kept_alive_by_its_enqueue_cursor():
+    """A web process closes its connection after each request (CONN_MAX_AGE 0): the cursor kept
+    for the old one must not keep it, and one per request pile up, in the thread."""
+    jobs.enqueue("test.echo")
+    old = weakref.ref(connection.connection)
+    connection.close()
+    jobs.enqueue("test.echo", {"n": 1})  # a new connection, its own cursor
+    gc.collect()
+    assert old() is None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -201,7 +215,7 @@ def test_threads_sharing_one_connection_each_get_their_own_job_back():
                     Job, JobEvent, shared, row, enqueue_rules.UNIQUE_KEY_CONSTRAINT, text
                 )
                 got.append((job.pk, {"by": name, "i": i, "returned": job.payload}))
-            cursors[name] = one_statement._LOCAL.cursors[shared.connection]
+            cursors[name] = one_statement._LOCAL.cursors[DEFAULT_DB_ALIAS]
         except BaseException as exc:  # noqa: BLE001  (reported below)
             errors.append(exc)
 
