@@ -165,7 +165,12 @@ def test_a_final_write_unresolved_past_the_limit_is_reported_once_the_database_i
         job_id=job.pk,
     )
     assert pg_proxy.cuts == 1
-    assert "still unknown after" in cluster.log()
+    wait_until(  # logged just after the spool file is in place (unresolved.record)
+        lambda: "still unknown after" in cluster.log(),
+        timeout=5,
+        what="the give-up to be logged",
+        job_id=job.pk,
+    )
     assert wait_for_state(job.pk, "succeeded", timeout=1).attempt == 1  # it had landed
     assert not JobEvent.objects.filter(job=job, type="unresolved").exists()
 
