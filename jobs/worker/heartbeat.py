@@ -31,7 +31,7 @@ never correctness.
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connection
@@ -103,17 +103,25 @@ class Heartbeater:
             self._thread.join(timeout=90)
 
     def hold(self, fence: Fence, lease_seconds: float) -> Held:
-        held = Held(fence, lease_seconds)
+        return self.hold_many([(fence, lease_seconds)])[0]
+
+    def hold_many(self, leases: Sequence[tuple[Fence, float]]) -> list[Held]:
+        """Hold a batch's claimed attempts, each with its lease (one lock for the batch)."""
+        helds = [Held(fence, lease_seconds) for fence, lease_seconds in leases]
+        if not helds:
+            return helds
+        shortest = min(h.lease_seconds for h in helds)
         with self._lock:
-            self._held[fence.job_id] = held
+            for held in helds:
+                self._held[held.fence.job_id] = held
             self._waiting = True
-            self._min_half_lease = min(self._min_half_lease, lease_seconds / 2.0)
+            self._min_half_lease = min(self._min_half_lease, shortest / 2.0)
             # A shorter lease than the one held here means beating more often -- starting now,
             # not after the longer wait the thread is already in.
-            if lease_seconds / 3.0 < self.interval:
-                self.interval = lease_seconds / 3.0
+            if shortest / 3.0 < self.interval:
+                self.interval = shortest / 3.0
                 self._wake.set()
-        return held
+        return helds
 
     def release(self, fence: Fence) -> None:
         with self._lock:

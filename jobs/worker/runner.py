@@ -4,9 +4,8 @@ Owns: executing claimed jobs inside a django-q2 worker process. Never: writes a 
 jobs.worker.completer/jobs.transitions; never retries a write that was rejected; never holds a
 transaction open while a handler runs.
 
-A drain claims due jobs in small batches (each row fenced by its own attempt) and runs them one by
-one until the queue is idle or its time budget is spent, so django-q2's per-task bookkeeping is
-paid per drain, not per job.
+A drain claims due jobs in batches (each row fenced by its own attempt) and runs them one by one
+until the queue is idle or its time budget is spent: django-q2's bookkeeping is paid per drain.
 
 Hazards: one job must never decide another's fate. A success is handed to the background thread,
 which commits it within twice FLUSH_SECONDS whatever its batch-mates do, or at once when the batch
@@ -224,15 +223,16 @@ class _IdleWait:
             self.waker = None
 
 
-def _lease_for(claimed: Claimed) -> float:
-    return policy.lease_seconds_for(claimed.lease_seconds, _handler(claimed.kind), jobs_settings())
+class _Kinds(dict[str, tuple[Handler | None, float | None]]):
+    """A batch's kinds: handler (None: unknown) and timeout, looked up once per kind."""
 
-
-def _handler(kind: str) -> Handler | None:
-    try:
-        return get_handler(kind)
-    except UnknownKind:
-        return None
+    def __missing__(self, kind: str) -> tuple[Handler | None, float | None]:
+        try:
+            handler: Handler | None = get_handler(kind)
+        except UnknownKind:
+            handler = None
+        found = self[kind] = (handler, None if handler is None else _timeout_for(handler))
+        return found
 
 
 def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
@@ -242,7 +242,11 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     the leases are at risk (no beat has succeeded for a while), the jobs not yet started are
     handed back instead of started.
     """
-    unstarted = [(c, beats.hold(c.fence, _lease_for(c))) for c in batch]
+    cfg, kinds = jobs_settings(), _Kinds()
+    leases = [
+        (c.fence, policy.lease_seconds_for(c.lease_seconds, kinds[c.kind][0], cfg)) for c in batch
+    ]
+    unstarted = list(zip(batch, beats.hold_many(leases), strict=True))
     current: tuple[Claimed, Held] | None = None
     ran = 0
     try:
@@ -251,7 +255,7 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
             if not beats.start(current[1]):
                 current = None  # handed back by a stop meanwhile
                 continue
-            run_one(*current, beats)
+            run_one(*current, beats, kinds)
             current, ran = None, ran + 1
     except BaseException as exc:
         _abandon(current, unstarted, beats, exc)
@@ -266,8 +270,8 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     return ran
 
 
-def run_one(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
-    handler = _handler(claimed.kind)
+def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> None:
+    handler, seconds = kinds[claimed.kind]
     if handler is None:
         beats.release(claimed.fence)
         completer.fail(claimed, f"no handler is registered for kind {claimed.kind!r}")
@@ -276,7 +280,6 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater) -> None:
         if not _confirm_running(claimed, beats):
             return
         held.confirmed = True
-    seconds = _timeout_for(handler)
     beats.running(held, seconds, lambda: watchdog.time_out(beats, claimed, held, seconds or 0.0))
     if seconds is not None:
         watchdog.started(claimed.fence.job_id, claimed.fence.attempt, seconds)

@@ -108,6 +108,8 @@ def dumps(value: Any) -> str:
 
 
 def loads(value: Any) -> Any:
+    if value == "{}":  # most payloads: a new empty dict without the decoder (1 us a job)
+        return {}
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
