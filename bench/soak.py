@@ -26,6 +26,10 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
 2. The stream: the same qcluster keeps running while a thread enqueues demo.noop jobs at `--rate`
    (default 70 % of the drain just measured), open loop: every 100 ms it inserts the jobs due by
    then, each with its `enqueued` event (the rows `jobs.enqueue()` writes), in one statement.
+   Where the stream, the prune and the server share the workers' cores (two cores here), 70 %
+   of a drain measured on empty tables is more than the workers keep up with: on 2026-12-06 a
+   5,278 jobs/s stream grew a backlog of 277,000 jobs in nine minutes. The soaks of record in
+   docs/benchmarks.md give `--rate` (or a lower `--load`) and say which.
 3. Retention, as docs/operations.md says to run it: `manage.py jobs prune --older-than-days D`
    every `--prune-every` seconds (start to start, in a thread of its own, like cron; one that
    outlasts the period is followed by the next at once), D = `--retention-minutes` / 1440.
