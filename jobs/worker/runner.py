@@ -224,15 +224,15 @@ class _IdleWait:
 
 
 class _Kinds(dict[str, tuple[Handler | None, float | None]]):
-    """A batch's kinds: handler (None: unknown) and timeout, looked up once per kind."""
+    """A batch's kinds: handler and timeout, looked up once per known kind; an unknown one is
+    looked up again (a batch-mate's handler may register it: a lazy import)."""
 
     def __missing__(self, kind: str) -> tuple[Handler | None, float | None]:
         try:
-            handler: Handler | None = get_handler(kind)
+            handler = get_handler(kind)
         except UnknownKind:
-            handler = None
-        found = self[kind] = (handler, None if handler is None else _timeout_for(handler))
-        return found
+            return None, None
+        return self.setdefault(kind, (handler, _timeout_for(handler)))
 
 
 def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
