@@ -27,8 +27,10 @@ even `prepare=True` -- and Django's own (client-side binding) cursors never prep
 psycopg's own cache then names, prepares once and reuses the statement, and nothing else on the
 connection changes. Hazard: psycopg forgets its statements (and deallocates them) on a rollback
 or a DROP/ALTER it sees; a `DEALLOCATE ALL` or `DISCARD ALL` sent by the application through
-Django's cursors is not seen, and the next enqueue on that connection fails with "prepared
-statement does not exist" -- set "off" if the application does that.
+Django's cursors is not seen, and every later enqueue on that connection fails with "prepared
+statement does not exist" until the connection is closed (inside a transaction, until its
+rollback) -- set "off" if the application does that
+(tests/integration/test_enqueue_prepared.py).
 """
 
 import weakref

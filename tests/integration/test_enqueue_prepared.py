@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 import jobs
@@ -236,3 +236,29 @@ def test_threads_sharing_one_connection_each_get_their_own_job_back():
     assert len(got) == len(stored) == 1000
     for pk, seen in got:
         assert seen["returned"] == {"by": seen["by"], "i": seen["i"]} == stored[pk]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("reset", ["DISCARD ALL", "DEALLOCATE ALL"])
+def test_a_session_that_lost_its_statements_fails_enqueues_until_closed_unless_prepare_is_off(
+    reset: str,
+) -> None:
+    """What prepared.py and docs/operations.md say: psycopg does not see a DISCARD ALL or
+    DEALLOCATE ALL sent through Django's cursor, so outside a transaction every later enqueue on
+    that connection fails until it is closed; with ENQUEUE_PREPARE off nothing is prepared and
+    the reset changes nothing."""
+    connection.close()
+    jobs.enqueue("test.echo")  # prepared on this connection (direct: no pooler in the way)
+    with connection.cursor() as cur:
+        cur.execute(reset)
+    for n in (1, 2):
+        with pytest.raises(DatabaseError, match="does not exist"):
+            jobs.enqueue("test.echo", {"n": n})
+    connection.close()
+    jobs.enqueue("test.echo", {"n": 3})  # a new connection prepares it again
+    with override_settings(JOBS={"ENQUEUE_PREPARE": "off"}):
+        with connection.cursor() as cur:
+            cur.execute(reset)
+        jobs.enqueue("test.echo", {"n": 4})
+    payloads = list(Job.objects.order_by("pk").values_list("payload", flat=True))
+    assert payloads == [{}, {"n": 3}, {"n": 4}]
