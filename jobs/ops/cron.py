@@ -255,10 +255,12 @@ def _decide(row: Schedule, now: datetime, busy: bool) -> tuple[datetime | None, 
 
 
 def _ticks_back(cron: str, tz: str, now: datetime, n: int) -> list[datetime]:
-    """The `n` most recent ticks due at `now`, oldest first, in UTC."""
+    """The `n` most recent ticks due at `now` (`now` itself included, as the forward walk of
+    `_decide` counts it), oldest first, in UTC."""
     it = croniter(cron, now.astimezone(ZoneInfo(tz)))
-    back = [it.get_prev(datetime).astimezone(ZoneInfo("UTC")) for _ in range(n)]
-    return back[::-1]
+    back = [it.get_prev(datetime).astimezone(ZoneInfo("UTC")) for _ in range(n)][::-1]
+    following = next_tick(cron, tz, back[-1])  # get_prev is strictly before `now`
+    return back[1:] + [following] if following <= now else back
 
 
 def _count_from(cron: str, tz: str, first: datetime, end: datetime) -> int:
