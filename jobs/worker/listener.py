@@ -1,7 +1,9 @@
 """Waking on enqueue: LISTEN for the enqueue trigger's NOTIFY, on a connection of its own.
 
 Owns: the LISTEN connection and `Waker`, used by the scheduler (to request drains) and by an idle
-drain (to claim the moment work arrives). Never: claims or writes anything.
+drain (`IdleWait`: to claim the moment work arrives); and registering a waiting process, so that
+enqueues notify only while one waits (jobs/core/sql/queues.py, WAITER; migration 0022). Never:
+claims or writes anything.
 
 Hazards: the LISTEN connection is its own psycopg connection (never Django's pooled one) and is
 re-opened after any error. An idle LISTEN socket cannot tell a quiet database from a dead one (a
@@ -16,13 +18,16 @@ import logging
 import select
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
-from django.db import connection
+from django.db import DatabaseError, connection
 
+from jobs.core import transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
-from jobs.core.sql.queues import ENQUEUED_CHANNEL, queue_channel
+from jobs.core.sql.queues import ENQUEUED_CHANNEL, FENCE_SQL, UNWAIT_SQL, WAIT_SQL, queue_channel
+from jobs.worker import shutdown
 
 logger = logging.getLogger("jobs.scheduler")
 
@@ -38,6 +43,9 @@ def channels(queues: Sequence[str] | None) -> list[str]:
 
 
 LIVENESS_SECONDS = 5.0  # an idle LISTEN connection is probed after this long without traffic
+# A new waiter whose fence is held by enqueues still in flight tries it again this often (each try
+# one round trip on the LISTEN connection); meanwhile every new enqueue notifies it.
+FENCE_RETRY_SECONDS = 0.01
 
 
 def dedicated_connection(autocommit: bool = True) -> psycopg.Connection:
@@ -74,6 +82,12 @@ class Waker:
 
     A (re)connected LISTEN returns at once as if notified: whatever was committed before the
     LISTEN took effect sent its NOTIFY to nobody, so the caller looks for work now.
+
+    Enqueues notify only while some process waits (jobs/core/sql/queues.py, WAITER): `wait()`
+    registers this one (unless `register=False`) and keeps it registered until `release()` --
+    the caller found work and is busy -- or the connection closes. Registering returns True once
+    the fence is passed (enqueues that looked before we registered are committed: look again);
+    until then the fence is tried every FENCE_RETRY_SECONDS.
     """
 
     def __init__(
@@ -83,6 +97,8 @@ class Waker:
         self._conn: psycopg.Connection | None = None
         self._fresh = False
         self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
+        self._waiting = False  # this connection holds WAITER
+        self._fenced = False  # ... and has passed the fence since it took it
         self.outage = outage or OutageLog("scheduler LISTEN connection", logger)
 
     def _connect(self) -> psycopg.Connection | None:
@@ -95,6 +111,7 @@ class Waker:
                 self._conn.execute("; ".join(f"LISTEN {c}" for c in self.channels))
             self._heard_at = time.monotonic()
             self._fresh = True
+            self._waiting = self._fenced = False
         elif time.monotonic() - self._heard_at > LIVENESS_SECONDS:
             # Quiet for a while: make sure the server is still there to notify us.
             with bounded("LISTEN liveness probe", conn=self._conn):
@@ -107,7 +124,9 @@ class Waker:
                 self._fresh = True
         return self._conn
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, register: bool = True) -> bool:
+        """True when woken (a NOTIFY, a fresh LISTEN, a passed fence): look for work now.
+        `register=False`: listen without asking enqueues to notify (and stop asking)."""
         try:
             conn = self._connect()
             self.outage.recovered()
@@ -122,6 +141,23 @@ class Waker:
             self._fresh = False
             return True
         try:
+            if not register:
+                self.release()
+                if self._conn is None:  # the release failed: closed, reported
+                    return False
+            elif not self._fenced:
+                sql = FENCE_SQL if self._waiting else WAIT_SQL
+                with bounded("wake-up registration", conn=conn):
+                    fenced = bool(conn.execute(sql).fetchone()[-1])  # type: ignore[index]
+                self._waiting = True
+                self._heard_at = time.monotonic()
+                # A NOTIFY read with the answer is in psycopg's backlog, out of select()'s sight.
+                heard = sum(1 for _ in conn.notifies(timeout=0))
+                if fenced:
+                    self._fenced = True
+                if fenced or heard:
+                    return True
+                timeout = min(timeout, FENCE_RETRY_SECONDS)
             ready, _, _ = select.select([conn.fileno()], [], [], timeout)
             woke = False
             if ready:
@@ -135,10 +171,93 @@ class Waker:
             self.close()
             return False
 
+    def release(self) -> None:
+        """Stop asking enqueues to notify (the caller is busy); listening goes on."""
+        if not self._waiting:
+            return
+        self._waiting = self._fenced = False
+        if self._conn is None or self._conn.closed:
+            return
+        try:
+            with bounded("wake-up release", conn=self._conn):
+                self._conn.execute(UNWAIT_SQL)
+            self._heard_at = time.monotonic()
+        except (psycopg.Error, OSError) as exc:
+            self.outage.failed(exc)
+            self.close()  # the session's end gives the lock back
+
     def close(self) -> None:
+        self._waiting = self._fenced = False
         if self._conn is not None:
             try:
                 self._conn.close()
             except (psycopg.Error, OSError):
                 pass
             self._conn = None
+
+
+class IdleWait:
+    """How a worker's drain with nothing to do hears of new work in milliseconds.
+
+    It LISTENs on the enqueue channel (the NOTIFY the enqueue trigger sends on commit, also for a
+    job requeued by a retry, a release or the reaper) and claims again the moment one arrives --
+    without a busy poll and without django-q2's broker poll in the way. It also claims again
+    every POLL_SECONDS whatever it heard (a retry whose run_at comes due sends no NOTIFY then;
+    behind a transaction pooler LISTEN hears nothing), and gives up after IDLE_WAIT_SECONDS, at
+    the drain's deadline, or as soon as a shutdown is requested (checked every 0.25 s). Every
+    claim is the ordinary fenced claim: waiting changes no fence.
+
+    The LISTEN connection is this drain's own and closed when the drain ends; a fresh LISTEN
+    counts as a wake-up (a job committed just before it took effect notified nobody).
+    """
+
+    def __init__(self, cfg: Any, queues: Sequence[str] | None, outage: OutageLog) -> None:
+        self.queues = queues  # LISTENs for these queues' enqueues only
+        self.outage = outage
+        self.enabled = cfg.IDLE_WAIT_SECONDS > 0 and connection.vendor == "postgresql"
+        self.seconds = float(cfg.IDLE_WAIT_SECONDS)
+        self.poll = float(cfg.POLL_SECONDS)
+        self.waker: Waker | None = None
+        self.until: float | None = None  # when this stretch of idleness gives up
+
+    def busy(self) -> None:
+        """A claim found work: the next idleness gets a full IDLE_WAIT_SECONDS again, and
+        enqueues stop notifying this drain until it waits again (Waker.release)."""
+        self.until = None
+        if self.waker is not None:
+            self.waker.release()
+
+    def wait(self, deadline: float) -> bool:
+        """True: claim again now. False: the drain should end."""
+        if not self.enabled:
+            return False
+        if self.waker is None:
+            self.waker = Waker(self.outage, self.queues)
+        now = time.monotonic()
+        if self.until is None:
+            self.until = now + self.seconds
+        until, poll_at = min(deadline, self.until), now + self.poll
+        while not shutdown.requested():
+            now = time.monotonic()
+            if now >= until:
+                return False
+            if now >= poll_at:
+                return True
+            self._keep_claim_ready()
+            if self.waker.wait(min(0.25, poll_at - now, until - now)):
+                return True
+        return False
+
+    def _keep_claim_ready(self) -> None:
+        """The claim a NOTIFY wakes us for is one round trip: what it must know beforehand
+        (whether its queues are limited) is re-read now, while nothing waits on it."""
+        try:
+            with bounded("claim limits"):
+                transitions.refresh_limits(self.queues)
+        except DatabaseError:
+            pass  # the claim itself reads it again, and reports an outage
+
+    def close(self) -> None:
+        if self.waker is not None:
+            self.waker.close()
+            self.waker = None

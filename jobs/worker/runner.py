@@ -49,7 +49,7 @@ from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
 from jobs.worker import completer, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
-from jobs.worker.listener import Waker
+from jobs.worker.listener import IdleWait
 
 logger = logging.getLogger("jobs.runner")
 
@@ -104,7 +104,7 @@ def drain(
     """Claim and run due jobs until none is due or the budget is spent; return how many ran.
 
     With `idle_wait` (a worker's drain, jobs.worker.bridge) a drain that finds no work waits for new
-    work (see `_IdleWait`) for up to IDLE_WAIT_SECONDS within its budget before it returns.
+    work (see listener.IdleWait) for up to IDLE_WAIT_SECONDS within its budget before it returns.
     """
     cfg = jobs_settings()
     queues = queues or cfg.QUEUES
@@ -113,7 +113,7 @@ def drain(
     worker = worker_identity()
     ran, size = 0, 1
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
-    idle = _IdleWait(cfg, queues) if idle_wait else None
+    idle = IdleWait(cfg, queues, _LISTEN_OUTAGE) if idle_wait else None
     try:
         with Heartbeater(
             interval,
@@ -158,69 +158,6 @@ def drain(
             idle.close()
         close_side_connection()
     return ran
-
-
-class _IdleWait:
-    """How a worker's drain with nothing to do hears of new work in milliseconds.
-
-    It LISTENs on the enqueue channel (the NOTIFY the enqueue trigger sends on commit, also for a
-    job requeued by a retry, a release or the reaper) and claims again the moment one arrives --
-    without a busy poll and without django-q2's broker poll in the way. It also claims again
-    every POLL_SECONDS whatever it heard (a retry whose run_at comes due sends no NOTIFY then;
-    behind a transaction pooler LISTEN hears nothing), and gives up after IDLE_WAIT_SECONDS, at
-    the drain's deadline, or as soon as a shutdown is requested (checked every 0.25 s). Every
-    claim is the ordinary fenced claim: waiting changes no fence.
-
-    The LISTEN connection is this drain's own and closed when the drain ends; a fresh LISTEN
-    counts as a wake-up (a job committed just before it took effect notified nobody).
-    """
-
-    def __init__(self, cfg: Any, queues: Sequence[str] | None) -> None:
-        self.queues = queues  # LISTENs for these queues' enqueues only
-        self.enabled = cfg.IDLE_WAIT_SECONDS > 0 and connection.vendor == "postgresql"
-        self.seconds = float(cfg.IDLE_WAIT_SECONDS)
-        self.poll = float(cfg.POLL_SECONDS)
-        self.waker: Waker | None = None
-        self.until: float | None = None  # when this stretch of idleness gives up
-
-    def busy(self) -> None:
-        """A claim found work: the next idleness gets a full IDLE_WAIT_SECONDS again."""
-        self.until = None
-
-    def wait(self, deadline: float) -> bool:
-        """True: claim again now. False: the drain should end."""
-        if not self.enabled:
-            return False
-        if self.waker is None:
-            self.waker = Waker(_LISTEN_OUTAGE, self.queues)
-        now = time.monotonic()
-        if self.until is None:
-            self.until = now + self.seconds
-        until, poll_at = min(deadline, self.until), now + self.poll
-        while not shutdown.requested():
-            now = time.monotonic()
-            if now >= until:
-                return False
-            if now >= poll_at:
-                return True
-            self._keep_claim_ready()
-            if self.waker.wait(min(0.25, poll_at - now, until - now)):
-                return True
-        return False
-
-    def _keep_claim_ready(self) -> None:
-        """The claim a NOTIFY wakes us for is one round trip: what it must know beforehand
-        (whether its queues are limited) is re-read now, while nothing waits on it."""
-        try:
-            with bounded("claim limits"):
-                transitions.refresh_limits(self.queues)
-        except DatabaseError:
-            pass  # the claim itself reads it again, and reports an outage
-
-    def close(self) -> None:
-        if self.waker is not None:
-            self.waker.close()
-            self.waker = None
 
 
 class _Kinds(dict[str, tuple[Handler | None, float | None]]):

@@ -92,6 +92,7 @@ class EmbeddedScheduler:
         self._next_reap = 0.0
         self._next_cron = 0.0
         self._next_standing = 0.0
+        self._idle = True  # nothing was due at the last tick: enqueues are asked to notify us
         self.outage = OutageLog("scheduler", logger)
 
     def tick(self) -> None:
@@ -110,9 +111,10 @@ class EmbeddedScheduler:
 
     def dispatch(self) -> None:
         """Make sure enough drains are on their way for the work that is due now -- and, while
-        idle, that drains stand waiting for the next job (runner._IdleWait)."""
+        idle, that drains stand waiting for the next job (listener.IdleWait)."""
         workers = bridge.worker_count()
         due = transitions.count_due(workers, self.queues)
+        self._idle = not due
         if not due:
             self._keep_drains_standing(workers)
             return
@@ -158,7 +160,9 @@ class EmbeddedScheduler:
                         break  # a stop cut the tick's wait: no outage to report
                     self.outage.failed(exc)
                 timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
-                if self.waker.wait(timeout):
+                # While work is due the drains are on it: enqueues need not notify this tick
+                # (each NOTIFY serializes enqueue commits), which then comes at the poll.
+                if self.waker.wait(timeout, register=self._idle):
                     # heard enqueues: the next tick waits out the spacing (its notifications
                     # pile up meanwhile and wake one tick)
                     pause = ticked + TICK_SPACING_SECONDS - time.monotonic()

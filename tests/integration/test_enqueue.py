@@ -5,6 +5,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import jobs
+from jobs.core.sql.queues import WAIT_SQL
 from jobs.core.states import JobState
 from jobs.models import Job, JobEvent
 
@@ -112,6 +113,7 @@ def test_a_rolled_back_enqueue_leaves_no_job():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_committed_enqueue_notifies_the_scheduler(second_connection):
+    second_connection.execute(WAIT_SQL)  # a waiting process: enqueues notify it
     second_connection.execute("LISTEN jobs_enqueued")
     with transaction.atomic():
         jobs.enqueue("test.echo")

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 import jobs
 from jobs.core import enqueue as enqueue_rules
+from jobs.core.sql.queues import WAIT_SQL
 from jobs.core.states import EventType, JobState
 from jobs.models import Job, JobEvent
 from tests.acceptance.cluster import wait_until
@@ -246,6 +247,7 @@ def test_a_rolled_back_enqueue_leaves_neither_job_nor_event():
 
 @pytest.mark.django_db(transaction=True)
 def test_an_enqueue_in_autocommit_notifies_a_listener_once_it_returns(second_connection):
+    second_connection.execute(WAIT_SQL)  # a waiting process: enqueues notify it
     second_connection.execute("LISTEN jobs_enqueued")
     jobs.enqueue("test.echo")
     received = list(second_connection.notifies(timeout=5, stop_after=1))

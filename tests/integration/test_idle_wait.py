@@ -13,6 +13,7 @@ from django.db import connection, connections
 from django.test import override_settings
 
 import jobs
+from jobs.core.sql.queues import WAITER_KEY, WAKE_LOCK_CLASS
 from jobs.core.states import JobState
 from jobs.models import Job
 from jobs.worker import runner, shutdown
@@ -64,13 +65,16 @@ def state(job: Job) -> str:
 
 
 def idle_now(t: DrainThread) -> None:
-    """Wait until the drain found the queue empty and LISTENs (its backend shows the LISTEN)."""
+    """Wait until the drain found the queue empty and waits: its LISTEN session holds WAITER
+    (jobs/core/sql/queues.py), so enqueues notify it."""
 
     def listening() -> bool:
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN jobs_enqueued' "
-                "AND pid <> pg_backend_pid() AND datname = current_database()"
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2"
+                " AND pid <> pg_backend_pid()",
+                [WAKE_LOCK_CLASS, WAITER_KEY],
             )
             return bool(cur.fetchone()[0])
 
@@ -131,3 +135,31 @@ def test_the_in_process_drain_still_returns_at_once_when_idle():
     began = time.monotonic()
     assert runner.drain(budget_seconds=60.0) == 0
     assert time.monotonic() - began < 5
+
+
+def waiters() -> int:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2",
+            [WAKE_LOCK_CLASS, WAITER_KEY],
+        )
+        return int(cur.fetchone()[0])
+
+
+@override_settings(JOBS={"POLL_SECONDS": 60.0, "IDLE_WAIT_SECONDS": 60.0})
+def test_a_drain_asks_for_notifies_while_idle_and_not_while_it_runs_a_job(drain):
+    """Enqueues notify only while some process waits (migration 0022): a drain that claimed
+    work lets go of WAITER until it is idle again, so enqueues meanwhile skip the NOTIFY."""
+    t = drain(budget=60.0)
+    t.start()
+    idle_now(t)
+    assert waiters() == 1
+    job = jobs.enqueue("test.sleep", {"seconds": 1.5})  # notifies the idle drain
+    wait_until(lambda: state(job) == JobState.RUNNING, 10)
+    wait_until(lambda: waiters() == 0, 1.0)  # busy: asks for no NOTIFY
+    other = jobs.enqueue("test.echo", {"n": 2})  # no NOTIFY; the drain's next claim takes it
+    wait_until(lambda: state(other) == JobState.SUCCEEDED, 10)
+    assert state(job) == JobState.SUCCEEDED
+    wait_until(lambda: waiters() == 1, 10)  # idle again, registered
+    assert t.is_alive()

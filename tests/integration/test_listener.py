@@ -34,7 +34,8 @@ def test_a_notify_read_during_the_liveness_probe_wakes_the_waiter(second_connect
 def test_a_quiet_probe_is_no_wake_up(monkeypatch):
     waker = listener.Waker()
     try:
-        assert waker.wait(0.05)
+        assert waker.wait(0.05)  # the fresh LISTEN
+        assert waker.wait(0.05)  # registered as a waiter, past the fence
         monkeypatch.setattr(listener, "LIVENESS_SECONDS", 0.0)
         assert not waker.wait(0.1)  # probed, nothing heard
     finally:

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 import jobs
-from jobs.core.sql.queues import ENQUEUED_CHANNEL, queue_channel
+from jobs.core.sql.queues import ENQUEUED_CHANNEL, WAIT_SQL, queue_channel
 from jobs.models import Job
 from jobs.worker import listener
 
@@ -22,10 +22,17 @@ def woke(waker: listener.Waker, timeout: float) -> bool:
     return waker.wait(timeout)
 
 
+def waiting(waker: listener.Waker) -> None:
+    """A new Waker's first two waits return at once: the fresh LISTEN, then the passed fence
+    (its registration as a waiter, so that enqueues notify it)."""
+    assert woke(waker, 0.1)
+    assert woke(waker, 0.1)
+
+
 def test_a_waker_for_queue_a_sleeps_through_enqueues_into_b_and_wakes_for_a():
     waker = listener.Waker(queues=["a"])
     try:
-        assert woke(waker, 0.1)  # a fresh LISTEN counts as a wake-up
+        waiting(waker)
         jobs.enqueue("test.echo", queue="b")
         assert not woke(waker, 0.5)
         jobs.enqueue("test.echo", queue="a")
@@ -37,7 +44,7 @@ def test_a_waker_for_queue_a_sleeps_through_enqueues_into_b_and_wakes_for_a():
 def test_a_waker_for_every_queue_wakes_for_any_enqueue():
     waker = listener.Waker()
     try:
-        assert woke(waker, 0.1)
+        waiting(waker)
         jobs.enqueue("test.echo", queue="b")
         assert woke(waker, 5.0)
     finally:
@@ -45,6 +52,7 @@ def test_a_waker_for_every_queue_wakes_for_any_enqueue():
 
 
 def test_one_statement_inserting_many_rows_notifies_once_per_queue(second_connection):
+    second_connection.execute(WAIT_SQL)  # a waiter: enqueues notify
     second_connection.execute(f"LISTEN {ENQUEUED_CHANNEL}")
     second_connection.execute(f"LISTEN {queue_channel('a')}")
     Job.objects.bulk_create([Job(kind="test.echo", queue=q) for q in ["a", "a", "a", "b", "b"]])

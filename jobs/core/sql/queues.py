@@ -37,6 +37,31 @@ ENQUEUED_CHANNEL = "jobs_enqueued"
 QUEUE_CHANNEL_PREFIX = "jobs_q_"
 
 
+# Who waits for a wake-up, in advisory locks (the two-int form: class, key). A process about to
+# block on LISTEN holds WAITER shared for as long as it waits; an enqueue's trigger sends its
+# NOTIFY only while some process holds it -- the NOTIFY is what serializes committing enqueues
+# (PostgreSQL takes one database-wide lock from a notifying commit's start to its end), so none is
+# sent into a cluster whose workers are all busy and will claim the job anyway. FENCE closes the
+# race: an enqueue takes it shared (until its commit) before it looks at WAITER, and a new waiter,
+# once it holds WAITER, waits until it can take FENCE exclusively -- every enqueue that looked
+# before it came is then committed or gone -- and claims once more before it blocks. Migration
+# 0022 writes the same numbers into the triggers; a test keeps them in step.
+WAKE_LOCK_CLASS = 0x5041_4C49  # "PALI"
+WAITER_KEY = 1
+FENCE_KEY = 2
+# A waiter: hold WAITER, then try the fence (true: every enqueue that may have missed us is done).
+WAIT_SQL = (
+    f"SELECT pg_advisory_lock_shared({WAKE_LOCK_CLASS}, {WAITER_KEY}), "
+    f"pg_try_advisory_lock({WAKE_LOCK_CLASS}, {FENCE_KEY}) "
+    f"AND pg_advisory_unlock({WAKE_LOCK_CLASS}, {FENCE_KEY})"
+)
+FENCE_SQL = (
+    f"SELECT pg_try_advisory_lock({WAKE_LOCK_CLASS}, {FENCE_KEY}) "
+    f"AND pg_advisory_unlock({WAKE_LOCK_CLASS}, {FENCE_KEY})"
+)
+UNWAIT_SQL = f"SELECT pg_advisory_unlock_shared({WAKE_LOCK_CLASS}, {WAITER_KEY})"
+
+
 def queue_channel(queue: str) -> str:
     """The NOTIFY channel of one queue: `jobs_q_` + md5 of its name (39 characters)."""
     return QUEUE_CHANNEL_PREFIX + hashlib.md5(queue.encode(), usedforsecurity=False).hexdigest()
