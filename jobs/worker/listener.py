@@ -43,8 +43,9 @@ def channels(queues: Sequence[str] | None) -> list[str]:
 
 
 LIVENESS_SECONDS = 5.0  # an idle LISTEN connection is probed after this long without traffic
-# A new waiter whose fence is held by enqueues still in flight tries it again this often (each try
-# one round trip on the LISTEN connection); meanwhile every new enqueue notifies it.
+# A new waiter whose fence is held by enqueues still in flight tries it again after this, then
+# twice as long each time up to 0.25 s (one round trip each); meanwhile every new enqueue
+# notifies it.
 FENCE_RETRY_SECONDS = 0.01
 
 
@@ -99,6 +100,7 @@ class Waker:
         self._heard_at = 0.0  # time.monotonic() of the last traffic on the LISTEN connection
         self._waiting = False  # this connection holds WAITER
         self._fenced = False  # ... and has passed the fence since it took it
+        self._direct = False  # the LISTEN session is PostgreSQL's own, not a pooler's
         self.outage = outage or OutageLog("scheduler LISTEN connection", logger)
 
     def _connect(self) -> psycopg.Connection | None:
@@ -109,6 +111,11 @@ class Waker:
             with bounded("LISTEN", conn=self._conn):
                 # Channel names are [a-z0-9_] only (queue_channel): no quoting needed.
                 self._conn.execute("; ".join(f"LISTEN {c}" for c in self.channels))
+                # Behind a transaction pooler a session lock would stay on whichever server
+                # connection took it: register only on a session of our own (the pid check of
+                # jobs.worker.scheduler.limit_session); there LISTEN hears nothing anyway.
+                reported = self._conn.execute("SELECT pg_backend_pid()").fetchone()
+                self._direct = reported is not None and reported[0] == self._conn.info.backend_pid
             self._heard_at = time.monotonic()
             self._fresh = True
             self._waiting = self._fenced = False
@@ -141,35 +148,50 @@ class Waker:
             self._fresh = False
             return True
         try:
-            if not register:
+            if not register or not self._direct:
                 self.release()
                 if self._conn is None:  # the release failed: closed, reported
                     return False
             elif not self._fenced:
-                sql = FENCE_SQL if self._waiting else WAIT_SQL
-                with bounded("wake-up registration", conn=conn):
-                    fenced = bool(conn.execute(sql).fetchone()[-1])  # type: ignore[index]
-                self._waiting = True
-                self._heard_at = time.monotonic()
-                # A NOTIFY read with the answer is in psycopg's backlog, out of select()'s sight.
-                heard = sum(1 for _ in conn.notifies(timeout=0))
-                if fenced:
-                    self._fenced = True
-                if fenced or heard:
-                    return True
-                timeout = min(timeout, FENCE_RETRY_SECONDS)
-            ready, _, _ = select.select([conn.fileno()], [], [], timeout)
-            woke = False
-            if ready:
-                self._heard_at = time.monotonic()
-                # Drain every queued notification at once: one wake-up per burst of enqueues.
-                for _ in conn.notifies(timeout=0):
-                    woke = True
-            return woke
+                return self._register(conn, timeout)
+            return self._select(conn, timeout)
         except (psycopg.Error, OSError) as exc:
             self.outage.failed(exc)
             self.close()
             return False
+
+    def _select(self, conn: psycopg.Connection, timeout: float) -> bool:
+        ready, _, _ = select.select([conn.fileno()], [], [], timeout)
+        woke = False
+        if ready:
+            self._heard_at = time.monotonic()
+            # Drain every queued notification at once: one wake-up per burst of enqueues.
+            for _ in conn.notifies(timeout=0):
+                woke = True
+        return woke
+
+    def _register(self, conn: psycopg.Connection, timeout: float) -> bool:
+        """Hold WAITER and pass the fence: True once passed (look again) or on a NOTIFY heard
+        meanwhile; False at `timeout` with the fence still held by enqueues in flight (the
+        tries back off from FENCE_RETRY_SECONDS, so a transaction left open after an enqueue
+        costs a few round trips a second, not a tick storm)."""
+        deadline = time.monotonic() + timeout
+        pause = FENCE_RETRY_SECONDS
+        while True:
+            sql = FENCE_SQL if self._waiting else WAIT_SQL
+            with bounded("wake-up registration", conn=conn):
+                fenced = bool(conn.execute(sql).fetchone()[-1])  # type: ignore[index]
+            self._waiting = True
+            self._heard_at = time.monotonic()
+            # A NOTIFY read with the answer is in psycopg's backlog, out of select()'s sight.
+            heard = sum(1 for _ in conn.notifies(timeout=0))
+            self._fenced = fenced
+            left = deadline - time.monotonic()
+            if fenced or heard or left <= 0:
+                return fenced or heard > 0
+            if self._select(conn, min(pause, left)):
+                return True
+            pause = min(pause * 2, 0.25)
 
     def release(self) -> None:
         """Stop asking enqueues to notify (the caller is busy); listening goes on."""
@@ -180,8 +202,10 @@ class Waker:
             return
         try:
             with bounded("wake-up release", conn=self._conn):
-                self._conn.execute(UNWAIT_SQL)
+                held = self._conn.execute(UNWAIT_SQL).fetchone()
             self._heard_at = time.monotonic()
+            if not (held and held[0]):  # not ours to give back: end the session, which does
+                raise psycopg.OperationalError("WAITER was not held by the LISTEN session")
         except (psycopg.Error, OSError) as exc:
             self.outage.failed(exc)
             self.close()  # the session's end gives the lock back

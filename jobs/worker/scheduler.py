@@ -162,7 +162,9 @@ class EmbeddedScheduler:
                 timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
                 # While work is due the drains are on it: enqueues need not notify this tick
                 # (each NOTIFY serializes enqueue commits), which then comes at the poll.
-                if self.waker.wait(timeout, register=self._idle):
+                # Without standing drains (IDLE_WAIT_SECONDS 0) it is the only waiter: always.
+                register = self._idle or cfg.IDLE_WAIT_SECONDS <= 0
+                if self.waker.wait(timeout, register=register):
                     # heard enqueues: the next tick waits out the spacing (its notifications
                     # pile up meanwhile and wake one tick)
                     pause = ticked + TICK_SPACING_SECONDS - time.monotonic()

@@ -19,8 +19,9 @@ import pytest
 from django.db import connection, connections
 
 from jobs import enqueue
+from jobs.core.sql.queues import WAITER_KEY, WAKE_LOCK_CLASS
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.worker import scheduler
+from jobs.worker import listener, scheduler
 from tests.acceptance.cluster import subprocess_database_url, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -140,10 +141,13 @@ def test_listen_url_gives_the_listeners_a_direct_session(pgbouncer, start_qclust
     start_qcluster(DATABASE_URL=pgbouncer, JOBS_LISTEN_URL=direct, JOBS_PREPARED_STATEMENTS="0")
 
     def listening_directly() -> bool:
+        """A session on the direct URL waits for wake-ups: it holds WAITER (queues.py)."""
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                "'palisade-listen' AND query = 'LISTEN jobs_enqueued'"
+                "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid"
+                " WHERE a.application_name = 'palisade-listen' AND l.locktype = 'advisory'"
+                " AND l.granted AND l.classid = %s::bigint::oid AND l.objid = %s",
+                [WAKE_LOCK_CLASS, WAITER_KEY],
             )
             return bool(cur.fetchone()[0])
 
@@ -180,3 +184,29 @@ def test_the_main_processs_timeouts_never_reach_other_clients_through_the_pooler
         cur.execute("SHOW statement_timeout")
         assert cur.fetchone() == ("5s",)
         cur.execute("RESET statement_timeout; RESET lock_timeout")
+
+
+def test_a_waker_behind_the_pooler_never_holds_the_waiter_lock(pgbouncer, monkeypatch):
+    """Without LISTEN_URL the LISTEN goes through the pooler (and hears nothing): a session lock
+    taken there would stay on a pooled server connection and make every enqueue notify, so the
+    Waker registers only on a session of its own."""
+    monkeypatch.setattr(
+        listener,
+        "listen_connection",
+        lambda: psycopg.connect(pgbouncer, autocommit=True, prepare_threshold=None),
+    )
+    waker = listener.Waker()
+    try:
+        assert waker.wait(0.1)  # the fresh LISTEN
+        assert not waker.wait(0.1)  # no registration: nothing to look again for
+        assert not waker._waiting
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND classid = %s::bigint::oid AND objid = %s AND database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())",
+                [WAKE_LOCK_CLASS, WAITER_KEY],
+            )
+            assert cur.fetchone()[0] == 0
+    finally:
+        waker.close()

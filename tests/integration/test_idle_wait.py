@@ -73,7 +73,8 @@ def idle_now(t: DrainThread) -> None:
             cur.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
                 " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2"
-                " AND pid <> pg_backend_pid()",
+                " AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())",
                 [WAKE_LOCK_CLASS, WAITER_KEY],
             )
             return bool(cur.fetchone()[0])
@@ -141,7 +142,8 @@ def waiters() -> int:
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2",
+            " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [WAKE_LOCK_CLASS, WAITER_KEY],
         )
         return int(cur.fetchone()[0])

@@ -109,7 +109,11 @@ def test_a_new_waiter_looks_again_only_once_enqueues_in_flight_have_committed():
             assert waker.wait(0.1)  # the fresh LISTEN
             producer.execute("BEGIN")
             producer.execute(INSERT, ["fenced"])  # looked: nobody waits; holds FENCE shared
-            assert not waker.wait(0.05)  # registered, but the fence is held: no "look again"
+            asked = time.monotonic()
+            # registered, but the fence is held: no "look again" -- and no early return either
+            # (a caller such as the scheduler would tick on each), the tries back off meanwhile
+            assert not waker.wait(0.4)
+            assert time.monotonic() - asked >= 0.39
             assert waker._waiting and not waker._fenced
             assert waiters(producer) == 1
             producer.execute("COMMIT")  # sent no NOTIFY: the fence is what tells the waiter
@@ -176,7 +180,7 @@ class _NoMaintenance:
 def test_the_scheduler_asks_for_notifies_only_while_nothing_is_due(monkeypatch, settings):
     """With work due the drains are on it, and the scheduler's next tick comes at the poll: it
     listens without registering. With nothing due it registers, and an enqueue wakes it."""
-    settings.JOBS = {**getattr(settings, "JOBS", {}), "POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 0}
+    settings.JOBS = {**getattr(settings, "JOBS", {}), "POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 5}
     monkeypatch.setattr(scheduler, "Maintenance", _NoMaintenance)
     monkeypatch.setattr(bridge, "new_broker", lambda: None)
     monkeypatch.setattr(bridge, "worker_count", lambda: 2)
@@ -204,6 +208,30 @@ def test_the_scheduler_asks_for_notifies_only_while_nothing_is_due(monkeypatch, 
             until(lambda: waiters(probe) == 1)  # nothing due: it waits, registered
             jobs.enqueue("test.echo")  # notifies it; its tick finds work due and lets go
             until(lambda: waiters(probe) == 0)
+    finally:
+        done.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_without_standing_drains_the_scheduler_always_waits_registered(monkeypatch, settings):
+    """JOBS_IDLE_WAIT_SECONDS = 0: no drain stands waiting, the scheduler is the only process
+    an enqueue can wake -- it stays registered while work is due too."""
+    settings.JOBS = {**getattr(settings, "JOBS", {}), "POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 0}
+    monkeypatch.setattr(scheduler, "Maintenance", _NoMaintenance)
+    monkeypatch.setattr(bridge, "new_broker", lambda: None)
+    monkeypatch.setattr(bridge, "worker_count", lambda: 2)
+    monkeypatch.setattr(bridge, "pending_drains", lambda broker: 2)
+    monkeypatch.setattr(bridge, "request_drains", lambda *args: None)
+    jobs.enqueue("test.echo")  # due, and nothing here drains it
+    sched = scheduler.EmbeddedScheduler()
+    done = threading.Event()
+    thread = threading.Thread(target=sched.run, args=(done.is_set,), daemon=True)
+    thread.start()
+    try:
+        with raw_connection() as probe:
+            until(lambda: waiters(probe) == 1)
+            assert not sched._idle
     finally:
         done.set()
         thread.join(10)

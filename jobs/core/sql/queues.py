@@ -31,8 +31,9 @@ class Driver(Protocol):
 
 RUNNING = JobState.RUNNING.value
 
-# Every enqueue notifies ENQUEUED_CHANNEL (payload: the queue) for the clusters serving every
-# queue, and its queue's own channel for the clusters serving named queues.
+# An enqueue notifies ENQUEUED_CHANNEL (payload: the queue) for the clusters serving every queue,
+# and its queue's own channel for the clusters serving named queues -- while a process waits
+# (WAITER below).
 ENQUEUED_CHANNEL = "jobs_enqueued"
 QUEUE_CHANNEL_PREFIX = "jobs_q_"
 
