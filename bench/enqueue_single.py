@@ -26,6 +26,13 @@ BENCH_ENQUEUE_DB), in autocommit:
               `pgbench -n -c 1 -T S -M prepared -f` Palisade's own enqueue statement (the one
               `statement` sends, its values as literals): what the server alone allows a
               `jobs.enqueue()`, with a client that costs next to nothing
+  statement_waiting
+              `statement` while a process waits for a wake-up (holds WAITER, as an idle drain
+              does): the enqueue then NOTIFYs (migration 0022); without one it does not
+  pgbench_cN, pgbench_statement_cN, pgbench_statement_cN_waiting
+              with `--clients N` (default 8): pgbench's INSERT and the enqueue's statement from N
+              concurrent clients, the statement also with a waiter (every commit a NOTIFY:
+              PostgreSQL runs notifying commits one at a time)
   statement_in_tx, savepoint_in_tx
               the paths, N calls inside one `transaction.atomic()`: what an enqueue adds to
               the caller's transaction (the savepoint path: SAVEPOINT, 2 INSERTs, RELEASE)
@@ -71,12 +78,14 @@ SCRATCH = (
 FLOOR = "INSERT INTO bench_floor (kind, payload) VALUES ('demo.noop', '{}')"
 
 
-def pgbench(server: str, seconds: float, script: str = FLOOR, mode: str = "simple") -> float:
+def pgbench(
+    server: str, seconds: float, script: str = FLOOR, mode: str = "simple", clients: int = 1
+) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script + ";\n")
     out = subprocess.run(
-        ["pgbench", "-n", "-c", "1", "-T", str(int(seconds)), "-M", mode, "-f", f.name,
-         f"{server}/{DB}"],
+        ["pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(int(seconds)),
+         "-M", mode, "-f", f.name, f"{server}/{DB}"],
         capture_output=True, text=True, timeout=seconds + 60,
     )  # fmt: skip
     os.unlink(f.name)
@@ -84,6 +93,19 @@ def pgbench(server: str, seconds: float, script: str = FLOOR, mode: str = "simpl
     if not found:
         raise RuntimeError(f"pgbench printed no tps:\n{out.stdout}\n{out.stderr}")
     return float(found.group(1))
+
+
+@contextlib.contextmanager
+def waiting(server: str) -> Any:
+    """A process waiting for a wake-up, as an idle drain does: enqueues NOTIFY meanwhile
+    (migration 0022; jobs/core/sql/queues.py)."""
+    import psycopg
+
+    from jobs.core.sql.queues import WAIT_SQL
+
+    with psycopg.connect(f"{server}/{DB}", autocommit=True) as conn:
+        conn.execute(WAIT_SQL)
+        yield
 
 
 def schedstat(pid: int) -> tuple[int, int]:
@@ -110,6 +132,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--n", type=int, default=500, help="enqueues per system per round")
     p.add_argument("--pgbench-seconds", type=float, default=5.0, help="0: skip pgbench")
+    p.add_argument(
+        "--clients", type=int, default=8,
+        help="also pgbench with this many clients, the floor and the statement, with and "
+        "without a waiter (1: skip)",
+    )  # fmt: skip
     p.add_argument("--async-commit", action="store_true", help="synchronous_commit = off")
     p.add_argument("--before", metavar="REF", help="also time one_statement.py as of git REF")
     p.add_argument(
@@ -174,10 +201,19 @@ def main() -> None:
     systems.update(savepoint=savepoint, floor_py=floor_py)
     systems["statement_in_tx"] = in_tx(statement)
     systems["savepoint_in_tx"] = in_tx(savepoint)
+    # the same with a process waiting for a wake-up (an idle cluster): the enqueue NOTIFYs
+    systems["statement_waiting"] = statement
+    contexts["statement_waiting"] = lambda: waiting(args.server)
     if args.pgbench_seconds:
         systems["pgbench"] = None
         systems["pgbench_statement"] = None
         own_statement = enqueue_statement_text(connection, enqueue)
+        if args.clients > 1:
+            c = args.clients
+            systems[f"pgbench_c{c}"] = None
+            systems[f"pgbench_statement_c{c}"] = None
+            systems[f"pgbench_statement_c{c}_waiting"] = None
+            contexts[f"pgbench_statement_c{c}_waiting"] = lambda: waiting(args.server)
     for name, call in systems.items():  # warm-up: prepared statements, caches, plans
         if call is not None and not name.endswith("_in_tx"):
             with contexts.get(name, contextlib.nullcontext)():
@@ -200,6 +236,14 @@ def main() -> None:
                 rates[name].append(
                     pgbench(args.server, args.pgbench_seconds, own_statement, "prepared")
                 )
+                continue
+            if name.startswith("pgbench_"):  # N clients: the floor, or the statement
+                c = args.clients
+                script, mode = (
+                    (FLOOR, "simple") if name == f"pgbench_c{c}" else (own_statement, "prepared")
+                )
+                with contexts.get(name, contextlib.nullcontext)():
+                    rates[name].append(pgbench(args.server, args.pgbench_seconds, script, mode, c))
                 continue
             call = systems[name]
             server_before, client_before = schedstat(backend), time.thread_time_ns()
@@ -229,10 +273,15 @@ def main() -> None:
         for name in (
             "statement", "keyed", "unprepared", "before", "before_unprepared", "savepoint",
             "floor_py",
-            "pgbench_statement",
+            "pgbench_statement", "statement_waiting",
         ):  # fmt: skip
             if name in rates:
                 print(f"{name} / pgbench floor: {statistics.median(rates[name]) / floor:.0%}")
+    c = args.clients
+    if f"pgbench_c{c}" in rates:
+        floor_c = statistics.median(rates[f"pgbench_c{c}"])
+        for name in (f"pgbench_statement_c{c}", f"pgbench_statement_c{c}_waiting"):
+            print(f"{name} / pgbench_c{c}: {statistics.median(rates[name]) / floor_c:.0%}")
     print(f"machine: {uptime()}")
     write_report(args.output, started, load_start, args, rates=rates, cpu_per_call=cpu)
 
