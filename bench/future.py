@@ -98,6 +98,7 @@ def measure_wakeups() -> dict[str, Any]:
 
         waker = Waker(queues=queues)
         waker.wait(0.01)  # LISTEN now (a fresh LISTEN reports one wake-up: not counted)
+        waker.wait(0.01)  # registered as a waiter, past the fence (reported once: not counted)
         ready.wait()
         while not stop.is_set():
             woke[name] += waker.wait(0.05)
