@@ -232,7 +232,8 @@ class IdleWait:
     claim is the ordinary fenced claim: waiting changes no fence.
 
     The LISTEN connection is this drain's own and closed when the drain ends; a fresh LISTEN
-    counts as a wake-up (a job committed just before it took effect notified nobody).
+    counts as a wake-up (a job committed just before it took effect notified nobody). While it
+    waits the drain is registered (Waker), so enqueues notify it; `busy()` ends that.
     """
 
     def __init__(self, cfg: Any, queues: Sequence[str] | None, outage: OutageLog) -> None:
