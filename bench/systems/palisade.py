@@ -253,13 +253,17 @@ class Palisade:
         return result
 
     def wait_ready(self, ctx: Context, proc: subprocess.Popen[bytes]) -> None:
-        """Until the cluster's drains and scheduler (workers + 1) LISTEN, then half a second."""
+        """Until the cluster's drains and scheduler (workers + 1) wait for a wake-up -- their
+        LISTEN sessions hold WAITER (jobs/core/sql/queues.py) -- then half a second."""
+        from jobs.core.sql.queues import WAITER_KEY, WAKE_LOCK_CLASS
+
         want = ctx.args.workers + 1
 
         def listening() -> bool:
             (n,) = PalisadeDB.one(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                f" AND classid = {WAKE_LOCK_CLASS}::bigint::oid AND objid = {WAITER_KEY}"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             )
             return bool(n >= want)
 
