@@ -245,11 +245,15 @@ class IdleWait:
         self.waker: Waker | None = None
         self.until: float | None = None  # when this stretch of idleness gives up
 
-    def busy(self) -> None:
-        """A claim found work: the next idleness gets a full IDLE_WAIT_SECONDS again, and
-        enqueues stop notifying this drain until it waits again (Waker.release)."""
+    def busy(self, backlog: bool = True) -> None:
+        """A claim found work: the next idleness gets a full IDLE_WAIT_SECONDS again. With a
+        `backlog` (the claim came back full) enqueues stop notifying this drain until it waits
+        again (Waker.release): it will claim their jobs anyway. A claim that emptied the queue
+        keeps the registration -- the drain is about to wait again, and a release then a new
+        registration (two round trips and a claim) per job would cost a stream that keeps up
+        more than the NOTIFYs it saves."""
         self.until = None
-        if self.waker is not None:
+        if backlog and self.waker is not None:
             self.waker.release()
 
     def wait(self, deadline: float) -> bool:

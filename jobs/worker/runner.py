@@ -145,7 +145,7 @@ def drain(
                         continue
                     break
                 if idle is not None:
-                    idle.busy()
+                    idle.busy(backlog=len(batch) >= size)
                 started = time.monotonic()
                 handlers = run_batch(batch, beats)
                 ran += handlers

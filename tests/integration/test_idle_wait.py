@@ -165,3 +165,22 @@ def test_a_drain_asks_for_notifies_while_idle_and_not_while_it_runs_a_job(drain)
     assert state(job) == JobState.SUCCEEDED
     wait_until(lambda: waiters() == 1, 10)  # idle again, registered
     assert t.is_alive()
+
+
+@override_settings(JOBS={"POLL_SECONDS": 60.0, "IDLE_WAIT_SECONDS": 60.0})
+def test_a_drain_whose_claim_emptied_the_queue_stays_registered_while_it_runs(drain):
+    """A claim that came back short of its batch emptied the queue: the drain is about to wait
+    again, so it keeps asking for NOTIFYs (no release and new registration per job)."""
+    t = drain(budget=60.0)
+    t.start()
+    idle_now(t)
+    first = jobs.enqueue("test.echo", {"n": 1})  # a claim of 1, full: released
+    wait_until(lambda: state(first) == JobState.SUCCEEDED, 10)
+    wait_until(lambda: waiters() == 1, 10)  # idle again; its claim batch has grown to 2
+    job = jobs.enqueue("test.sleep", {"seconds": 1.0})  # claimed alone: 1 of 2
+    wait_until(lambda: state(job) == JobState.RUNNING, 10)
+    watch_until = time.monotonic() + 0.5
+    while time.monotonic() < watch_until:  # its whole first half second of running
+        assert waiters() == 1, "released WAITER after a claim that emptied the queue"
+        time.sleep(0.01)
+    wait_until(lambda: state(job) == JobState.SUCCEEDED, 10)
