@@ -23,6 +23,7 @@ from jobs.core.sql.queues import WAITER_KEY, WAKE_LOCK_CLASS
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.worker import listener, scheduler
 from tests.acceptance.cluster import subprocess_database_url, wait_until
+from tests.wake import waiters
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 pytestmark = pytest.mark.skipif(
@@ -200,13 +201,6 @@ def test_a_waker_behind_the_pooler_never_holds_the_waiter_lock(pgbouncer, monkey
         assert waker.wait(0.1)  # the fresh LISTEN
         assert not waker.wait(0.1)  # no registration: nothing to look again for
         assert not waker._waiting
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                " AND classid = %s::bigint::oid AND objid = %s AND database ="
-                " (SELECT oid FROM pg_database WHERE datname = current_database())",
-                [WAKE_LOCK_CLASS, WAITER_KEY],
-            )
-            assert cur.fetchone()[0] == 0
+        assert waiters() == 0
     finally:
         waker.close()

@@ -13,10 +13,10 @@ from django.db import connection, connections
 from django.test import override_settings
 
 import jobs
-from jobs.core.sql.queues import WAITER_KEY, WAKE_LOCK_CLASS
 from jobs.core.states import JobState
 from jobs.models import Job
 from jobs.worker import runner, shutdown
+from tests.wake import waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,15 +69,7 @@ def idle_now(t: DrainThread) -> None:
     (jobs/core/sql/queues.py), so enqueues notify it."""
 
     def listening() -> bool:
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2"
-                " AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database"
-                " WHERE datname = current_database())",
-                [WAKE_LOCK_CLASS, WAITER_KEY],
-            )
-            return bool(cur.fetchone()[0])
+        return waiters() > 0
 
     wait_until(listening, 10)
 
@@ -136,17 +128,6 @@ def test_the_in_process_drain_still_returns_at_once_when_idle():
     began = time.monotonic()
     assert runner.drain(budget_seconds=60.0) == 0
     assert time.monotonic() - began < 5
-
-
-def waiters() -> int:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [WAKE_LOCK_CLASS, WAITER_KEY],
-        )
-        return int(cur.fetchone()[0])
 
 
 @override_settings(JOBS={"POLL_SECONDS": 60.0, "IDLE_WAIT_SECONDS": 60.0})

@@ -14,6 +14,7 @@ from django.db import connection  # noqa: F401  (the skipif condition)
 
 from jobs.core.sql.queues import ENQUEUED_CHANNEL
 from jobs.worker import scheduler
+from tests.wake import NoMaintenance
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -23,24 +24,11 @@ pytestmark = [
 TICKS = 8
 
 
-class _NoMaintenance:
-    """The outbox relay and the janitor have nothing to do with the tick's pace."""
-
-    def __init__(self, identity: str) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
 def test_a_stream_of_notifications_wakes_ticks_no_closer_than_the_spacing(
     monkeypatch: pytest.MonkeyPatch, second_connection
 ) -> None:  # type: ignore[no-untyped-def]
     ticks: list[float] = []
-    monkeypatch.setattr(scheduler, "Maintenance", _NoMaintenance)
+    monkeypatch.setattr(scheduler, "Maintenance", NoMaintenance)
     monkeypatch.setattr(
         scheduler.EmbeddedScheduler, "tick", lambda self: ticks.append(time.monotonic())
     )

@@ -7,7 +7,6 @@ hears every enqueue committed after it registered, and one that was in flight wh
 registered is covered by the fence -- the waiter is told to look again once it has committed.
 """
 
-import threading
 import time
 
 import psycopg
@@ -25,8 +24,9 @@ from jobs.core.sql.queues import (
     queue_channel,
 )
 from jobs.models import Job
-from jobs.worker import bridge, listener, scheduler
+from jobs.worker import listener, scheduler
 from tests.conftest import raw_connection
+from tests.wake import scheduler_running, waiters
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -35,17 +35,6 @@ pytestmark = [
 
 INSERT = "INSERT INTO jobs_job (kind, queue) VALUES ('test.echo', %s)"
 REQUEUE = "UPDATE jobs_job SET state = 'queued', finished_at = NULL WHERE id = %s"
-
-
-def waiters(conn: psycopg.Connection) -> int:
-    """Sessions holding WAITER now."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-        " AND classid = %s::bigint::oid AND objid = %s AND objsubid = 2"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        [WAKE_LOCK_CLASS, WAITER_KEY],
-    ).fetchone()
-    return int(row[0])
 
 
 def heard(conn: psycopg.Connection, stop_after: int) -> list[str]:
@@ -166,26 +155,10 @@ def test_the_triggers_use_the_lock_numbers_python_uses():
     assert queue_channel("x").startswith(QUEUE_CHANNEL_PREFIX)
 
 
-class _NoMaintenance:
-    def __init__(self, identity: str) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
 def test_the_scheduler_asks_for_notifies_only_while_nothing_is_due(monkeypatch, settings):
     """With work due the drains are on it, and the scheduler's next tick comes at the poll: it
     listens without registering. With nothing due it registers, and an enqueue wakes it."""
     settings.JOBS = {**getattr(settings, "JOBS", {}), "POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 5}
-    monkeypatch.setattr(scheduler, "Maintenance", _NoMaintenance)
-    monkeypatch.setattr(bridge, "new_broker", lambda: None)
-    monkeypatch.setattr(bridge, "worker_count", lambda: 2)
-    monkeypatch.setattr(bridge, "pending_drains", lambda broker: 2)  # drains are on their way
-    monkeypatch.setattr(bridge, "request_drains", lambda *args: None)
     ticks: list[bool] = []
     dispatch = scheduler.EmbeddedScheduler.dispatch
 
@@ -195,47 +168,24 @@ def test_the_scheduler_asks_for_notifies_only_while_nothing_is_due(monkeypatch, 
 
     monkeypatch.setattr(scheduler.EmbeddedScheduler, "dispatch", counted)
     job = jobs.enqueue("test.echo")  # due, and nothing here drains it
-    sched = scheduler.EmbeddedScheduler()
-    done = threading.Event()
-    thread = threading.Thread(target=sched.run, args=(done.is_set,), daemon=True)
-    thread.start()
-    try:
-        with raw_connection() as probe:
-            until(lambda: len(ticks) >= 4)
-            assert not any(ticks)
-            assert waiters(probe) == 0, "the scheduler asked for NOTIFYs while work was due"
-            Job.objects.filter(pk=job.pk).delete()
-            until(lambda: waiters(probe) == 1)  # nothing due: it waits, registered
-            jobs.enqueue("test.echo")  # notifies it; its tick finds work due and lets go
-            until(lambda: waiters(probe) == 0)
-    finally:
-        done.set()
-        thread.join(10)
-    assert not thread.is_alive()
+    with scheduler_running(monkeypatch), raw_connection() as probe:
+        until(lambda: len(ticks) >= 4)
+        assert not any(ticks)
+        assert waiters(probe) == 0, "the scheduler asked for NOTIFYs while work was due"
+        Job.objects.filter(pk=job.pk).delete()
+        until(lambda: waiters(probe) == 1)  # nothing due: it waits, registered
+        jobs.enqueue("test.echo")  # notifies it; its tick finds work due and lets go
+        until(lambda: waiters(probe) == 0)
 
 
 def test_without_standing_drains_the_scheduler_always_waits_registered(monkeypatch, settings):
     """JOBS_IDLE_WAIT_SECONDS = 0: no drain stands waiting, the scheduler is the only process
     an enqueue can wake -- it stays registered while work is due too."""
     settings.JOBS = {**getattr(settings, "JOBS", {}), "POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 0}
-    monkeypatch.setattr(scheduler, "Maintenance", _NoMaintenance)
-    monkeypatch.setattr(bridge, "new_broker", lambda: None)
-    monkeypatch.setattr(bridge, "worker_count", lambda: 2)
-    monkeypatch.setattr(bridge, "pending_drains", lambda broker: 2)
-    monkeypatch.setattr(bridge, "request_drains", lambda *args: None)
     jobs.enqueue("test.echo")  # due, and nothing here drains it
-    sched = scheduler.EmbeddedScheduler()
-    done = threading.Event()
-    thread = threading.Thread(target=sched.run, args=(done.is_set,), daemon=True)
-    thread.start()
-    try:
-        with raw_connection() as probe:
-            until(lambda: waiters(probe) == 1)
-            assert not sched._idle
-    finally:
-        done.set()
-        thread.join(10)
-    assert not thread.is_alive()
+    with scheduler_running(monkeypatch) as sched, raw_connection() as probe:
+        until(lambda: waiters(probe) == 1)
+        assert not sched._idle
 
 
 def until(check, timeout: float = 10.0) -> None:
