@@ -6,7 +6,7 @@ jobs are enqueued and committed from the test's connection.
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import connection, connections
@@ -16,6 +16,7 @@ import jobs
 from jobs.core.states import JobState
 from jobs.models import Job
 from jobs.worker import runner, shutdown
+from tests.conftest import raw_connection
 from tests.wake import waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -165,3 +166,36 @@ def test_a_drain_whose_claim_emptied_the_queue_stays_registered_while_it_runs(dr
         assert waiters() == 1, "released WAITER after a claim that emptied the queue"
         time.sleep(0.01)
     wait_until(lambda: state(job) == JobState.SUCCEEDED, 10)
+
+
+@override_settings(JOBS={"POLL_SECONDS": 60.0, "IDLE_WAIT_SECONDS": 60.0})
+def test_an_enqueue_in_flight_while_the_drain_starts_to_wait_is_claimed_without_a_notify(drain):
+    """The race the FENCE closes, end to end, ten times over: each job is inserted while the
+    drain runs the one before (it holds no WAITER then: the INSERT sends no NOTIFY) and
+    committed only after the drain has gone idle again. With the poll a minute away, only the
+    fence -- the drain's registration waits for that transaction to end, then claims once more
+    -- can get the job started within the deadline."""
+    t = drain(budget=60.0)
+    t.start()
+    idle_now(t)
+    pk = jobs.enqueue("test.sleep", {"seconds": 0.1}).pk  # slow: every claim is 1 of 1, full
+
+    def now_in(*states: str) -> Callable[[], bool]:
+        job = pk  # the job of this step
+        return lambda: Job.objects.filter(pk=job, state__in=states).exists()
+
+    with raw_connection(autocommit=False) as producer:
+        for _ in range(10):
+            wait_until(now_in(JobState.RUNNING), 10)
+            wait_until(lambda: waiters() == 0, 5)  # busy with a full claim: not waiting
+            (following,) = producer.execute(
+                "INSERT INTO jobs_job (kind, payload) VALUES ('test.sleep', '{\"seconds\": 0.1}')"
+                " RETURNING id"
+            ).fetchone()
+            wait_until(now_in(JobState.SUCCEEDED), 10)
+            wait_until(lambda: waiters() == 1, 5)  # idle: registered, the fence held by us
+            producer.commit()  # no NOTIFY was sent for this job
+            pk = following
+            wait_until(now_in(JobState.RUNNING, JobState.SUCCEEDED), 5)
+    wait_until(now_in(JobState.SUCCEEDED), 10)
+    assert t.is_alive()
