@@ -124,6 +124,14 @@ class _Watchdog:
 _watchdog = _Watchdog()
 
 
+def direct_session(raw: Any) -> bool:
+    """Whether psycopg connection `raw` reaches PostgreSQL itself rather than a pooler: the
+    backend pid the server reports equals the one the start-up message gave (PgBouncer, pgcat
+    and Odyssey answer the start-up themselves and make that pid up). One round trip."""
+    row = raw.execute("SELECT pg_backend_pid()").fetchone()
+    return row is not None and bool(row[0] == raw.info.backend_pid)
+
+
 def _socket_of(conn: Any) -> int | None:
     """The socket of a psycopg connection, or of Django's (connecting it first); None on SQLite."""
     if hasattr(conn, "vendor"):  # a Django connection wrapper

@@ -39,6 +39,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import direct_session
 from jobs.core.exceptions import InvalidOption
 
 CHOICES = {"auto": None, "on": True, "true": True, "1": True}
@@ -72,8 +73,7 @@ def allowed(conn: BaseDatabaseWrapper, raw: Any) -> bool:
         return False
     direct = _DIRECT.get(raw)
     if direct is None:
-        reported = raw.execute("SELECT pg_backend_pid()").fetchone()[0]
-        direct = _DIRECT[raw] = reported == raw.info.backend_pid
+        direct = _DIRECT[raw] = direct_session(raw)
     return direct
 
 

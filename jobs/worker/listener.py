@@ -25,7 +25,7 @@ from django.db import DatabaseError, connection
 
 from jobs.core import transitions
 from jobs.core.conf import jobs_settings
-from jobs.core.connectivity import OutageLog, bounded
+from jobs.core.connectivity import OutageLog, bounded, direct_session
 from jobs.core.sql.queues import ENQUEUED_CHANNEL, FENCE_SQL, UNWAIT_SQL, WAIT_SQL, queue_channel
 from jobs.worker import shutdown
 
@@ -112,10 +112,9 @@ class Waker:
                 # Channel names are [a-z0-9_] only (queue_channel): no quoting needed.
                 self._conn.execute("; ".join(f"LISTEN {c}" for c in self.channels))
                 # Behind a transaction pooler a session lock would stay on whichever server
-                # connection took it: register only on a session of our own (the pid check of
-                # jobs.worker.scheduler.limit_session); there LISTEN hears nothing anyway.
-                reported = self._conn.execute("SELECT pg_backend_pid()").fetchone()
-                self._direct = reported is not None and reported[0] == self._conn.info.backend_pid
+                # connection took it: register only on a session of our own (there LISTEN
+                # hears nothing anyway).
+                self._direct = direct_session(self._conn)
             self._heard_at = time.monotonic()
             self._fresh = True
             self._waiting = self._fenced = False
