@@ -15,7 +15,8 @@ installed from the package index on first use and cached, see bench/peers.py):
   sql8           the same at batch 8: the floor of batch8
   runner         jobs.worker.runner.drain() in plain processes: no django-q2, no scheduler
   bare           a minimal fenced claim/commit loop on a table of its own
-  celery         Celery 5 + Redis                                   bench/systems/celery.py
+  celery         Celery 5 + Redis (the machine's, no persistence)    bench/systems/celery.py
+  celery_aof     the same on a Redis of its own with appendfsync always (durable, like Palisade)
   djq_orm        django-q2 alone, ORM broker                        bench/systems/django_peers.py
   djq_redis      django-q2 alone, Redis broker
   procrastinate  procrastinate 3 (PostgreSQL, LISTEN/NOTIFY)        bench/systems/procrastinate.py
@@ -48,7 +49,7 @@ if str(ROOT) not in sys.path:
 
 from bench.protocol import RESULTS_DIR, median, stop_all, uptime  # noqa: E402
 from bench.systems import Context  # noqa: E402
-from bench.systems.celery import Celery  # noqa: E402
+from bench.systems.celery import Celery, CeleryAof  # noqa: E402
 from bench.systems.django_peers import DjangoQ2Orm, DjangoQ2Redis, DjangoTasksDB  # noqa: E402
 from bench.systems.node import NODE_SYSTEMS  # noqa: E402
 from bench.systems.palisade import (  # noqa: E402
@@ -74,6 +75,7 @@ SYSTEMS: list[Any] = [
     Decomposition("runner", "runner.drain(), no django-q2", "runner_worker"),
     Bare(),
     Celery(),
+    CeleryAof(),
     DjangoQ2Orm(),
     DjangoQ2Redis(),
     Procrastinate(),
@@ -81,7 +83,12 @@ SYSTEMS: list[Any] = [
     *NODE_SYSTEMS,
 ]
 KEYS = [s.key for s in SYSTEMS]
-PEERS = ["celery", "djq_orm", "djq_redis", "procrastinate", "dtdb", *(s.key for s in NODE_SYSTEMS)]
+PEERS = [
+    "celery", "celery_aof", "djq_orm", "djq_redis", "procrastinate", "dtdb",
+    *(s.key for s in NODE_SYSTEMS),
+]  # fmt: skip
+# Peers whose acknowledged enqueue lives in memory only (the machine's Redis keeps nothing on disk).
+NOT_DURABLE = {"celery", "djq_redis"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -177,6 +184,21 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     if "batch8" in summary and "sql8" in summary:
         ratio = summary["batch8"]["jobs_per_s_median"] / summary["sql8"]["jobs_per_s_median"]
         print(f"Palisade batch 8 / its SQL floor at batch 8: {ratio:.2f}")
+    enqueue = summary.get("palisade", {}).get("enqueue_single_per_s_median")
+    rates = {
+        k: summary[k]["enqueue_single_per_s_median"]
+        for k in PEERS
+        if "enqueue_single_per_s_median" in summary.get(k, {})
+    }
+    for durable_only in (False, True):
+        among = {k: v for k, v in rates.items() if not (durable_only and k in NOT_DURABLE)}
+        if enqueue and among:
+            fastest = max(among, key=lambda k: among[k])
+            which = "durable peer" if durable_only else "peer"
+            print(
+                f"Palisade single enqueue / fastest {which}'s ({names[fastest]}): "
+                f"{enqueue / among[fastest]:.2f}x"
+            )
     print()
 
 
