@@ -98,6 +98,22 @@ def _outside_callers_transaction(
     _side_writer.submit(on_own_connection).result()
 
 
+def refused_at_commit(ctx: "JobContext", exc: BaseException) -> bool:
+    """Whether the handler failed because its own transaction's COMMIT refused a token-checked
+    write (its job taken over between the write and the COMMIT: jobs/core/sql/fenced.py). If so,
+    the refusal is recorded like a refused UPDATE (write `token_write`) and the attempt is lost:
+    its work is discarded, never written as the job's failure."""
+    label = fenced.refused_at_commit(exc)
+    if label is None:
+        return False
+    fence = ctx._held.fence
+    ctx._held.lost.set()
+    _outside_callers_transaction(
+        lambda: fenced.record_rejection(fence, Write.TOKEN, label, None), fence
+    )
+    return True
+
+
 @dataclass(eq=False)
 class Held:
     """What a drain holds for one claimed attempt: its fence and lease, and whether it is lost.

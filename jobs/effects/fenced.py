@@ -18,21 +18,28 @@ attempt committed cannot change one row and be refused on the other).
 
 Never: reads a row into Python and saves it back; retries a refused write.
 
-Hazards: the decision is made when the UPDATE runs. Inside the handler's own transaction the
-write (like any row the handler writes) becomes visible when that transaction commits; a lease
-lost in between is not re-checked at that COMMIT, so the rows keep the token of the attempt that
-was current when it wrote them. `record_rejection` must not join the handler's transaction -- the
-context runs it on a connection of its own -- so the record survives the handler's rollback.
+Decided twice on PostgreSQL: by the UPDATE, and again by the COMMIT of the transaction it ran in
+(jobs/core/sql/fenced.py: a deferred constraint trigger on each FencedRow table, installed after
+every `migrate` by `install_commit_checks`). Inside the handler's own transaction the rows become
+visible only at its COMMIT; a job taken over in between makes that COMMIT fail
+(IntegrityError, constraint jobs_fence_at_commit) and roll the whole transaction back --
+`refused_at_commit` tells that error apart, and the context records it like a refused UPDATE.
+A FencedRow table without its trigger is refused before it is written (`commit_check_missing`).
+
+Hazards: `record_rejection` must not join the handler's transaction -- the context runs it on a
+connection of its own -- so the record survives the handler's rollback.
 """
 
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import models, transaction
+from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, models, transaction
 from django.db.models import Exists, Q
 
 from jobs.core.exceptions import InvalidOption
+from jobs.core.sql import fenced as fenced_sql
 from jobs.core.states import EventType, JobState
 from jobs.core.transitions import Fence
 from jobs.models import FencedRow, Job, JobEvent, RejectedWrite
@@ -73,33 +80,115 @@ def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenD
         | ~Q(fence_job_id=fence.job_id)
         | Q(fence_attempt__lte=fence.attempt)
     )
-    with transaction.atomic(using=queryset.db):
-        targets = rows.filter(pk__in=queryset.values("pk")).order_by("pk")
-        pks = list(targets.select_for_update().values_list("pk", flat=True)[: MAX_ROWS + 1])
-        if len(pks) > MAX_ROWS:
-            raise InvalidOption(f"fenced_write(): more than {MAX_ROWS} rows in one call")
-        updated = (
-            rows.filter(pk__in=pks)
-            .filter(token_allows, Exists(current))
-            .update(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt)
-        )
-        resource = f"{model._meta.label}:{','.join(str(pk) for pk in pks)}"[:200]
-        if updated == len(pks):
-            return TokenDecision(updated, False, resource)
-        job = Job.objects.using(queryset.db).filter(pk=fence.job_id)
-        now = job.values_list("attempt", "state").first()
-        # Refused (wholly or for some row): undo whatever this UPDATE changed.
-        transaction.set_rollback(True, using=queryset.db)
-    attempt_current, state_current = now if now else (None, "deleted")
+    conn = connections[queryset.db]
+    postgres = conn.vendor == "postgresql"
+    if postgres and (missing := commit_check_missing(queryset.db, model)):
+        raise InvalidOption(missing)
+    resource = model._meta.label
+    try:
+        with transaction.atomic(using=queryset.db):
+            targets = rows.filter(pk__in=queryset.values("pk")).order_by("pk")
+            pks = list(targets.select_for_update().values_list("pk", flat=True)[: MAX_ROWS + 1])
+            if len(pks) > MAX_ROWS:
+                raise InvalidOption(f"fenced_write(): more than {MAX_ROWS} rows in one call")
+            resource = f"{model._meta.label}:{','.join(str(pk) for pk in pks)}"[:200]
+            if postgres:  # the COMMIT checks again the rows this write changes
+                with conn.cursor() as cur:
+                    cur.execute(fenced_sql.MARK, [fenced_sql.mark(fence.job_id, fence.attempt)])
+            updated = (
+                rows.filter(pk__in=pks)
+                .filter(token_allows, Exists(current))
+                .update(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt)
+            )
+            if updated == len(pks):
+                return TokenDecision(updated, False, resource)  # decided again at the COMMIT
+            # Refused (wholly or for some row): undo whatever this UPDATE changed.
+            transaction.set_rollback(True, using=queryset.db)
+    except IntegrityError as exc:
+        if refused_at_commit(exc) is None:  # no outer transaction: this COMMIT was the write's
+            raise
+    now = Job.objects.using(queryset.db).filter(pk=fence.job_id).values_list("attempt", "state")
+    attempt_current, state_current = now.first() or (None, "deleted")
     return TokenDecision(0, True, resource, attempt_current, state_current)
 
 
-def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: int) -> None:
-    """Store and log a stale write to something other than the job row, like every other."""
+def refused_at_commit(exc: BaseException) -> str | None:
+    """If `exc` (or an exception it was raised from) is a COMMIT that refused a token-checked
+    write, the label of the model written ("app.Model"), else None."""
+    seen = 0
+    while exc is not None and seen < 8:
+        cause = exc.__cause__
+        diag = getattr(cause, "diag", None)
+        if isinstance(exc, IntegrityError) and diag is not None:
+            if diag.constraint_name == fenced_sql.CONSTRAINT:
+                return str(diag.message_detail or "")[:200]
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1  # type: ignore[assignment]
+    return None
+
+
+# (alias, table) -> its trigger was seen, once per process.
+_CHECKED: set[tuple[str, str]] = set()
+
+
+def commit_check_missing(using: str, model: type[models.Model]) -> str:
+    """Why `model`'s table cannot take a token-checked write (its COMMIT's check is not
+    installed: run `manage.py migrate`), or "" -- asked once per process and table."""
+    table = model._meta.db_table
+    if (using, table) in _CHECKED:
+        return ""
+    with connections[using].cursor() as cur:
+        cur.execute(
+            fenced_sql.TRIGGER_EXISTS,
+            [connections[using].ops.quote_name(table), fenced_sql.TRIGGER],
+        )
+        (found,) = cur.fetchone()
+    if not found:
+        return (
+            f"fenced_write(): {model._meta.label}'s table has no {fenced_sql.TRIGGER} trigger, "
+            "the check its writes' COMMIT makes: run `manage.py migrate` (which installs it on "
+            "every FencedRow table)"
+        )
+    _CHECKED.add((using, table))
+    return ""
+
+
+def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
+    """Create the COMMIT's check on every FencedRow model's table that exists on `using`
+    (PostgreSQL; a `post_migrate` receiver, jobs.apps). Returns the labels installed."""
+    conn = connections[using]
+    if conn.vendor != "postgresql":
+        return []
+    with conn.cursor() as cur:
+        cur.execute(fenced_sql.FUNCTION_EXISTS)
+        if not cur.fetchone()[0]:  # migrated back before 0023
+            return []
+    tables = set(conn.introspection.table_names())
+    installed = []
+    for model in apps.get_models():
+        meta = model._meta
+        if not issubclass(model, FencedRow) or not meta.managed or meta.proxy:
+            continue
+        if meta.db_table not in tables:
+            continue
+        columns = tuple(getattr(meta.get_field(name), "column", "") for name in fenced_sql.COLUMNS)
+        if columns != fenced_sql.COLUMNS:
+            raise InvalidOption(f"{meta.label}: FencedRow's columns must keep their names")
+        with conn.cursor() as cur:
+            cur.execute(fenced_sql.install_trigger(conn.ops.quote_name(meta.db_table), meta.label))
+        installed.append(meta.label)
+    return installed
+
+
+def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: int | None) -> None:
+    """Store and log a stale write to something other than the job row, like every other
+    (`attempt_current` None: the job's attempt as it is now)."""
     with transaction.atomic():
-        state = Job.objects.filter(pk=fence.job_id).values_list("state", flat=True).first()
-        if state is None:
+        now = Job.objects.filter(pk=fence.job_id).values_list("attempt", "state").first()
+        if now is None:
             return
+        if attempt_current is None:
+            attempt_current = now[0]
+        state = now[1]
         RejectedWrite.objects.create(
             job_id=fence.job_id,
             attempt_presented=fence.attempt,

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from jobs.context import Held, JobContext, close_side_connection
+from jobs.context import Held, JobContext, close_side_connection, refused_at_commit
 from jobs.core import bounds, policy, registry, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
@@ -87,7 +87,9 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
         result = handler.fn(ctx)
     except LeaseLost:
         return Outcome(succeeded=False, lost=True)
-    except Exception:  # noqa: BLE001  a handler's failure is data: classified, then written once
+    except Exception as exc:  # noqa: BLE001  a handler's failure is data: classified, written once
+        if refused_at_commit(ctx, exc):  # its transaction's COMMIT refused a stale token write
+            return Outcome(succeeded=False, lost=True)
         return Outcome(succeeded=False, error=traceback.format_exc())
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")

@@ -50,6 +50,24 @@ def token_write(ctx: JobContext) -> dict[str, Any]:
     return {"attempt": ctx.attempt, "worker": ctx.worker}
 
 
+@handler("test.token_write_in_transaction")
+def token_write_in_transaction(ctx: JobContext) -> dict[str, Any]:
+    """In one transaction of its own: writes "job <id> attempt <n>" to the demo.Report named
+    `payload["report"]` through ctx.fenced_write, creates the Report "<name> by attempt <n>",
+    then sleeps like test.sleep before the transaction commits."""
+    from django.db import transaction
+
+    from demo.models import Report
+
+    name = str(ctx.payload["report"])
+    with transaction.atomic():
+        body = f"job {ctx.job_id} attempt {ctx.attempt}"
+        ctx.fenced_write(Report.objects.filter(name=name), body=body)
+        Report.objects.create(name=f"{name} by attempt {ctx.attempt}")
+        time.sleep(_duration(ctx))
+    return {"attempt": ctx.attempt, "worker": ctx.worker}
+
+
 @handler("test.checkpointing")
 def checkpointing(ctx: JobContext) -> dict[str, Any]:
     """Works in small steps, checkpointing each; stops only when told or when the lease is lost."""

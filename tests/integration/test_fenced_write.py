@@ -3,17 +3,21 @@ of the same job is refused, an equal one is an idempotent retry, the refusal is 
 every stale write; a zombie racing a newer attempt on a second connection changes no row. (The
 job's current attempt deciding every write: tests/integration/test_token_writes.py.)"""
 
+import dataclasses
 import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 
 import jobs
 from demo.models import Report
+from jobs.core.exceptions import InvalidOption
+from jobs.core.registry import get_handler
 from jobs.effects import fenced
-from jobs.models import RejectedWrite
-from tests.integration.attempts import claim, expire_and_reap
+from jobs.models import Job, RejectedWrite
+from jobs.worker import runner
+from tests.integration.attempts import Running, claim, expire_and_reap
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,3 +126,116 @@ def test_a_zombie_racing_a_newer_attempt_changes_no_row_of_its_write(second_conn
         "first": "before",
         "second": "attempt 2",
     }
+
+
+# -- the COMMIT decides again (jobs/core/sql/fenced.py) -------------------------------------------
+
+
+def _taken_over_elsewhere(job_id: int) -> Running:
+    """Attempt 1's lease runs out, the reaper takes the job back and attempt 2 claims it: on
+    another thread's connection, committed while this thread's transaction stays open."""
+    out: list[Running] = []
+
+    def run() -> None:
+        try:
+            expire_and_reap(job_id)
+            out.append(claim(B))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert out, "the takeover did not finish"
+    return out[0]
+
+
+def test_a_write_whose_job_is_taken_over_before_its_transaction_commits_is_rolled_back():
+    # The UPDATE runs while attempt 1 still owns the job; the takeover commits before the
+    # handler's own transaction does. The COMMIT refuses, and nothing of that transaction stays.
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    report = Report.objects.create(name="daily", body="before")
+    with pytest.raises(IntegrityError) as refused:
+        with transaction.atomic():
+            assert zombie.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie") == 1
+            Report.objects.create(name="beside it")  # the transaction's other writes go too
+            _taken_over_elsewhere(job.pk)
+    assert fenced.refused_at_commit(refused.value) == "demo.Report"
+    report.refresh_from_db()
+    assert (report.body, report.fence_job_id, report.fence_attempt) == ("before", None, 0)
+    assert not Report.objects.filter(name="beside it").exists()
+
+
+def test_the_owner_commits_its_write_in_its_own_transaction():
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    report = Report.objects.create(name="daily")
+    with transaction.atomic():
+        owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="mine")
+        Report.objects.create(name="beside it")
+    report.refresh_from_db()
+    assert (report.body, report.fence_job_id, report.fence_attempt) == ("mine", job.pk, 1)
+    assert Report.objects.filter(name="beside it").exists()
+
+
+def test_a_plain_save_of_a_row_a_finished_job_wrote_is_not_checked():
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    report = Report.objects.create(name="daily")
+    owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="by the job")
+    owner.commit()
+    assert Job.objects.get(pk=job.pk).state == "succeeded"
+    report.refresh_from_db()
+    report.body = "edited by hand"
+    with transaction.atomic():
+        report.save()  # carries the finished job's token; not a token-checked write
+    report.refresh_from_db()
+    assert (report.body, report.fence_attempt) == ("edited by hand", 1)
+
+
+def test_a_handler_whose_transaction_commit_is_refused_is_lost_and_recorded():
+    # The runner's view: the handler's own `transaction.atomic()` raised at its COMMIT. The
+    # attempt is lost (its work discarded, no failure written) and the refusal recorded like a
+    # refused UPDATE.
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    report = Report.objects.create(name="daily")
+
+    def handler(ctx: jobs.JobContext) -> str:
+        with transaction.atomic():
+            ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie")
+            _taken_over_elsewhere(ctx.job_id)
+        return "never"
+
+    fn = dataclasses.replace(get_handler("test.echo"), fn=handler)
+    outcome = runner.execute(fn, zombie.ctx)
+    assert (outcome.succeeded, outcome.lost, outcome.error) == (False, True, "")
+    assert zombie.held.lost.is_set()
+    rejected = RejectedWrite.objects.get(job=job)
+    assert (rejected.write, rejected.attempt_presented, rejected.attempt_current) == (
+        "token_write",
+        1,
+        2,
+    )
+    assert (rejected.state_current, rejected.resource) == ("running", "demo.Report")
+    report.refresh_from_db()
+    assert report.body == ""
+
+
+def test_a_fenced_row_table_without_its_commit_check_is_refused_until_migrate(monkeypatch):
+    monkeypatch.setattr(fenced, "_CHECKED", set())
+    jobs.enqueue("test.echo")
+    owner = claim(A)
+    report = Report.objects.create(name="daily")
+    with connection.cursor() as cur:
+        cur.execute("DROP TRIGGER jobs_fence_at_commit ON demo_report")
+    try:
+        with pytest.raises(InvalidOption, match="manage.py migrate"):
+            owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="unchecked")
+        report.refresh_from_db()
+        assert report.body == ""
+    finally:
+        installed = fenced.install_commit_checks()  # what every migrate runs (jobs.apps)
+    assert "demo.Report" in installed
+    assert owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="checked") == 1

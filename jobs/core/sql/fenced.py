@@ -1,0 +1,55 @@
+"""The token-checked write's second check, made by its transaction's COMMIT (PostgreSQL).
+
+Owns: the SQL that marks a write as ctx.fenced_write()'s (`MARK`, a transaction-local setting),
+the constraint trigger each FencedRow table carries (`install_trigger`), and the names that say a
+COMMIT was refused (`CONSTRAINT`). The trigger's function, `jobs_fence_at_commit()`, is migration
+0023's. Never: decides (jobs/effects/fenced.py writes and installs), never on SQLite -- one
+writer there: nobody can take a job over while the handler's transaction is open.
+
+Why: the UPDATE decides against the job's attempt when it runs. Inside the handler's own
+transaction its rows become visible only at that transaction's COMMIT; a worker stalled in
+between (a pause, a partition) could have its job taken over and still commit. So every row the
+write changed also queues a deferred check that the COMMIT runs: the job row, locked FOR SHARE,
+must still be at the writer's attempt and running, else the COMMIT fails (`check_violation`,
+constraint `jobs_fence_at_commit`) and the whole transaction is rolled back. The share lock,
+held from that check to the end of the COMMIT, is what makes the check and the commit one: a
+claim, a reap or an operator's cancel of that job waits those microseconds, and a takeover that
+committed first is seen (READ COMMITTED reads the newest version of a row it locks).
+
+Only the writes ctx.fenced_write() makes are checked: the trigger's WHEN compares the row's new
+token with the setting the write set just before its UPDATE (`<job id>:<attempt>`, for the
+rest of the transaction). A plain `save()` of such a row carries its old token and is checked
+only in a transaction where that same attempt wrote through ctx.fenced_write() -- the same
+check, true or false alike.
+"""
+
+SETTING = "palisade.fenced_write"
+MARK = f"SELECT set_config('{SETTING}', %s, true)"
+CONSTRAINT = "jobs_fence_at_commit"
+FUNCTION = "jobs_fence_at_commit"
+TRIGGER = "jobs_fence_at_commit"
+# The columns the function reads (jobs.models.FencedRow's fields).
+COLUMNS = ("fence_job_id", "fence_attempt")
+
+FUNCTION_EXISTS = f"SELECT to_regproc('{FUNCTION}') IS NOT NULL"
+TRIGGER_EXISTS = (
+    "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s)"
+)
+
+
+def mark(job_id: int, attempt: int) -> str:
+    """The setting's value for a write by this job's attempt."""
+    return f"{job_id}:{attempt}"
+
+
+def install_trigger(table: str, label: str) -> str:
+    """(Re)create the deferred check on `table` (quoted); `label` names it in refusals."""
+    literal = "'" + label.replace("'", "''") + "'"
+    return (
+        f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}; "
+        f"CREATE CONSTRAINT TRIGGER {TRIGGER} AFTER UPDATE ON {table} "
+        "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+        f"WHEN (current_setting('{SETTING}', true) = "
+        "NEW.fence_job_id::text || ':' || NEW.fence_attempt::text) "
+        f"EXECUTE FUNCTION {FUNCTION}({literal})"
+    )
