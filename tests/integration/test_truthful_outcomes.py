@@ -1,5 +1,6 @@
 """What the tables say happened is what happened: attempt outcomes kept, rejections that survive
-the handler's transaction, bounded enqueue under REPEATABLE READ, a heartbeat that survives."""
+the handler's transaction, bounded enqueue under REPEATABLE READ and SERIALIZABLE, a heartbeat
+that survives."""
 
 import time
 from pathlib import Path
@@ -95,17 +96,18 @@ def test_a_rejection_seen_inside_the_handlers_transaction_is_still_recorded(
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(30)
-def test_enqueue_with_a_unique_key_hidden_by_a_repeatable_read_snapshot_is_a_clear_error(
-    second_connection,
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_enqueue_with_a_unique_key_hidden_by_the_snapshot_is_a_clear_error(
+    level, second_connection
 ):
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
             cur.execute("SELECT count(*) FROM jobs_job")  # the snapshot is taken here
         second_connection.execute(
             "INSERT INTO jobs_job (kind, unique_key) VALUES ('test.echo', 'order-1')"
         )
-        with pytest.raises(jobs.DuplicateJob, match="REPEATABLE READ"):
+        with pytest.raises(jobs.DuplicateJob, match=level):
             jobs.enqueue("test.echo", unique_key="order-1")
     assert Job.objects.filter(unique_key="order-1").count() == 1
 
