@@ -1,9 +1,11 @@
 """The live websocket on PostgreSQL: refused without login, pushes partials after commit,
-catches a reconnecting browser up, and coalesces a burst into a few pushes."""
+catches a reconnecting browser up, coalesces a burst into a few pushes, and shows a rejected
+write on the open overview."""
 
 import asyncio
 import contextlib
 import json
+import re
 import time
 from typing import Any
 
@@ -16,10 +18,11 @@ from django.db import connection, connections
 
 import jobs
 from config.asgi import application
-from dashboard import selectors
+from dashboard import screens, selectors
 from dashboard.consumers import LiveConsumer
 from dashboard.live import tail
 from jobs.core import transitions
+from jobs.core.transitions import Fence
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -137,4 +140,37 @@ async def test_lease_updates_reach_the_workers_screen(operator: User) -> None:
     await sync_to_async(transitions.claim)("host:1", limit=1, lease_seconds=30)
     message = await receive_until(communicator, lambda m: "leases" in m)
     assert json.dumps(message["leases"])
+    await communicator.disconnect()
+
+
+def _zombie_commit(job_id: int) -> None:
+    """Attempt 1's late commit against a job now on attempt 2: refused and recorded."""
+    with pytest.raises(jobs.LeaseLost):
+        transitions.commit(Fence(job_id, 1, "host:101"), "stale")
+
+
+def rejected_total(html: str) -> int:
+    found = re.search(r'<span id="rejected-total">(\d+)</span>', html)
+    assert found, html
+    return int(found.group(1))
+
+
+async def test_a_rejected_write_reaches_the_open_overview_live(
+    operator: User, make_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: the rejection is "shown live on the dashboard (`/`)"."""
+    monkeypatch.setattr(screens, "_overview_cache", None)  # no overview computed before it
+    job = await sync_to_async(make_job)(state="running", attempt=2, worker="host:102")
+    since = await sync_to_async(selectors.latest_event_id)()
+    communicator = live(operator, f"page=overview&since={since}")
+    assert (await communicator.connect())[0]
+    assert (await communicator.receive_json_from(timeout=5))["swaps"] == []  # nothing missed
+    await sync_to_async(_zombie_commit)(job.pk)
+    rejected_event = await sync_to_async(selectors.latest_event_id)()
+    message = await receive_until(
+        communicator,
+        lambda m: swapped("overview-stats")(m) and m["last_event_id"] >= rejected_event,
+    )
+    html = next(s["html"] for s in message["swaps"] if s["id"] == "overview-stats")
+    assert rejected_total(html) == 1
     await communicator.disconnect()

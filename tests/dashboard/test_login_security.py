@@ -189,6 +189,27 @@ def test_the_proxy_settings_reach_django() -> None:
     ]
 
 
+# A plain-http request and one the proxy marks as https, through Django's whole middleware
+# stack as config.settings builds it from the environment.
+REQUESTS = (
+    "from django.test import Client; c = Client(); "
+    "plain = c.get('/', HTTP_HOST='ops.example.com'); "
+    "proxied = c.get('/', HTTP_HOST='ops.example.com', HTTP_X_FORWARDED_PROTO='https'); "
+    "print(plain.status_code, plain.get('Location'), proxied.status_code, "
+    "proxied.get('Location'), proxied.get('Strict-Transport-Security'))"
+)
+
+
+def test_django_https_redirects_a_plain_http_request_to_https() -> None:
+    """README: "DJANGO_HTTPS=1 redirects to HTTPS" -- a request, not only a setting."""
+    out = _settings_printed(REQUESTS, **PRODUCTION)
+    plain, plain_to, proxied, proxied_to, hsts = out.split(maxsplit=4)
+    assert (plain, plain_to) == ("301", "https://ops.example.com/")
+    # Over https (as the proxy says) no redirect to https: the login page, with HSTS.
+    assert proxied == "302" and proxied_to.startswith("/login/"), out
+    assert hsts.strip() == "max-age=3600; includeSubDomains; preload"
+
+
 @pytest.mark.parametrize(
     ("variables", "expected"),
     [

@@ -1,5 +1,6 @@
 """What the tables say happened is what happened: attempt outcomes kept, rejections that survive
-the handler's transaction, bounded enqueue under REPEATABLE READ, a heartbeat that survives."""
+the handler's transaction, bounded enqueue under REPEATABLE READ and SERIALIZABLE, a heartbeat
+that survives."""
 
 import time
 from pathlib import Path
@@ -36,46 +37,58 @@ def test_an_attempt_keeps_its_first_outcome_when_its_zombie_commits_later(make_j
     assert rejected.write == "commit" and rejected.at > expired.ended_at
 
 
+# README: "heartbeat() and checkpoint() never join the handler's own transaction".
+FENCED_WRITES = {
+    "heartbeat": lambda ctx: ctx.heartbeat(),
+    "checkpoint": lambda ctx: ctx.checkpoint({"step": 1}),
+}
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_checkpoint_inside_the_handlers_transaction_neither_holds_the_job_row_nor_joins_it(
-    swap_handler, second_connection
+@pytest.mark.parametrize("write", list(FENCED_WRITES))
+def test_a_fenced_write_inside_the_handlers_transaction_neither_holds_the_job_row_nor_joins_it(
+    write, swap_handler, second_connection
 ):
     seen = {}
+    row_sql = "SELECT heartbeat_at, progress FROM jobs_job WHERE id = %s"
 
-    def checkpoint_in_atomic(ctx):
+    def write_in_atomic(ctx):
+        before = second_connection.execute(row_sql, [ctx.job_id]).fetchone()
         with transaction.atomic():
-            ctx.checkpoint({"step": 1})
+            FENCED_WRITES[write](ctx)
             # Another session (the drain's heartbeat, the reaper) can still lock the job row.
             with second_connection.transaction():
                 second_connection.execute("SET LOCAL lock_timeout = '2s'")
-                row = second_connection.execute(
-                    "SELECT progress FROM jobs_job WHERE id = %s FOR UPDATE", [ctx.job_id]
-                ).fetchone()
-            seen["progress"] = row[0]
+                after = second_connection.execute(row_sql + " FOR UPDATE", [ctx.job_id]).fetchone()
+        seen["before"], seen["after"] = before, after
         return "done"
 
-    swap_handler("test.echo", checkpoint_in_atomic)
+    swap_handler("test.echo", write_in_atomic)
     job = jobs.enqueue("test.echo")
     runner.drain()
-    assert seen["progress"] == {"step": 1}  # committed on its own, before the handler's COMMIT
+    # Committed on its own, before the handler's COMMIT: another session already sees it.
+    assert seen["after"][0] > seen["before"][0]
+    if write == "checkpoint":
+        assert seen["after"][1] == {"step": 1}
     assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("write", list(FENCED_WRITES))
 def test_a_rejection_seen_inside_the_handlers_transaction_is_still_recorded(
-    swap_handler, second_connection
+    write, swap_handler, second_connection
 ):
-    def lose_the_job_then_checkpoint_in_atomic(ctx):
+    def lose_the_job_then_write_in_atomic(ctx):
         second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [ctx.job_id])
         with transaction.atomic():
-            ctx.checkpoint({"step": 1})  # raises LeaseLost: the atomic block rolls back
+            FENCED_WRITES[write](ctx)  # raises LeaseLost: the atomic block rolls back
 
-    swap_handler("test.echo", lose_the_job_then_checkpoint_in_atomic)
+    swap_handler("test.echo", lose_the_job_then_write_in_atomic)
     job = jobs.enqueue("test.echo")
     runner.drain()
     rejected = RejectedWrite.objects.get(job=job)
     assert (rejected.write, rejected.attempt_presented, rejected.attempt_current) == (
-        "checkpoint",
+        write,
         1,
         2,
     )
@@ -83,17 +96,18 @@ def test_a_rejection_seen_inside_the_handlers_transaction_is_still_recorded(
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(30)
-def test_enqueue_with_a_unique_key_hidden_by_a_repeatable_read_snapshot_is_a_clear_error(
-    second_connection,
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_enqueue_with_a_unique_key_hidden_by_the_snapshot_is_a_clear_error(
+    level, second_connection
 ):
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
             cur.execute("SELECT count(*) FROM jobs_job")  # the snapshot is taken here
         second_connection.execute(
             "INSERT INTO jobs_job (kind, unique_key) VALUES ('test.echo', 'order-1')"
         )
-        with pytest.raises(jobs.DuplicateJob, match="REPEATABLE READ"):
+        with pytest.raises(jobs.DuplicateJob, match=level):
             jobs.enqueue("test.echo", unique_key="order-1")
     assert Job.objects.filter(unique_key="order-1").count() == 1
 

@@ -30,7 +30,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_and_stop(db: Path, log: Path) -> str:
+def start_and_stop(db: Path, log: Path, port: int) -> str:
     """Run bin/run until its drill has ended, stop it, and return everything it printed."""
     env = {
         **{
@@ -39,7 +39,7 @@ def start_and_stop(db: Path, log: Path) -> str:
             if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}
         },
         "PALISADE_SQLITE_PATH": str(db),
-        "PORT": str(free_port()),
+        "PORT": str(port),
         "PYTHONUNBUFFERED": "1",
     }
     with log.open("wb") as out:
@@ -83,8 +83,11 @@ def test_bin_run_seeds_once_and_its_console_reports_every_failure_rejection_and_
     marks = ",".join("?" * len(SEEDED_KINDS))
     seeded = f"SELECT count(*) FROM jobs_job WHERE kind IN ({marks})"
 
-    console = start_and_stop(db, tmp_path / "first.log")
+    port = free_port()
+    console = start_and_stop(db, tmp_path / "first.log", port)
     assert "was stopped past its lease" in console, console  # the drill staged its zombie
+    # README: it "prints the URL of the live dashboard" (http://127.0.0.1:8000/ at PORT's default).
+    assert f"Palisade is running: http://127.0.0.1:{port}/ " in console, console
     assert rows(db, seeded, *SEEDED_KINDS) == [(12,)]
 
     def lines(pattern: str) -> list[str]:
@@ -108,6 +111,6 @@ def test_bin_run_seeds_once_and_its_console_reports_every_failure_rejection_and_
     assert lines(rf"rejected: job={drill} kind=\S+ attempt_presented=1 attempt_current=2")
     assert lines(rf"lease reclaimed: job={drill} kind=\S+ attempt=1 ")
 
-    second = start_and_stop(db, tmp_path / "second.log")
+    second = start_and_stop(db, tmp_path / "second.log", free_port())
     assert "demo jobs already seeded" in second, second
     assert rows(db, seeded, *SEEDED_KINDS) == [(12,)]  # a second start adds none

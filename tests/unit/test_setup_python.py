@@ -1,5 +1,6 @@
 """`bin/setup` creates `.venv` only with Python 3.12 or newer (Django 6): where the only
-interpreter on the PATH is older, it stops with the README's clear message and creates nothing."""
+interpreter on the PATH is older, it stops with the README's clear message and creates nothing;
+a `.venv` an older Python made earlier is kept as it is."""
 
 import shutil
 import subprocess
@@ -37,3 +38,53 @@ def test_bin_setup_refuses_an_older_python_with_a_clear_message(tmp_path: Path) 
     assert done.returncode != 0, done.stdout
     assert "Palisade needs Python 3.12 or newer (Django 6); none found." in done.stderr
     assert not (root / ".venv").exists() and not (root / ".env").exists()
+
+
+# An interpreter that writes each call's arguments to CALLS beside it, answering like Python
+# VERSION (bin/setup's check: exit 1 when older than 3.12).
+LOGGING_PYTHON = """#!/bin/sh
+echo "$0 $*" >> "$(dirname "$0")/CALLS"
+if [ "$1" = --version ]; then echo "Python VERSION"; exit 0; fi
+if [ "$1" = -c ]; then exit OLD; fi
+exit 0
+"""
+
+
+def logging_python(path: Path, version: str) -> None:
+    old = "1" if tuple(map(int, version.split(".")[:2])) < (3, 12) else "0"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(LOGGING_PYTHON.replace("VERSION", version).replace("OLD", old))
+    path.chmod(0o755)
+
+
+def test_bin_setup_keeps_a_venv_an_older_python_made_earlier(tmp_path: Path) -> None:
+    """README: "a `.venv` made earlier by an older Python is kept as it is (delete it to start
+    again)": bin/setup neither replaces it nor asks the newer Python on the PATH for a new one;
+    its install (pyproject.toml changed: no stamp yet) goes to that .venv's own interpreter."""
+    root = tmp_path / "checkout"
+    (root / "bin").mkdir(parents=True)
+    for path in ("bin/setup", "pyproject.toml"):
+        shutil.copy2(PROJECT_DIR / path, root / path)
+    old = root / ".venv" / "bin" / "python"
+    logging_python(old, "3.11.9")
+    before = old.read_text()
+    tools = tmp_path / "path"  # the script's own tools and a Python 3.12 it could have used
+    for tool in ("dirname", "sha256sum", "cut", "cat"):
+        tools.mkdir(exist_ok=True)
+        (tools / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    logging_python(tools / "python3.12", "3.12.8")
+    bash = shutil.which("bash") or "/bin/bash"
+    done = subprocess.run(
+        [bash, "bin/setup"],
+        cwd=root,
+        env={"PATH": str(tools), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (tools / "CALLS").exists(), (tools / "CALLS").read_text()  # never asked
+    assert old.read_text() == before
+    assert sorted(p.name for p in old.parent.iterdir()) == ["CALLS", "python"]
+    install = ".venv/bin/python -m pip install --quiet -e .[dev]\n"
+    assert (old.parent / "CALLS").read_text() == install
