@@ -154,7 +154,8 @@ def commit_check_missing(using: str, model: type[models.Model]) -> str:
 
 def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
     """Create the COMMIT's check on every FencedRow model's table that exists on `using`
-    (PostgreSQL; a `post_migrate` receiver, jobs.apps). Returns the labels installed."""
+    (PostgreSQL; a `post_migrate` receiver, jobs.apps), where it is missing or differs from
+    this version's. Returns the labels (re)installed."""
     conn = connections[using]
     if conn.vendor != "postgresql":
         return []
@@ -173,8 +174,14 @@ def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
         columns = tuple(getattr(meta.get_field(name), "column", "") for name in fenced_sql.COLUMNS)
         if columns != fenced_sql.COLUMNS:
             raise InvalidOption(f"{meta.label}: FencedRow's columns must keep their names")
+        table = conn.ops.quote_name(meta.db_table)
+        create, digest = fenced_sql.install_trigger(table, meta.label)
         with conn.cursor() as cur:
-            cur.execute(fenced_sql.install_trigger(conn.ops.quote_name(meta.db_table), meta.label))
+            cur.execute(fenced_sql.TRIGGER_COMMENT, [table, fenced_sql.TRIGGER])
+            found = cur.fetchone()
+            if found is not None and found[0] == digest:
+                continue  # as it should be: no lock taken on the application's table
+            cur.execute(create)
         installed.append(meta.label)
     return installed
 

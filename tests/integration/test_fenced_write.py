@@ -238,4 +238,8 @@ def test_a_fenced_row_table_without_its_commit_check_is_refused_until_migrate(mo
     finally:
         installed = fenced.install_commit_checks()  # what every migrate runs (jobs.apps)
     assert "demo.Report" in installed
+    assert "demo.Report" not in fenced.install_commit_checks()  # in place: left alone
+    with connection.cursor() as cur:  # an older version's trigger: replaced
+        cur.execute("COMMENT ON TRIGGER jobs_fence_at_commit ON demo_report IS 'palisade old'")
+    assert "demo.Report" in fenced.install_commit_checks()
     assert owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="checked") == 1

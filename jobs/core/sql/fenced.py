@@ -23,6 +23,8 @@ only in a transaction where that same attempt wrote through ctx.fenced_write() -
 check, true or false alike.
 """
 
+import hashlib
+
 SETTING = "palisade.fenced_write"
 MARK = f"SELECT set_config('{SETTING}', %s, true)"
 CONSTRAINT = "jobs_fence_at_commit"
@@ -35,6 +37,13 @@ FUNCTION_EXISTS = f"SELECT to_regproc('{FUNCTION}') IS NOT NULL"
 TRIGGER_EXISTS = (
     "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s)"
 )
+# The comment an installed trigger carries: the digest of the SQL that created it. `migrate`
+# (re)creates a trigger only when it is missing or differs -- DROP/CREATE TRIGGER takes an ACCESS
+# EXCLUSIVE lock on the application's table, which a deploy's migrate must not take for nothing.
+TRIGGER_COMMENT = (
+    "SELECT obj_description(oid, 'pg_trigger') FROM pg_trigger "
+    "WHERE tgrelid = %s::regclass AND tgname = %s"
+)
 
 
 def mark(job_id: int, attempt: int) -> str:
@@ -42,14 +51,19 @@ def mark(job_id: int, attempt: int) -> str:
     return f"{job_id}:{attempt}"
 
 
-def install_trigger(table: str, label: str) -> str:
-    """(Re)create the deferred check on `table` (quoted); `label` names it in refusals."""
+def install_trigger(table: str, label: str) -> tuple[str, str]:
+    """The SQL that (re)creates the deferred check on `table` (quoted; `label` names it in
+    refusals), and the digest its comment carries."""
     literal = "'" + label.replace("'", "''") + "'"
-    return (
-        f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}; "
+    create = (
         f"CREATE CONSTRAINT TRIGGER {TRIGGER} AFTER UPDATE ON {table} "
         "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
         f"WHEN (current_setting('{SETTING}', true) = "
         "NEW.fence_job_id::text || ':' || NEW.fence_attempt::text) "
         f"EXECUTE FUNCTION {FUNCTION}({literal})"
     )
+    digest = "palisade " + hashlib.sha256(create.encode()).hexdigest()[:16]
+    return (
+        f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}; {create}; "
+        f"COMMENT ON TRIGGER {TRIGGER} ON {table} IS '{digest}'"
+    ), digest
