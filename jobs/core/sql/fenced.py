@@ -14,7 +14,10 @@ must still be at the writer's attempt and running, else the COMMIT fails (`check
 constraint `jobs_fence_at_commit`) and the whole transaction is rolled back. The share lock,
 held from that check to the end of the COMMIT, is what makes the check and the commit one: a
 claim, a reap or an operator's cancel of that job waits those microseconds, and a takeover that
-committed first is seen (READ COMMITTED reads the newest version of a row it locks).
+committed first is seen (READ COMMITTED reads the newest version of a row it locks). Under
+REPEATABLE READ or SERIALIZABLE, locking a row changed after the snapshot (a heartbeat changes the
+job row) is a serialization failure: the COMMIT fails then even for the owner -- safe, not live;
+docs/effects.md says so.
 
 Only the writes ctx.fenced_write() makes are checked: the trigger's WHEN compares the row's new
 token with the setting the write set just before its UPDATE (`<job id>:<attempt>`, for the
