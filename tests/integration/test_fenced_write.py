@@ -243,3 +243,25 @@ def test_a_fenced_row_table_without_its_commit_check_is_refused_until_migrate(mo
         cur.execute("COMMENT ON TRIGGER jobs_fence_at_commit ON demo_report IS 'palisade old'")
     assert "demo.Report" in fenced.install_commit_checks()
     assert owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="checked") == 1
+
+
+def test_under_repeatable_read_a_heartbeat_after_the_snapshot_fails_the_commit(second_connection):
+    # docs/effects.md: the COMMIT's share lock on a job row changed after the snapshot is a
+    # serialization failure under REPEATABLE READ, even for the attempt that owns the job.
+    from django.db import OperationalError
+
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    report = Report.objects.create(name="daily")
+    with pytest.raises(OperationalError, match="could not serialize"):
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="mine")
+            second_connection.execute(
+                "UPDATE jobs_job SET heartbeat_at = clock_timestamp() WHERE id = %s", [job.pk]
+            )
+            second_connection.commit()
+    report.refresh_from_db()
+    assert report.body == ""
+    assert Job.objects.get(pk=job.pk).attempt == 1  # still the owner's
