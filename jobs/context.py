@@ -17,6 +17,7 @@ transitions.joining_callers_transaction), and a rejection it meets is recorded b
 after the handler's transaction is over.
 """
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from jobs.core.states import Write
 from jobs.core.transitions import Fence
 from jobs.effects import fenced, outbox, pending, staging
 from jobs.effects import keys as effects
+
+logger = logging.getLogger("jobs.fencing")
 
 # One thread per worker process, started on first use: its database connection is the fenced
 # writes' own and stays open for the rest of the drain (a connection per call would cost a
@@ -108,9 +111,14 @@ def refused_at_commit(ctx: "JobContext", exc: BaseException) -> bool:
         return False
     fence = ctx._held.fence
     ctx._held.lost.set()
-    _outside_callers_transaction(
-        lambda: fenced.record_rejection(fence, Write.TOKEN, label, None), fence
-    )
+    try:
+        _outside_callers_transaction(
+            lambda: fenced.record_rejection(fence, Write.TOKEN, label, None), fence
+        )
+    except Exception:  # noqa: BLE001  the attempt is lost all the same; the drain goes on
+        logger.exception(
+            "job %s attempt %s: could not record its refused COMMIT", fence.job_id, fence.attempt
+        )
     return True
 
 

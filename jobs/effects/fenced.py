@@ -92,14 +92,17 @@ def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenD
             if len(pks) > MAX_ROWS:
                 raise InvalidOption(f"fenced_write(): more than {MAX_ROWS} rows in one call")
             resource = f"{model._meta.label}:{','.join(str(pk) for pk in pks)}"[:200]
-            if postgres:  # the COMMIT checks again the rows this write changes
+            if postgres:  # the COMMIT checks again the rows this UPDATE changes
                 with conn.cursor() as cur:
-                    cur.execute(fenced_sql.MARK, [fenced_sql.mark(fence.job_id, fence.attempt)])
+                    cur.execute(fenced_sql.MARK)
             updated = (
                 rows.filter(pk__in=pks)
                 .filter(token_allows, Exists(current))
                 .update(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt)
             )
+            if postgres:  # and no later UPDATE of the transaction
+                with conn.cursor() as cur:
+                    cur.execute(fenced_sql.UNMARK)
             if updated == len(pks):
                 return TokenDecision(updated, False, resource)  # decided again at the COMMIT
             # Refused (wholly or for some row): undo whatever this UPDATE changed.
@@ -130,10 +133,17 @@ def refused_at_commit(exc: BaseException) -> str | None:
 _CHECKED: set[tuple[str, str]] = set()
 
 
+def _fence_model(model: type[models.Model]) -> type[models.Model]:
+    """The model whose table holds `model`'s fence columns (a multi-table child's parent)."""
+    field = model._meta.get_field(fenced_sql.COLUMNS[0])
+    return field.model  # type: ignore[no-any-return]
+
+
 def commit_check_missing(using: str, model: type[models.Model]) -> str:
     """Why `model`'s table cannot take a token-checked write (its COMMIT's check is not
-    installed: run `manage.py migrate`), or "" -- asked once per process and table."""
-    table = model._meta.db_table
+    installed, or disabled: run `manage.py migrate`), or "" -- asked once per process and
+    table."""
+    table = _fence_model(model)._meta.db_table
     if (using, table) in _CHECKED:
         return ""
     with connections[using].cursor() as cur:
@@ -144,18 +154,20 @@ def commit_check_missing(using: str, model: type[models.Model]) -> str:
         (found,) = cur.fetchone()
     if not found:
         return (
-            f"fenced_write(): {model._meta.label}'s table has no {fenced_sql.TRIGGER} trigger, "
-            "the check its writes' COMMIT makes: run `manage.py migrate` (which installs it on "
-            "every FencedRow table)"
+            f"fenced_write(): {model._meta.label}'s table {table} has no enabled "
+            f"{fenced_sql.TRIGGER} trigger, the check its writes' COMMIT makes: run "
+            "`manage.py migrate` (which installs it on every FencedRow table that exists)"
         )
     _CHECKED.add((using, table))
     return ""
 
 
 def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
-    """Create the COMMIT's check on every FencedRow model's table that exists on `using`
-    (PostgreSQL; a `post_migrate` receiver, jobs.apps), where it is missing or differs from
-    this version's. Returns the labels (re)installed."""
+    """Create the COMMIT's check on the table of every FencedRow model (managed or not) that
+    exists on `using` with both fence columns (PostgreSQL; a `post_migrate` receiver,
+    jobs.apps), where it is missing, disabled or differs from this version's. Returns the
+    labels (re)installed. A table without the columns (a migration target before the mixin
+    came) is left alone."""
     conn = connections[using]
     if conn.vendor != "postgresql":
         return []
@@ -164,22 +176,24 @@ def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
         if not cur.fetchone()[0]:  # migrated back before 0023
             return []
     tables = set(conn.introspection.table_names())
-    installed = []
+    installed: list[str] = []
+    seen: set[str] = set()
     for model in apps.get_models():
-        meta = model._meta
-        if not issubclass(model, FencedRow) or not meta.managed or meta.proxy:
+        if not issubclass(model, FencedRow) or model._meta.proxy:
             continue
-        if meta.db_table not in tables:
+        meta = _fence_model(model)._meta
+        if meta.db_table in seen or meta.db_table not in tables:
             continue
-        columns = tuple(getattr(meta.get_field(name), "column", "") for name in fenced_sql.COLUMNS)
-        if columns != fenced_sql.COLUMNS:
-            raise InvalidOption(f"{meta.label}: FencedRow's columns must keep their names")
-        table = conn.ops.quote_name(meta.db_table)
-        create, digest = fenced_sql.install_trigger(table, meta.label)
+        seen.add(meta.db_table)
         with conn.cursor() as cur:
-            cur.execute(fenced_sql.TRIGGER_COMMENT, [table, fenced_sql.TRIGGER])
-            found = cur.fetchone()
-            if found is not None and found[0] == digest:
+            found = {c.name for c in conn.introspection.get_table_description(cur, meta.db_table)}
+            if not set(fenced_sql.COLUMNS) <= found:
+                continue
+            table = conn.ops.quote_name(meta.db_table)
+            cur.execute(fenced_sql.TRIGGER_STATE, [table, fenced_sql.TRIGGER])
+            state = cur.fetchone()
+            create, digest = fenced_sql.install_trigger(table, meta.label, state is not None)
+            if state is not None and state == (digest, True):
                 continue  # as it should be: no lock taken on the application's table
             cur.execute(create)
         installed.append(meta.label)

@@ -242,6 +242,12 @@ def test_a_fenced_row_table_without_its_commit_check_is_refused_until_migrate(mo
     with connection.cursor() as cur:  # an older version's trigger: replaced
         cur.execute("COMMENT ON TRIGGER jobs_fence_at_commit ON demo_report IS 'palisade old'")
     assert "demo.Report" in fenced.install_commit_checks()
+    with connection.cursor() as cur:  # a disabled one: refused, then enabled again by migrate
+        cur.execute("ALTER TABLE demo_report DISABLE TRIGGER jobs_fence_at_commit")
+    monkeypatch.setattr(fenced, "_CHECKED", set())
+    with pytest.raises(InvalidOption, match="no enabled"):
+        owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="unchecked")
+    assert "demo.Report" in fenced.install_commit_checks()
     assert owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="checked") == 1
 
 
@@ -265,3 +271,31 @@ def test_under_repeatable_read_a_heartbeat_after_the_snapshot_fails_the_commit(s
     report.refresh_from_db()
     assert report.body == ""
     assert Job.objects.get(pk=job.pk).attempt == 1  # still the owner's
+
+
+def test_a_plain_save_after_a_fenced_write_in_the_same_transaction_is_not_checked():
+    # Row B carries a finished job's token; the owner writes row A through fenced_write, then
+    # the handler saves B by hand in the same transaction: only A's UPDATE queued a check.
+    finished = jobs.enqueue("test.echo")
+    first = claim(A)
+    b = Report.objects.create(name="b")
+    first.ctx.fenced_write(Report.objects.filter(pk=b.pk), body="by the finished job")
+    first.commit()
+    assert Job.objects.get(pk=finished.pk).state == "succeeded"
+    jobs.enqueue("test.echo")
+    owner = claim(B)
+    a = Report.objects.create(name="a")
+    b.refresh_from_db()
+    with transaction.atomic():
+        owner.ctx.fenced_write(Report.objects.filter(pk=a.pk), body="owner")
+        b.body = "edited by hand"
+        b.save()
+    b.refresh_from_db()
+    assert (b.body, b.fence_job_id) == ("edited by hand", finished.pk)
+
+
+def test_the_fence_columns_types_can_still_be_altered():
+    # The trigger's WHEN names no column, so an application's AlterField on them applies.
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE demo_report ALTER COLUMN fence_attempt TYPE bigint")
+        cur.execute("ALTER TABLE demo_report ALTER COLUMN fence_attempt TYPE integer")

@@ -19,17 +19,19 @@ REPEATABLE READ or SERIALIZABLE, locking a row changed after the snapshot (a hea
 job row) is a serialization failure: the COMMIT fails then even for the owner -- safe, not live;
 docs/effects.md says so.
 
-Only the writes ctx.fenced_write() makes are checked: the trigger's WHEN compares the row's new
-token with the setting the write set just before its UPDATE (`<job id>:<attempt>`, for the
-rest of the transaction). A plain `save()` of such a row carries its old token and is checked
-only in a transaction where that same attempt wrote through ctx.fenced_write() -- the same
-check, true or false alike.
+Only the rows ctx.fenced_write()'s own UPDATE changes are checked: the write turns the
+transaction-local setting on just before its UPDATE and off just after, and the trigger's WHEN
+reads it at the UPDATE (a constraint trigger's WHEN is evaluated then, not at the COMMIT); the
+function compares the row's new token with the job row at the COMMIT. A plain `save()` of such a
+row is never checked. The WHEN names no column of the table, so the application's migrations
+may still change the fence columns' types.
 """
 
 import hashlib
 
 SETTING = "palisade.fenced_write"
-MARK = f"SELECT set_config('{SETTING}', %s, true)"
+MARK = f"SELECT set_config('{SETTING}', 'on', true)"  # just before the write's UPDATE
+UNMARK = f"SELECT set_config('{SETTING}', '', true)"  # just after it
 CONSTRAINT = "jobs_fence_at_commit"
 FUNCTION = "jobs_fence_at_commit"
 TRIGGER = "jobs_fence_at_commit"
@@ -38,35 +40,30 @@ COLUMNS = ("fence_job_id", "fence_attempt")
 
 FUNCTION_EXISTS = f"SELECT to_regproc('{FUNCTION}') IS NOT NULL"
 TRIGGER_EXISTS = (
-    "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s)"
+    "SELECT EXISTS (SELECT 1 FROM pg_trigger"
+    " WHERE tgrelid = %s::regclass AND tgname = %s AND tgenabled <> 'D')"
 )
-# The comment an installed trigger carries: the digest of the SQL that created it. `migrate`
-# (re)creates a trigger only when it is missing or differs -- DROP/CREATE TRIGGER takes an ACCESS
-# EXCLUSIVE lock on the application's table, which a deploy's migrate must not take for nothing.
-TRIGGER_COMMENT = (
-    "SELECT obj_description(oid, 'pg_trigger') FROM pg_trigger "
+# An installed trigger's comment (the digest of the SQL that created it) and whether it is
+# enabled. `migrate` (re)creates a trigger only when it is missing, disabled or differs: DROP
+# TRIGGER takes an ACCESS EXCLUSIVE lock on the application's table, which a deploy's migrate must
+# not take for nothing (CREATE TRIGGER alone takes a lock that lets reads go on).
+TRIGGER_STATE = (
+    "SELECT obj_description(oid, 'pg_trigger'), tgenabled <> 'D' FROM pg_trigger "
     "WHERE tgrelid = %s::regclass AND tgname = %s"
 )
 
 
-def mark(job_id: int, attempt: int) -> str:
-    """The setting's value for a write by this job's attempt."""
-    return f"{job_id}:{attempt}"
-
-
-def install_trigger(table: str, label: str) -> tuple[str, str]:
-    """The SQL that (re)creates the deferred check on `table` (quoted; `label` names it in
-    refusals), and the digest its comment carries."""
+def install_trigger(table: str, label: str, replace: bool) -> tuple[str, str]:
+    """The SQL that creates the deferred check on `table` (quoted; `label` names it in
+    refusals) -- dropping the one there first with `replace` -- and the digest its comment
+    carries."""
     literal = "'" + label.replace("'", "''") + "'"
     create = (
         f"CREATE CONSTRAINT TRIGGER {TRIGGER} AFTER UPDATE ON {table} "
         "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
-        f"WHEN (current_setting('{SETTING}', true) = "
-        "NEW.fence_job_id::text || ':' || NEW.fence_attempt::text) "
+        f"WHEN (current_setting('{SETTING}', true) = 'on') "
         f"EXECUTE FUNCTION {FUNCTION}({literal})"
     )
     digest = "palisade " + hashlib.sha256(create.encode()).hexdigest()[:16]
-    return (
-        f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}; {create}; "
-        f"COMMENT ON TRIGGER {TRIGGER} ON {table} IS '{digest}'"
-    ), digest
+    drop = f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}; " if replace else ""
+    return f"{drop}{create}; COMMENT ON TRIGGER {TRIGGER} ON {table} IS '{digest}'", digest
