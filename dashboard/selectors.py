@@ -326,6 +326,10 @@ class Overview:
     expired_running: int
     oldest_queued: datetime | None
     states: list[tuple[str, str]] = field(default_factory=lambda: list(JobState.choices))
+    # When the newest HISTORY_EVENTS events begin, if that is inside the charts' SPARK_MINUTES:
+    # the charts count nothing before it (a stream writes 50,000 events in seconds). Else None.
+    history_since: datetime | None = None
+    history_events: int = HISTORY_EVENTS
 
 
 def _per_minute(counts: dict[datetime, int], now: datetime) -> list[int]:
@@ -345,6 +349,16 @@ def _minutes(qs: QuerySet[Any], start: datetime, **match: Any) -> dict[datetime,
         .order_by()
     )
     return {r["minute"]: r["n"] for r in rows}
+
+
+def _window_since(qs: QuerySet[Any], start: datetime) -> datetime | None:
+    """When the newest HISTORY_EVENTS rows of `qs` begin, if after `start` (two pk lookups)."""
+    top = qs.aggregate(m=Max("id"))["m"] or 0
+    if top <= HISTORY_EVENTS:
+        return None
+    first = qs.filter(id__gt=top - HISTORY_EVENTS).order_by("id").values_list("at", flat=True)
+    at = first.first()
+    return at if at is not None and at > start else None
 
 
 def _counts(qs: QuerySet[Job]) -> dict[tuple[str, str], int]:
@@ -391,6 +405,8 @@ def overview(now: datetime | None = None) -> Overview:
         _per_minute(_minutes(RejectedWrite.objects.all(), start), now),
         Job.objects.expired_leases().count(),
         oldest,
+        history_since=_window_since(events, start),
+        history_events=HISTORY_EVENTS,
     )
 
 

@@ -85,3 +85,34 @@ def test_the_job_page_offers_copy_as_json_for_payload_and_result(
     html = operator_client.get(reverse("dashboard:job", args=[job.pk])).content.decode()
     assert 'data-copy="payload"' in html and 'data-copy="result"' in html
     assert 'id="result"' in html
+
+
+def _events(job: Job, type_: str, n: int, minutes_ago: int) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO jobs_jobevent (job_id, attempt, type, worker, at, data) "
+            "SELECT %s, 1, %s, 'w', clock_timestamp() - make_interval(mins => %s), '{}' "
+            "FROM generate_series(1, %s)",
+            [job.pk, type_, minutes_ago, n],
+        )
+
+
+def test_the_overview_says_when_its_charts_reach_back_less_than_their_minutes(
+    operator_client: Client, make_job: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The charts count the newest HISTORY_EVENTS events (a bound on what one refresh reads):
+    # under a stream those reach back seconds, and the page says from when, not a silent zero.
+    monkeypatch.setattr(selectors, "HISTORY_EVENTS", 50)
+    job = make_job(state="succeeded", attempt=1)
+    _events(job, "succeeded", 20, minutes_ago=10)
+    html = operator_client.get(reverse("dashboard:overview")).content.decode()
+    assert 'id="history-since"' not in html  # 20 events: the window holds all 30 minutes
+    _events(job, "claimed", 60, minutes_ago=1)
+    overview = selectors.overview()
+    assert overview.history_since is not None
+    assert overview.history_since > datetime.now(UTC) - timedelta(minutes=2)
+    assert sum(overview.succeeded_per_min) == 0  # the ten-minute-old successes are past it
+    html = operator_client.get(reverse("dashboard:overview")).content.decode()
+    assert 'id="history-since"' in html and "The charts count the newest 50 events" in html
