@@ -15,6 +15,8 @@ from django.urls import reverse
 
 import jobs
 from jobs.core import transitions
+from jobs.core.exceptions import LeaseLost
+from jobs.worker import reaper
 from tests.integration.attempts import Running, claim
 
 # transaction=True: the claims, heartbeat and reclaim run as a worker's would, committed.
@@ -91,10 +93,20 @@ def test_an_expired_attempt_whose_worker_stays_silent_is_listed_as_not_heard_fro
     assert "zombie suspect" not in row
     assert "None." in _section(_page(operator_client), NOT_HEARD)  # not reclaimed yet
 
-    from jobs.worker import reaper
-
     assert reaper.reap("reaper:1") == 1  # the attempt ends `expired`; the job is handed on
     html = _page(operator_client)
     assert f'href="{reverse("dashboard:job", args=[job_id])}"' not in _section(html, RUNNING)
     listed = _row(_section(html, NOT_HEARD), job_id)
     assert re.search(rf"<td>1</td><td>{re.escape(WORKER)}\b", listed), listed  # attempt 1
+
+
+def test_an_expired_attempt_heard_from_again_leaves_the_listing(operator_client: Client) -> None:
+    stuck, _ = _two_claims()
+    job_id = stuck.claimed.fence.job_id
+    assert reaper.reap("reaper:1") == 1
+    assert f'href="{reverse("dashboard:job", args=[job_id])}"' in _section(
+        _page(operator_client), NOT_HEARD
+    )
+    with pytest.raises(LeaseLost):  # the zombie's next write is refused and recorded
+        transitions.heartbeat(stuck.claimed.fence, 30)
+    assert "None." in _section(_page(operator_client), NOT_HEARD)
