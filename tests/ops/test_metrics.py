@@ -142,6 +142,18 @@ def test_an_empty_default_queue_is_reported_at_zero(client):
 
 
 @pytest.mark.django_db
+def test_every_configured_queue_is_reported_at_zero_when_empty(client, settings, monkeypatch):
+    # operations.md: `default` and every configured queue are always exported, 0 when empty.
+    monkeypatch.delenv("JOBS_QUEUES", raising=False)  # the environment would override JOBS
+    settings.JOBS = {**settings.JOBS, "QUEUES": "a,b"}  # read as JOBS_QUEUES would be
+    assert not Job.objects.exists()
+    samples = scrape(client)
+    for queue in ["default", "a", "b"]:
+        assert samples[f"jobs_queue_depth{{queue={queue}}}"] == 0, queue
+        assert samples[f"jobs_queue_oldest_age_seconds{{queue={queue}}}"] == 0, queue
+
+
+@pytest.mark.django_db
 def test_the_outbox_figures_come_from_the_intent_rows(client, make_job):
     from jobs.models import Intent
 
