@@ -299,3 +299,41 @@ def test_the_fence_columns_types_can_still_be_altered():
     with connection.cursor() as cur:
         cur.execute("ALTER TABLE demo_report ALTER COLUMN fence_attempt TYPE bigint")
         cur.execute("ALTER TABLE demo_report ALTER COLUMN fence_attempt TYPE integer")
+
+
+def test_a_multi_table_child_is_checked_on_its_parents_table():
+    # tests.app.ChildReport's fence columns live in demo_report: the COMMIT's check is there.
+    from tests.app.models import ChildReport
+
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    child = ChildReport.objects.create(name="child", extra="x")
+    rows = ChildReport.objects.filter(pk=child.pk)
+    assert zombie.ctx.fenced_write(rows, body="owner") == 1
+    with pytest.raises(IntegrityError) as refused:
+        with transaction.atomic():
+            zombie.ctx.fenced_write(rows, body="zombie")
+            _taken_over_elsewhere(job.pk)
+    assert fenced.refused_at_commit(refused.value) == "demo.Report"
+    child.refresh_from_db()
+    assert child.body == "owner"
+
+
+def test_an_unmanaged_fenced_row_table_gets_its_commit_check():
+    from tests.app.models import Ledger
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'tests_app_ledger'::regclass "
+            "AND tgname = 'jobs_fence_at_commit' AND tgenabled <> 'D'"
+        )
+        assert cur.fetchone()[0] == 1
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    entry = Ledger.objects.create(name="entry")
+    with pytest.raises(IntegrityError):
+        with transaction.atomic():
+            zombie.ctx.fenced_write(Ledger.objects.filter(pk=entry.pk), body="zombie")
+            _taken_over_elsewhere(job.pk)
+    entry.refresh_from_db()
+    assert entry.body == ""

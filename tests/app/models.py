@@ -1,0 +1,24 @@
+"""Tables of the tests' own: FencedRow models shaped as applications shape theirs."""
+
+from django.db import models
+
+from demo.models import Report
+from jobs.models import FencedRow
+
+
+class ChildReport(Report):
+    """A multi-table child of a FencedRow model: its fence columns live in its parent's table."""
+
+    extra = models.CharField(max_length=20, blank=True, default="")
+
+
+class Ledger(FencedRow):
+    """A FencedRow table the application manages itself (`managed = False`; its migration
+    creates the table)."""
+
+    name = models.CharField(max_length=50, unique=True)
+    body = models.TextField(blank=True, default="")
+
+    class Meta:
+        managed = False
+        db_table = "tests_app_ledger"
