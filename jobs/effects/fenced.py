@@ -35,9 +35,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.apps import apps
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, models, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    models,
+    transaction,
+)
 from django.db.models import Exists, Q
 
+from jobs.core import transitions
 from jobs.core.exceptions import InvalidOption
 from jobs.core.sql import fenced as fenced_sql
 from jobs.core.states import EventType, JobState
@@ -202,35 +212,44 @@ def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
 
 def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: int | None) -> None:
     """Store and log a stale write to something other than the job row, like every other
-    (`attempt_current` None: the job's attempt as it is now)."""
-    with transaction.atomic():
-        now = Job.objects.filter(pk=fence.job_id).values_list("attempt", "state").first()
-        if now is None:
-            return
-        if attempt_current is None:
-            attempt_current = now[0]
-        state = now[1]
-        RejectedWrite.objects.create(
-            job_id=fence.job_id,
-            attempt_presented=fence.attempt,
-            attempt_current=attempt_current,
-            state_current=state,
-            worker=fence.worker,
-            write=write_,
-            resource=resource[:200],
-        )
-        JobEvent.objects.create(
-            job_id=fence.job_id,
-            attempt=fence.attempt,
-            type=EventType.REJECTED,
-            worker=fence.worker,
-            data={
-                "write": write_,
-                "attempt_current": attempt_current,
-                "state_current": state,
-                "resource": resource[:200],
-            },
-        )
+    (`attempt_current` None: the job's attempt as it is now). A connection lost during the
+    COMMIT: the row is looked for on a new connection and logged if it landed, as
+    jobs.core.transitions.record does."""
+    stored: list[int] = []
+    try:
+        with transaction.atomic():
+            now = Job.objects.filter(pk=fence.job_id).values_list("attempt", "state").first()
+            if now is None:
+                return
+            if attempt_current is None:
+                attempt_current = now[0]
+            state = now[1]
+            row = RejectedWrite.objects.create(
+                job_id=fence.job_id,
+                attempt_presented=fence.attempt,
+                attempt_current=attempt_current,
+                state_current=state,
+                worker=fence.worker,
+                write=write_,
+                resource=resource[:200],
+            )
+            JobEvent.objects.create(
+                job_id=fence.job_id,
+                attempt=fence.attempt,
+                type=EventType.REJECTED,
+                worker=fence.worker,
+                data={
+                    "write": write_,
+                    "attempt_current": attempt_current,
+                    "state_current": state,
+                    "resource": resource[:200],
+                },
+            )
+            stored.append(row.pk)
+    except (OperationalError, InterfaceError):
+        in_callers = connection.in_atomic_block  # its COMMIT is the caller's: nothing landed yet
+        if not stored or in_callers or not transitions.rejection_landed(stored[0]):
+            raise
     logger.warning(
         "stale %s rejected: job=%s attempt_presented=%s attempt_current=%s resource=%s worker=%s",
         write_,

@@ -127,3 +127,47 @@ def test_a_lost_failure_is_not_taken_for_landed_when_the_reaper_left_the_same_st
     assert (job.state, job.attempt, job.error) == (JobState.QUEUED, 1, "")
     assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.EXPIRED
     assert RejectedWrite.objects.get(job=job).write == "fail"
+
+
+# -- a rejection's own record: stored and logged once, whatever its COMMIT met ------------------
+
+REJECTION_COMMIT = b"COMMIT"
+
+
+def test_a_rejection_record_whose_commit_landed_before_the_connection_died_is_logged(
+    proxied, caplog
+):
+    # Found by the fault-injection suite: the row was stored, its COMMIT's reply was cut, and the
+    # heartbeat thread retried without the line -- a stored rejection never logged.
+    fence = claimed_fence()
+    proxied.cut_on(REJECTION_COMMIT, after_reply=True)
+    transitions.record_lost_heartbeat(fence)
+    assert proxied.cuts == 1
+    assert RejectedWrite.objects.filter(job_id=fence.job_id, write="heartbeat").count() == 1
+    lines = [r.getMessage() for r in caplog.records if "stale heartbeat rejected" in r.getMessage()]
+    assert len(lines) == 1 and f"job={fence.job_id}" in lines[0]
+
+
+def test_a_rejection_record_whose_commit_never_arrived_raises_and_logs_nothing(proxied, caplog):
+    from django.db import OperationalError
+
+    fence = claimed_fence()
+    proxied.cut_on(REJECTION_COMMIT, after_reply=False)
+    with pytest.raises(OperationalError):
+        transitions.record_lost_heartbeat(fence)
+    connection.close()
+    assert not RejectedWrite.objects.filter(job_id=fence.job_id).exists()
+    assert not [r for r in caplog.records if "stale heartbeat rejected" in r.getMessage()]
+
+
+def test_a_token_write_rejection_whose_commit_landed_before_the_connection_died_is_logged(
+    proxied, caplog
+):
+    from jobs.effects import fenced
+
+    fence = claimed_fence()
+    proxied.cut_on(REJECTION_COMMIT, after_reply=True)
+    fenced.record_rejection(fence, "token_write", "demo.Report:1", None)
+    assert proxied.cuts == 1
+    assert RejectedWrite.objects.filter(job_id=fence.job_id, write="token_write").count() == 1
+    assert [r for r in caplog.records if "stale token_write rejected" in r.getMessage()]

@@ -141,7 +141,9 @@ class Driver:
 
     def record_rejection(
         self, cur: CursorWrapper, job_id: int, attempt: int, worker: str, write: str
-    ) -> tuple[int, str] | None:
+    ) -> tuple[int, str, int] | None:
+        """Insert the rejected write and its event; (attempt, state) of the job now and the
+        row's id, or None when the job is gone."""
         params: dict[str, Any] = {
             "id": job_id,
             "attempt": attempt,
@@ -152,7 +154,7 @@ class Driver:
             "INSERT INTO jobs_rejectedwrite "
             "(job_id, attempt_presented, attempt_current, state_current, worker, write, at) "
             f"SELECT id, %(attempt)s, attempt, state, %(worker)s, %(write)s, {self.now} "
-            "FROM jobs_job WHERE id = %(id)s RETURNING attempt_current, state_current",
+            "FROM jobs_job WHERE id = %(id)s RETURNING attempt_current, state_current, id",
             params,
         )
         row = cur.fetchone()
@@ -160,7 +162,11 @@ class Driver:
             return None
         data = dumps({"write": write, "attempt_current": row[0], "state_current": row[1]})
         self.insert_event(cur, job_id, attempt, EventType.REJECTED, worker, data)
-        return int(row[0]), row[1]
+        return int(row[0]), row[1], int(row[2])
+
+    def rejection_exists(self, cur: CursorWrapper, row_id: int) -> bool:
+        cur.execute("SELECT 1 FROM jobs_rejectedwrite WHERE id = %s", [row_id])
+        return cur.fetchone() is not None
 
     def end_attempt(self, cur: CursorWrapper, job_id: int, attempt: int, outcome: str) -> None:
         """Close an attempt row that is still open; a settled outcome is never overwritten."""

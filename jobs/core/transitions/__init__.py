@@ -19,6 +19,7 @@ from jobs.core.transitions.fence import (
     attempt_outcome,
     joining_callers_transaction,
     record_rejected,
+    rejection_landed,
 )
 from jobs.core.transitions.maintenance import find_expired, reclaim_expired
 from jobs.core.transitions.operator import OperatorResult, cancel, requeue, retry_now
@@ -61,6 +62,7 @@ __all__ = [
     "poison",
     "reclaim_expired",
     "record_lost_heartbeat",
+    "rejection_landed",
     "refresh_limits",
     "record_rejected",
     "release",

@@ -239,12 +239,24 @@ def landed(fence: Fence, outcome: str) -> bool:
 
 
 def record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | None:
-    with transaction.atomic(), connection.cursor() as cur:
-        d = driver()
-        current = d.record_rejection(cur, fence.job_id, fence.attempt, fence.worker, write)
-        kind, lateness = rejection_context(d, cur, fence.job_id, fence.attempt)
-        if outcome is not None:
-            d.end_attempt(cur, fence.job_id, fence.attempt, outcome)
+    """Store the rejected write (and end its attempt with `outcome`), then log it: the one line
+    per stored rejection. A connection lost during the COMMIT leaves its outcome unknown: the
+    row is looked for on a new connection, and logged if it landed (else the error stands)."""
+    found: tuple[int, str, int] | None = None
+    kind: str = ""
+    lateness: float | None = None
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            d = driver()
+            found = d.record_rejection(cur, fence.job_id, fence.attempt, fence.worker, write)
+            kind, lateness = rejection_context(d, cur, fence.job_id, fence.attempt)
+            if outcome is not None:
+                d.end_attempt(cur, fence.job_id, fence.attempt, outcome)
+    except (OperationalError, InterfaceError):
+        # Its own transaction's COMMIT may have landed; inside a caller's, nothing has yet.
+        if found is None or connection.in_atomic_block or not rejection_landed(found[2]):
+            raise
+    current = (found[0], found[1]) if found else None
     attempt_current, state_current = current if current else (None, "deleted")
     fields = {
         "event": "stale_write_rejected",
@@ -266,6 +278,17 @@ def record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | N
         extra={"fields": fields},
     )
     return current
+
+
+def rejection_landed(row_id: int) -> bool:
+    """Whether rejection row `row_id` was committed, read on a new connection (False when that
+    cannot be read either: the outcome stays unknown and the caller's error stands)."""
+    try:
+        connection.close()
+        with connection.cursor() as cur:
+            return driver().rejection_exists(cur, row_id)
+    except (OperationalError, InterfaceError):
+        return False
 
 
 def record_rejected(fence: Fence, write: str) -> None:
