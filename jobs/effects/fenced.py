@@ -172,34 +172,41 @@ def commit_check_missing(using: str, model: type[models.Model]) -> str:
     return ""
 
 
-def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
-    """Create the COMMIT's check on the table of every FencedRow model (managed or not) that
-    exists on `using` with both fence columns (PostgreSQL; a `post_migrate` receiver,
-    jobs.apps), where it is missing, disabled or differs from this version's. Returns the
-    labels (re)installed. A table without the columns (a migration target before the mixin
-    came) is left alone."""
-    conn = connections[using]
-    if conn.vendor != "postgresql":
-        return []
-    with conn.cursor() as cur:
-        cur.execute(fenced_sql.FUNCTION_EXISTS)
-        if not cur.fetchone()[0]:  # migrated back before 0023
-            return []
+def _fence_tables(conn: Any) -> list[Any]:
+    """The `_meta` of each model whose table holds FencedRow columns and exists on `conn` with
+    both of them (one per table; managed or not; a multi-table child's is its parent's)."""
     tables = set(conn.introspection.table_names())
-    installed: list[str] = []
-    seen: set[str] = set()
+    found: dict[str, Any] = {}
     for model in apps.get_models():
         if not issubclass(model, FencedRow) or model._meta.proxy:
             continue
         meta = _fence_model(model)._meta
-        if meta.db_table in seen or meta.db_table not in tables:
+        if meta.db_table in found or meta.db_table not in tables:
             continue
-        seen.add(meta.db_table)
         with conn.cursor() as cur:
-            found = {c.name for c in conn.introspection.get_table_description(cur, meta.db_table)}
-            if not set(fenced_sql.COLUMNS) <= found:
-                continue
-            table = conn.ops.quote_name(meta.db_table)
+            columns = {c.name for c in conn.introspection.get_table_description(cur, meta.db_table)}
+        if set(fenced_sql.COLUMNS) <= columns:  # else: migrated back before the mixin came
+            found[meta.db_table] = meta
+    return list(found.values())
+
+
+def _function_installed(conn: Any) -> bool:
+    with conn.cursor() as cur:
+        cur.execute(fenced_sql.FUNCTION_EXISTS)
+        return bool(cur.fetchone()[0])
+
+
+def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
+    """Create the COMMIT's check on every FencedRow table (`_fence_tables`) of `using`
+    (PostgreSQL; a `post_migrate` receiver, jobs.apps), where it is missing, disabled or differs
+    from this version's. Returns the labels (re)installed."""
+    conn = connections[using]
+    if conn.vendor != "postgresql" or not _function_installed(conn):  # before 0023: nothing
+        return []
+    installed: list[str] = []
+    for meta in _fence_tables(conn):
+        table = conn.ops.quote_name(meta.db_table)
+        with conn.cursor() as cur:
             cur.execute(fenced_sql.TRIGGER_STATE, [table, fenced_sql.TRIGGER])
             state = cur.fetchone()
             create, digest = fenced_sql.install_trigger(table, meta.label, state is not None)
@@ -208,6 +215,23 @@ def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
             cur.execute(create)
         installed.append(meta.label)
     return installed
+
+
+def commit_checks_missing(using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """The FencedRow tables of `using` whose COMMIT's check is missing or disabled (labels):
+    their token-checked writes are refused until `migrate` installs it (a system check)."""
+    conn = connections[using]
+    if conn.vendor != "postgresql":
+        return []
+    missing = []
+    for meta in _fence_tables(conn):
+        with conn.cursor() as cur:
+            cur.execute(
+                fenced_sql.TRIGGER_EXISTS, [conn.ops.quote_name(meta.db_table), fenced_sql.TRIGGER]
+            )
+            if not cur.fetchone()[0]:
+                missing.append(meta.label)
+    return missing
 
 
 def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: int | None) -> None:

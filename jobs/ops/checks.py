@@ -3,7 +3,7 @@
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from jobs.core.conf import jobs_settings
 from jobs.ops.cron import declared
@@ -95,3 +95,24 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
     for problem in declared()[1]:
         errors.append(Error(problem, id="jobs.E010"))
     return errors
+
+
+@register(Tags.database)
+def check_fenced_tables(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """A FencedRow table without the check its token-checked writes' COMMIT makes (`check
+    --database default`): a Warning, not an Error -- `migrate` runs these checks before it
+    migrates, and is what installs it."""
+    from jobs.effects.fenced import commit_checks_missing
+
+    return [
+        Warning(
+            f"{label}: its table has no enabled jobs_fence_at_commit trigger; "
+            "ctx.fenced_write() refuses to write it",
+            hint="Run `manage.py migrate`: it installs the check on every FencedRow table.",
+            id="jobs.W040",
+        )
+        for alias in databases or []
+        for label in commit_checks_missing(alias)
+    ]

@@ -51,3 +51,23 @@ def test_an_invalid_schedule_is_refused_with_its_reason():
 def test_the_defaults_pass():
     assert JobsSettings().REAPER_SECONDS <= JobsSettings().LEASE_SECONDS
     assert not {"jobs.E010", "jobs.E011", "jobs.E012"} & _ids()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_row_table_without_its_commit_check_is_a_database_warning():
+    from django.db import connection
+
+    from jobs.effects import fenced
+
+    def w040() -> list[str]:
+        return [m.msg for m in run_checks(databases=["default"]) if m.id == "jobs.W040"]
+
+    assert w040() == []
+    with connection.cursor() as cur:
+        cur.execute("DROP TRIGGER jobs_fence_at_commit ON demo_report")
+    try:
+        assert [m.split(":")[0] for m in w040()] == ["demo.Report"]
+        assert not [m for m in run_checks() if m.id == "jobs.W040"]  # only with --database
+    finally:
+        fenced.install_commit_checks()
+    assert w040() == []
