@@ -40,7 +40,6 @@ from django.db import (
     IntegrityError,
     InterfaceError,
     OperationalError,
-    connection,
     connections,
     models,
     transaction,
@@ -271,8 +270,7 @@ def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: 
             )
             stored.append(row.pk)
     except (OperationalError, InterfaceError):
-        in_callers = connection.in_atomic_block  # its COMMIT is the caller's: nothing landed yet
-        if not stored or in_callers or not transitions.rejection_landed(stored[0]):
+        if not transitions.rejection_landed(stored[0] if stored else None):
             raise
     logger.warning(
         "stale %s rejected: job=%s attempt_presented=%s attempt_current=%s resource=%s worker=%s",

@@ -150,6 +150,16 @@ def _taken_over_elsewhere(job_id: int) -> Running:
     return out[0]
 
 
+def _written_then_taken_over(zombie: Running, rows, job_id: int) -> str | None:
+    """`zombie` writes `rows` in a transaction of its own; the job is taken over before that
+    transaction commits. The COMMIT must refuse: returns the label the refusal names."""
+    with pytest.raises(IntegrityError) as refused:
+        with transaction.atomic():
+            zombie.ctx.fenced_write(rows, body="zombie")
+            _taken_over_elsewhere(job_id)
+    return fenced.refused_at_commit(refused.value)
+
+
 def test_a_write_whose_job_is_taken_over_before_its_transaction_commits_is_rolled_back():
     # The UPDATE runs while attempt 1 still owns the job; the takeover commits before the
     # handler's own transaction does. The COMMIT refuses, and nothing of that transaction stays.
@@ -310,11 +320,7 @@ def test_a_multi_table_child_is_checked_on_its_parents_table():
     child = ChildReport.objects.create(name="child", extra="x")
     rows = ChildReport.objects.filter(pk=child.pk)
     assert zombie.ctx.fenced_write(rows, body="owner") == 1
-    with pytest.raises(IntegrityError) as refused:
-        with transaction.atomic():
-            zombie.ctx.fenced_write(rows, body="zombie")
-            _taken_over_elsewhere(job.pk)
-    assert fenced.refused_at_commit(refused.value) == "demo.Report"
+    assert _written_then_taken_over(zombie, rows, job.pk) == "demo.Report"
     child.refresh_from_db()
     assert child.body == "owner"
 
@@ -331,9 +337,8 @@ def test_an_unmanaged_fenced_row_table_gets_its_commit_check():
     job = jobs.enqueue("test.echo")
     zombie = claim(A)
     entry = Ledger.objects.create(name="entry")
-    with pytest.raises(IntegrityError):
-        with transaction.atomic():
-            zombie.ctx.fenced_write(Ledger.objects.filter(pk=entry.pk), body="zombie")
-            _taken_over_elsewhere(job.pk)
+    assert _written_then_taken_over(zombie, Ledger.objects.filter(pk=entry.pk), job.pk) == (
+        "tests_app.Ledger"
+    )
     entry.refresh_from_db()
     assert entry.body == ""

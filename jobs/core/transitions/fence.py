@@ -253,8 +253,7 @@ def record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | N
             if outcome is not None:
                 d.end_attempt(cur, fence.job_id, fence.attempt, outcome)
     except (OperationalError, InterfaceError):
-        # Its own transaction's COMMIT may have landed; inside a caller's, nothing has yet.
-        if found is None or connection.in_atomic_block or not rejection_landed(found[2]):
+        if not rejection_landed(found[2] if found else None):
             raise
     current = (found[0], found[1]) if found else None
     attempt_current, state_current = current if current else (None, "deleted")
@@ -280,9 +279,14 @@ def record(fence: Fence, write: str, outcome: str | None) -> tuple[int, str] | N
     return current
 
 
-def rejection_landed(row_id: int) -> bool:
-    """Whether rejection row `row_id` was committed, read on a new connection (False when that
-    cannot be read either: the outcome stays unknown and the caller's error stands)."""
+def rejection_landed(row_id: int | None) -> bool:
+    """After the connection was lost while a rejection's own transaction ended: whether its row
+    `row_id` (None: not inserted) was committed, read on a new connection. False inside a
+    caller's transaction (nothing of it has committed yet) and when the row cannot be read either
+    (the outcome stays unknown; the caller's error stands). The one decision for
+    `record` here and jobs.effects.fenced.record_rejection."""
+    if row_id is None or connection.in_atomic_block:
+        return False
     try:
         connection.close()
         with connection.cursor() as cur:
