@@ -63,8 +63,10 @@ class Heartbeater:
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
         on_stop: Callable[["Heartbeater"], None] | None = None,
         on_hand_off: Callable[[list[Held]], list[Held]] | None = None,
+        warm: Callable[[], None] | None = None,
     ) -> None:
         self.interval = interval
+        self._warm = warm
         self._on_grace_over = on_grace_over
         self._on_stop = on_stop
         self._on_hand_off = on_hand_off
@@ -342,11 +344,26 @@ class Heartbeater:
         except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
             logger.exception("shutdown step failed; the leases decide what it did not settle")
 
+    def _warm_up(self) -> None:
+        """Open this thread's connection and run `warm` (the commit over no rows) before any
+        work arrives: the drain's first commit then costs what any other does. A failure is only
+        a lost head start -- the first real commit connects again and reports an outage."""
+        if self._warm is None or not self.pipelined:
+            return
+        try:
+            connection.ensure_connection()
+            with bounded("warming the commit connection"):
+                self._warm()
+        except Exception:  # noqa: BLE001  nothing depends on it
+            logger.debug("could not warm the commit connection", exc_info=True)
+            connection.close()
+
     def _run(self) -> None:
         last_beat = time.monotonic()
         failures = OutageLog("heartbeat", logger)
         grace_handled = stop_handled = False
         try:
+            self._warm_up()
             while not self._stop.is_set():
                 self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
                 self._wake.clear()

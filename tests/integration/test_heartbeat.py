@@ -121,3 +121,60 @@ def test_a_short_lease_taken_mid_drain_is_beaten_in_time(make_job):
             assert time.monotonic() < deadline, "no heartbeat for the short lease"
             time.sleep(0.02)
     assert not RejectedWrite.objects.exists()
+
+
+# The commit thread's connection, opened and warmed at the drain's start (its first commit of a
+# drain used to open it: ~10 ms inside a burst, while the runner's next claim waited on it).
+@pytest.mark.django_db(transaction=True)
+def test_the_commit_thread_connects_and_prepares_the_commit_before_any_work(make_job):
+    from django.db import connection
+
+    prepared: list[int] = []
+
+    def warm() -> None:
+        transitions.warm_commit(WORKER)
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                ["%UPDATE jobs_attempt a SET outcome%"],
+            )
+            prepared.append(cur.fetchone()[0])
+
+    job = make_job(state=JobState.QUEUED)
+    with Heartbeater(interval=60, commit=completer.commit, warm=warm):
+        deadline = time.monotonic() + 10
+        while not prepared and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert prepared == [1]  # on the thread's own connection, before any job was held
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.attempt == 0  # the warm-up changed nothing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_warm_up_costs_nothing_but_the_head_start(make_job):
+    fence = running(make_job)
+    before = Job.objects.get(pk=fence.job_id).lease_expires_at
+
+    def warm() -> None:
+        raise RuntimeError("the database said no")
+
+    with Heartbeater(interval=0.05, commit=completer.commit, warm=warm) as beats:
+        held = beats.hold(fence, 120)
+        deadline, beaten = time.monotonic() + 10, False
+        while not beaten and time.monotonic() < deadline:  # the same thread goes on beating
+            beaten = Job.objects.get(pk=fence.job_id).lease_expires_at > before
+            time.sleep(0.02)
+        beats.finished(held, transitions.Claimed(fence, "test.echo", {}, None, None), None)
+        beats.commit_soon()
+    assert beaten
+    assert Job.objects.get(pk=fence.job_id).state == JobState.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_warms_its_commit_thread_for_its_own_worker(monkeypatch):
+    from jobs.worker import runner
+
+    calls: list[str] = []
+    monkeypatch.setattr(transitions, "warm_commit", calls.append)
+    assert runner.drain(budget_seconds=1.0) == 0
+    assert calls == [runner.worker_identity()]

@@ -38,6 +38,7 @@ from jobs.core.transitions.worker import (
     record_lost_heartbeat,
     refresh_limits,
     release,
+    warm_commit,
 )
 
 __all__ = [
@@ -68,4 +69,5 @@ __all__ = [
     "release",
     "requeue",
     "retry_now",
+    "warm_commit",
 ]
