@@ -63,10 +63,10 @@ class Heartbeater:
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
         on_stop: Callable[["Heartbeater"], None] | None = None,
         on_hand_off: Callable[[list[Held]], list[Held]] | None = None,
-        warm: Callable[[], None] | None = None,
+        connect_early: bool = False,
     ) -> None:
         self.interval = interval
-        self._warm = warm
+        self._connect_early = connect_early
         self._on_grace_over = on_grace_over
         self._on_stop = on_stop
         self._on_hand_off = on_hand_off
@@ -344,18 +344,17 @@ class Heartbeater:
         except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
             logger.exception("shutdown step failed; the leases decide what it did not settle")
 
-    def _warm_up(self) -> None:
-        """Open this thread's connection and run `warm` (the commit over no rows) before any
-        work arrives: the drain's first commit then costs what any other does. A failure is only
-        a lost head start -- the first real commit connects again and reports an outage."""
-        if self._warm is None or not self.pipelined:
+    def _connect(self) -> None:
+        """With `connect_early` (a drain's thread, on PostgreSQL): open this thread's connection
+        now, before any work arrives, so that a burst's first commit does not wait ~10 ms for
+        it while the runner's next claim waits on that commit. A failure is only a lost head
+        start: the first beat or commit connects again and reports an outage."""
+        if not self._connect_early or not self.pipelined:
             return
         try:
             connection.ensure_connection()
-            with bounded("warming the commit connection"):
-                self._warm()
         except Exception:  # noqa: BLE001  nothing depends on it
-            logger.debug("could not warm the commit connection", exc_info=True)
+            logger.debug("could not open the commit connection early", exc_info=True)
             connection.close()
 
     def _run(self) -> None:
@@ -363,7 +362,7 @@ class Heartbeater:
         failures = OutageLog("heartbeat", logger)
         grace_handled = stop_handled = False
         try:
-            self._warm_up()
+            self._connect()
             while not self._stop.is_set():
                 self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
                 self._wake.clear()

@@ -123,7 +123,7 @@ def drain(
             _hand_back_at_shutdown,
             _hand_back_unstarted,
             _hand_off_waiting,
-            warm=lambda: transitions.warm_commit(worker),
+            connect_early=True,
         ) as beats:
             while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
                 try:

@@ -123,58 +123,75 @@ def test_a_short_lease_taken_mid_drain_is_beaten_in_time(make_job):
     assert not RejectedWrite.objects.exists()
 
 
-# The commit thread's connection, opened and warmed at the drain's start (its first commit of a
-# drain used to open it: ~10 ms inside a burst, while the runner's next claim waited on it).
-@pytest.mark.django_db(transaction=True)
-def test_the_commit_thread_connects_and_prepares_the_commit_before_any_work(make_job):
+# The commit thread's connection, opened when the drain starts (its first commit of a drain used
+# to open it: ~10 ms inside a burst, while the runner's next claim waited on that commit).
+def _backends() -> int:
     from django.db import connection
 
-    prepared: list[int] = []
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cur.fetchone()[0])
 
-    def warm() -> None:
-        transitions.warm_commit(WORKER)
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-                ["%UPDATE jobs_attempt a SET outcome%"],
-            )
-            prepared.append(cur.fetchone()[0])
 
-    job = make_job(state=JobState.QUEUED)
-    with Heartbeater(interval=60, commit=completer.commit, warm=warm):
-        deadline = time.monotonic() + 10
-        while not prepared and time.monotonic() < deadline:
-            time.sleep(0.01)
-    assert prepared == [1]  # on the thread's own connection, before any job was held
-    job.refresh_from_db()
-    assert job.state == JobState.QUEUED and job.attempt == 0  # the warm-up changed nothing
+def _until(condition, seconds: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_failed_warm_up_costs_nothing_but_the_head_start(make_job):
+def test_the_commit_thread_connects_before_any_work(make_job):
+    job = make_job(state=JobState.QUEUED)
+    before = _backends()
+    with Heartbeater(interval=60, commit=completer.commit, connect_early=True):
+        assert _until(lambda: _backends() == before + 1)  # nothing held, nothing to commit
+    assert _until(lambda: _backends() == before)  # closed with the drain
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.attempt == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_early_connect_costs_nothing_but_the_head_start(make_job, monkeypatch):
+    import threading
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    real = BaseDatabaseWrapper.ensure_connection
+    refused: list[str] = []
+
+    def refuse_the_first(self):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "jobs-heartbeat" and not refused:
+            refused.append("early")
+            raise RuntimeError("the database said no")
+        return real(self)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "ensure_connection", refuse_the_first)
     fence = running(make_job)
     before = Job.objects.get(pk=fence.job_id).lease_expires_at
-
-    def warm() -> None:
-        raise RuntimeError("the database said no")
-
-    with Heartbeater(interval=0.05, commit=completer.commit, warm=warm) as beats:
+    with Heartbeater(interval=0.05, commit=completer.commit, connect_early=True) as beats:
         held = beats.hold(fence, 120)
-        deadline, beaten = time.monotonic() + 10, False
-        while not beaten and time.monotonic() < deadline:  # the same thread goes on beating
-            beaten = Job.objects.get(pk=fence.job_id).lease_expires_at > before
-            time.sleep(0.02)
+        # the same thread goes on beating
+        assert _until(lambda: Job.objects.get(pk=fence.job_id).lease_expires_at > before)
         beats.finished(held, transitions.Claimed(fence, "test.echo", {}, None, None), None)
         beats.commit_soon()
-    assert beaten
+    assert refused == ["early"]
     assert Job.objects.get(pk=fence.job_id).state == JobState.SUCCEEDED
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_drain_warms_its_commit_thread_for_its_own_worker(monkeypatch):
+def test_a_drain_opens_its_commit_connection_early(monkeypatch):
     from jobs.worker import runner
 
-    calls: list[str] = []
-    monkeypatch.setattr(transitions, "warm_commit", calls.append)
+    made: list[bool] = []
+    real_init = Heartbeater.__init__
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(kwargs.get("connect_early", False))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Heartbeater, "__init__", spy)
     assert runner.drain(budget_seconds=1.0) == 0
-    assert calls == [runner.worker_identity()]
+    assert made == [True]

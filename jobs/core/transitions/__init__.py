@@ -38,7 +38,6 @@ from jobs.core.transitions.worker import (
     record_lost_heartbeat,
     refresh_limits,
     release,
-    warm_commit,
 )
 
 __all__ = [
@@ -69,5 +68,4 @@ __all__ = [
     "release",
     "requeue",
     "retry_now",
-    "warm_commit",
 ]

@@ -238,17 +238,6 @@ def commit_many(
     return rejected
 
 
-def warm_commit(worker: str) -> None:
-    """Run the success commit over no rows on this thread's connection, opening it first: a
-    drain's first commit then finds its backend started, its tables open and its statement
-    prepared (cold, it took ~10 ms here, and a runner whose next claim came back meanwhile
-    waited for it). Twice: a hot statement is prepared on its second run (PREPARE_THRESHOLD).
-    Changes nothing."""
-    for _ in range(2):
-        with fenced_statement(), hot_cursor() as cur:
-            driver().commit(cur, worker, [])
-
-
 def commit(fence: Fence, result: Any, result_ref: str = "") -> None:
     """End one attempt as succeeded; raise LeaseLost (recorded) if its fence no longer holds."""
     if commit_many([(fence, result, result_ref)]):
