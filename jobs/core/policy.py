@@ -59,33 +59,31 @@ CLAIM_SHARE = 0.25
 def next_claim_batch(
     current: int, seconds_per_job: float, cap: int, claim_seconds: float = 0.0
 ) -> int:
-    """Batch only quick jobs; drop to one as soon as they are not.
+    """Grow the claim batch while jobs are quick; drop to one as soon as they are not.
 
     Claimed jobs wait in the drain behind each other. Batching only quick jobs keeps that wait
     short, and a slow job never has more than the rest of one quick batch queued behind it,
     while another worker stays free to claim the remaining work (batch-mates that wait behind a
-    handler running long are handed back, jobs.worker.heartbeat.HANDOFF_SECONDS). A drain starts
-    with one job; once the handlers that ran took under FAST_JOB_SECONDS each, the next claim
-    takes SMALL_BATCH.
+    handler running long are handed back, jobs.worker.heartbeat.HANDOFF_SECONDS). Up to
+    SMALL_BATCH the batch doubles while each job takes under FAST_JOB_SECONDS.
 
-    Past SMALL_BATCH the batch is sized where the claim is what costs: as many as make the last
-    claim (`claim_seconds`) CLAIM_SHARE of what their handlers take at this pace, and no more than
-    run within FAST_JOB_SECONDS together; it shrinks back as claims get cheaper. (It used to
-    double towards that size: 1, 2, 4, ..., 64 took six claims, a tenth of a 4,000-job burst on
-    two workers; docs/benchmarks.md.) Under a backlog every claim walks jobs_job_pick_idx from
-    its head, over the entries of the jobs claimed since jobs_job was last vacuumed (a minute of
-    them under a steady stream): there a claim of 8 no-op jobs can cost more than running them.
-    Where claims are cheap the batch stays at SMALL_BATCH, so a slow job that follows quick ones
-    finds at most SMALL_BATCH - 1 batch-mates to hand back.
+    Past SMALL_BATCH it grows only where the claim is what costs: while the last claim
+    (`claim_seconds`) took more than CLAIM_SHARE of what its jobs' handlers took, and no further
+    than the whole batch at this pace running within FAST_JOB_SECONDS; it shrinks back as claims
+    get cheaper. Under a backlog every claim walks jobs_job_pick_idx from its head, over the
+    entries of the jobs claimed since jobs_job was last vacuumed (a minute of them under a
+    steady stream): there a claim of 8 no-op jobs can cost more than running them, and the
+    batch grows until it does not. Where claims are cheap the batch stays at SMALL_BATCH, so a
+    slow job that follows quick ones finds at most SMALL_BATCH - 1 batch-mates to hand back.
     """
     if seconds_per_job >= FAST_JOB_SECONDS:
         return 1
-    wanted = SMALL_BATCH
-    if current >= SMALL_BATCH:
+    wanted = current * 2
+    if wanted > SMALL_BATCH:
         per_job = max(seconds_per_job, 1e-6)
         worth = int(claim_seconds / (CLAIM_SHARE * per_job))
         fits = int(FAST_JOB_SECONDS / per_job)
-        wanted = max(SMALL_BATCH, min(worth, fits))
+        wanted = max(SMALL_BATCH, min(wanted, worth, fits))
     return max(1, min(cap, wanted))
 
 

@@ -63,10 +63,8 @@ class Heartbeater:
         on_grace_over: Callable[["Heartbeater"], None] | None = None,
         on_stop: Callable[["Heartbeater"], None] | None = None,
         on_hand_off: Callable[[list[Held]], list[Held]] | None = None,
-        connect_early: bool = False,
     ) -> None:
         self.interval = interval
-        self._connect_early = connect_early
         self._on_grace_over = on_grace_over
         self._on_stop = on_stop
         self._on_hand_off = on_hand_off
@@ -344,25 +342,11 @@ class Heartbeater:
         except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
             logger.exception("shutdown step failed; the leases decide what it did not settle")
 
-    def _connect(self) -> None:
-        """With `connect_early` (a drain's thread, on PostgreSQL): open this thread's connection
-        now, before any work arrives, so that a burst's first commit does not wait ~10 ms for
-        it while the runner's next claim waits on that commit. A failure is only a lost head
-        start: the first beat or commit connects again and reports an outage."""
-        if not self._connect_early or not self.pipelined:
-            return
-        try:
-            connection.ensure_connection()
-        except Exception:  # noqa: BLE001  nothing depends on it
-            logger.debug("could not open the commit connection early", exc_info=True)
-            connection.close()
-
     def _run(self) -> None:
         last_beat = time.monotonic()
         failures = OutageLog("heartbeat", logger)
         grace_handled = stop_handled = False
         try:
-            self._connect()
             while not self._stop.is_set():
                 self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
                 self._wake.clear()

@@ -123,7 +123,6 @@ def drain(
             _hand_back_at_shutdown,
             _hand_back_unstarted,
             _hand_off_waiting,
-            connect_early=True,
         ) as beats:
             while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
                 try:

@@ -21,9 +21,10 @@ SLOW = 0.2
 
 @override_settings(JOBS={"POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 0.0, "CLAIM_BATCH": 8})
 def test_after_a_batch_of_slow_handlers_the_drain_claims_one_job_at_a_time(monkeypatch):
-    # One quick job first (priority 1) grows the batch to 8, so the second claim takes eight
-    # slow jobs at once.
-    Job.objects.create(kind="test.echo", payload={"n": 0}, priority=1)
+    # Seven quick jobs first (priority 1) grow the batch to 8 (claims of 1, 2 and 4), so the
+    # fourth claim takes eight slow jobs at once.
+    for i in range(7):
+        Job.objects.create(kind="test.echo", payload={"n": i}, priority=1)
     slow = [Job.objects.create(kind="test.script", payload={"seconds": SLOW}) for _ in range(10)]
     claims: list[tuple[int, int]] = []  # (limit asked, jobs claimed)
     real_claim = transitions.claim
@@ -34,10 +35,10 @@ def test_after_a_batch_of_slow_handlers_the_drain_claims_one_job_at_a_time(monke
         return batch
 
     monkeypatch.setattr(transitions, "claim", spy)
-    assert runner.drain(budget_seconds=60.0) == 11
-    assert claims[:2] == [(1, 1), (8, 8)]
+    assert runner.drain(budget_seconds=60.0) == 17
+    assert claims[:4] == [(1, 1), (2, 2), (4, 4), (8, 8)]
     # The slow batch ran one handler and handed seven back: the next claims take one job each.
-    assert {limit for limit, _ in claims[2:]} == {1}, claims
+    assert {limit for limit, _ in claims[4:]} == {1}, claims
     for job in slow:
         job.refresh_from_db()
         assert job.state == "succeeded"
@@ -67,12 +68,12 @@ def _claims_of_a_drain(monkeypatch, jobs: list[Job], claim_delay: float) -> list
 def test_past_eight_the_batch_grows_where_the_claim_costs_more_than_its_quick_jobs(monkeypatch):
     # A claim of 0.1 s for jobs of about a millisecond or less: the claim is what costs, so the
     # drain asks for more than eight jobs per claim (up to 64 where the jobs are quick enough
-    # that 64 of them run within 50 ms) -- at once, from the claim after its first eight.
+    # that 64 of them run within 50 ms).
     jobs = [Job(kind="test.echo", payload={"n": i}) for i in range(300)]
     claims = _claims_of_a_drain(monkeypatch, jobs, claim_delay=0.1)
     limits = [limit for limit, _ in claims]
-    assert limits[:2] == [1, 8]
-    assert limits[2] > 8, claims
+    assert limits[:4] == [1, 2, 4, 8]
+    assert max(limits) > 8, claims
 
 
 @override_settings(JOBS={"POLL_SECONDS": 0.1, "IDLE_WAIT_SECONDS": 0.0, "CLAIM_BATCH": 64})

@@ -62,12 +62,11 @@ def test_heartbeat_beats_at_least_three_times_per_lease():
     assert policy.heartbeat_interval(300.0, JobsSettings(HEARTBEAT_SECONDS=10.0)) == 10.0
 
 
-def test_after_one_quick_job_the_claim_batch_takes_eight_at_once_up_to_the_cap():
+def test_the_claim_batch_doubles_while_jobs_are_quick_up_to_the_cap():
     sizes = [1]
-    for _ in range(3):
+    for _ in range(5):
         sizes.append(policy.next_claim_batch(sizes[-1], 0.001, cap=8))
-    assert sizes == [1, 8, 8, 8]  # not 1, 2, 4, 8: each doubling was a claim of its own
-    assert policy.next_claim_batch(1, 0.001, cap=4) == 4
+    assert sizes == [1, 2, 4, 8, 8, 8]
 
 
 def test_the_claim_batch_drops_to_one_after_a_slow_job():
@@ -93,8 +92,6 @@ def test_past_eight_the_claim_batch_grows_only_while_the_claim_costs_more_than_a
     # 10 ms and 40 ms jobs stay at SMALL_BATCH whatever the claim costs.
     assert settle(0.010, 1.0) == 8
     assert settle(0.040, 1.0) == 8
-    # From eight it goes straight to that size, not by doubling (two claims fewer to 64).
-    assert policy.next_claim_batch(8, 0.0002, cap=64, claim_seconds=0.004) == 64
     # The batch shrinks back as claims get cheaper, never below SMALL_BATCH; a slow job drops it.
     assert policy.next_claim_batch(64, 0.0002, cap=64, claim_seconds=0.001) == 20
     assert policy.next_claim_batch(64, 0.0002, cap=64, claim_seconds=0.0001) == 8
