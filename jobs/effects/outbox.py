@@ -2,8 +2,8 @@
 
 Owns: `ctx.intent(step, target, data)` (kept in memory until the commit, jobs/effects/pending.py),
 what the relay does with one claimed intent, the target registry (the built-in `webhook`,
-jobs/effects/webhook.py), operator retries and the outbox counts /metrics exports. When the relay
-runs, and how many calls at once per target: jobs/effects/relay.py.
+jobs/effects/webhook.py), operator retries (jobs/ops/intents.py), the outbox counts /metrics
+exports. When the relay runs, how many calls at once per target: jobs/effects/relay.py.
 
 An intent becomes a row only inside the fenced commit statement that ends its attempt
 (jobs/core/sql/: inserted by a CTE joined on the committed rows), so a zombie's intents never exist.
@@ -23,10 +23,8 @@ The relay:
 
 Never: performs an intent without holding its current claim; trusts a relay's memory across a
 crash -- the rows decide; deletes an intent (retention keeps a job with an undelivered one).
-An operator's retry of a `failed` intent: jobs/ops/intents.py.
-
-Hazards: a relay stalled past its lease may still call the target after the next relay's
-claim: the target tells them apart by the relay token (the receiver contract, docs/effects.md).
+Hazards: a relay stalled past its lease may still call the target after the next relay's claim:
+the target tells them apart by the relay token (the receiver contract, docs/effects.md).
 """
 
 import inspect
@@ -46,6 +44,7 @@ from jobs.core import bounds
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import InvalidOption
 from jobs.core.sql import IntentRow
+from jobs.core.sql.rows import JSONText
 from jobs.core.states import EventType
 from jobs.effects.keys import checked_step, key_for
 from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
@@ -120,12 +119,14 @@ def _call(c: Claim, target: Any, method: str) -> Any:
 
 
 def intent(step: str, target: str, data: Any, job_id: int) -> IntentRow:
-    """Validate an intent (bounded like a payload) and return the row its commit will insert."""
+    """Validate an intent (bounded like a payload); the row its commit inserts holds the JSON text
+    the check encoded, so what the handler does to `data` afterwards changes nothing recorded."""
     checked_step(step, "intent")
     if get_target(target) is None:
         raise InvalidOption(f"intent(): no outbox target is registered as {target!r:.100}")
-    bounds.json_value(data, min(MAX_INTENT_BYTES, jobs_settings().MAX_PAYLOAD_BYTES), what="intent")
-    return IntentRow(step, key_for(job_id, step), target, data)
+    limit = min(MAX_INTENT_BYTES, jobs_settings().MAX_PAYLOAD_BYTES)
+    text = bounds.json_text(data, limit, "intent")
+    return IntentRow(step, key_for(job_id, step), target, JSONText(text))
 
 
 # -- the relay ----------------------------------------------------------------------------------

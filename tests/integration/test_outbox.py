@@ -15,7 +15,7 @@ import jobs
 from jobs.context import Held, JobContext
 from jobs.core import transitions
 from jobs.effects import outbox, relay
-from jobs.models import Intent
+from jobs.models import Intent, Job
 from jobs.worker.heartbeat import Finished
 from tests.acceptance.cluster import PROJECT_DIR, subprocess_database_url
 from tests.integration.attempts import claim, expire_and_reap
@@ -82,6 +82,55 @@ def test_an_intent_for_an_unknown_target_or_too_large_is_refused_at_the_call():
         running.ctx.intent("publish", "webhook", {"blob": "x" * 70_000})
     with pytest.raises(ValueError):
         running.ctx.intent("bad step", "webhook", {})
+
+
+def test_an_intent_is_the_data_as_it_was_at_the_call():
+    # One dict reused for three intents: each keeps its own value (before, every intent held
+    # the caller's object and was encoded at the commit: all three stored the last value).
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    data = {"url": "http://127.0.0.1:9/hook", "json": None}
+    for n in range(3):
+        data["json"] = {"order": n}
+        running.ctx.intent(f"notify-{n}", "webhook", data)
+    running.commit("ok")
+    assert dict(Intent.objects.values_list("step", "data__json__order")) == {
+        "notify-0": 0,
+        "notify-1": 1,
+        "notify-2": 2,
+    }
+
+
+@pytest.mark.parametrize("spoil", ["not JSON", "past the bound", "nested too deep"])
+def test_data_spoiled_after_the_call_changes_nothing_and_stops_no_batch_mate(spoil):
+    # Before: a set put in after the call raised TypeError out of the batch commit (every job of
+    # the batch left running), deep nesting a RecursionError in the commit thread, and 5 MB
+    # went into the outbox past the 64 KB bound.
+    first, second = jobs.enqueue("test.echo"), jobs.enqueue("test.echo")
+    claimed = transitions.claim(A, limit=2, lease_seconds=30)
+    finished, kept = [], []
+    for c in claimed:
+        held = Held(c.fence, 30)
+        data = {"url": "http://127.0.0.1:9/hook", "json": {"job": c.fence.job_id}}
+        JobContext(held, c.kind, c.payload).intent("publish", "webhook", data)
+        kept.append(data)
+        finished.append(Finished(held, c, None, time.monotonic()))
+    spoilt = kept[0]["json"]
+    if spoil == "not JSON":
+        spoilt["x"] = {1, 2}
+    elif spoil == "past the bound":
+        spoilt["x"] = "x" * (5 * 1024 * 1024)
+    else:
+        for _ in range(100_000):
+            spoilt["n"] = {}
+            spoilt = spoilt["n"]
+    from jobs.worker import completer
+
+    completer.commit(finished)
+    assert set(Job.objects.values_list("state", flat=True)) == {"succeeded"}
+    by_job = dict(Intent.objects.values_list("job_id", "data"))
+    assert by_job[first.pk]["json"] == {"job": first.pk}  # as it was at the call
+    assert by_job[second.pk]["json"] == {"job": second.pk}
 
 
 def _committed_intents(r: Received, n: int) -> list[str]:
