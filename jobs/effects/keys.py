@@ -25,7 +25,11 @@ Durability: the ledger's two transactions commit with `synchronous_commit = off`
 (no WAL flush of their own). Losing them in a database crash can only make a later attempt call
 `fn` again with the same key -- exactly what an effect that never recorded completion does, and
 what the receiver must deduplicate anyway -- and the job's own commit (synchronous, later in the
-same WAL) flushes them before the job can succeed.
+same WAL) flushes them before the job can succeed. Mail is the exception that must not lose its
+row: the row *is* the record of a possible duplicate and dates the Message-ID. So before a mail
+leaves, a synchronous commit follows its `begin` (`_mail_started`: the row marked "mail" on a
+first send, the `mail_resent` event on a resend), and flushes it
+(`test_the_ledger_row_is_on_disk_before_a_mail_leaves_first_send_and_resend`).
 """
 
 import hashlib
@@ -168,6 +172,8 @@ def mail_domain() -> str:
 def _mail_started(ctx: Any, key: str) -> str:
     """Mark the key's row as mail and return its Message-ID; a second send of the key (an earlier
     attempt started it and never recorded completion) is recorded, logged and counted."""
+    # In autocommit, synchronous: on a first send this commit flushes the ledger's `begin` (its
+    # own commit did not) before the mail leaves; on a resend the `mail_resent` event's does.
     IdempotencyKey.objects.filter(key=key).exclude(kind="mail").update(kind="mail")
     row = IdempotencyKey.objects.filter(key=key).values("performs", "created_at").first()
     performs, created = (row["performs"], row["created_at"]) if row else (1, None)

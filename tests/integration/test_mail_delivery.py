@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client
@@ -142,3 +143,51 @@ def test_the_message_id_domain_is_per_install_never_a_shared_constant(settings):
     settings.JOBS_MAIL_DOMAIN = "bad domain>"
     with pytest.raises(InvalidOption):
         keys.mail_domain()
+
+
+# -- the ledger is on disk before a mail leaves --------------------------------------------------
+
+_BEGUN_AT: list[str] = []  # the WAL position right after each ledger `begin`
+_FLUSHED_AT_SEND: list[bool] = []
+
+
+class FlushCheckingBackend(BaseEmailBackend):
+    """At the moment of sending: is everything the last `begin` wrote flushed to disk?"""
+
+    def send_messages(self, email_messages):  # type: ignore[no-untyped-def]
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", [_BEGUN_AT[-1]])
+            _FLUSHED_AT_SEND.append(bool(cur.fetchone()[0]))
+        return len(email_messages)
+
+
+def test_the_ledger_row_is_on_disk_before_a_mail_leaves_first_send_and_resend(
+    settings, monkeypatch
+):
+    # The ledger's own transactions commit without a WAL flush (keys.py, Durability); a mail
+    # must never leave before its ledger row is durable, or a database crash after the send
+    # would lose the record of it: the next attempt would send again unrecorded, under a new
+    # Message-ID. The synchronous writes before the send (the row marked "mail"; a resend's
+    # `mail_resent` event) flush it.
+    settings.MAILERS = {"default": {"BACKEND": f"{__name__}.FlushCheckingBackend"}}
+    real_begin = keys.begin
+
+    def begin(fence, step):  # type: ignore[no-untyped-def]
+        begun = real_begin(fence, step)
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+            _BEGUN_AT.append(cur.fetchone()[0])
+        return begun
+
+    monkeypatch.setattr(keys, "begin", begin)
+    _BEGUN_AT.clear()
+    _FLUSHED_AT_SEND.clear()
+    job = jobs.enqueue("test.echo")
+    first = claim("host-a:1")
+    keys.begin(first.claimed.fence, "notice")  # attempt 1 started the mail, never recorded it
+    expire_and_reap(job.pk)
+    _send(claim("host-b:2").ctx)  # a resend
+    other = jobs.enqueue("test.echo")
+    Job.objects.filter(pk=other.pk).update(run_at=Now())
+    _send(claim("host-a:3").ctx)  # a first send
+    assert _FLUSHED_AT_SEND == [True, True]
