@@ -15,18 +15,32 @@ facts the notice carries (kind, queue, state, created of each changed job), whet
 filter can include one of them; a notice that cannot affect the screen costs no query and no
 render.
 
+A viewer's sockets cannot slow anyone else's: a socket takes at most MESSAGES_BURST messages at
+once and MESSAGES_PER_SECOND after that (a browser sends one per list swap, a human's click) and
+is closed (4429) past that; a message that is not `{"screen": {...}}` JSON closes it (4400); a
+user opens at most MAX_SOCKETS_PER_USER in one process (more are refused at the handshake); and
+the queries and renders run on a pool of threads (`_db`), never queued behind one shared thread
+-- one socket's slow render delays only its own push.
+
 Catch-up: the browser sends the last event id it has seen (`since`). If the database holds newer
 events, the consumer re-renders every live region of the screen at once -- partials render
 current state, so no event is lost however many were missed.
 """
 
 import asyncio
+import contextlib
+import json
+import threading
 import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db import connections
 
 from dashboard import access, broadcast, selectors
 from dashboard.access import can_view
@@ -34,6 +48,37 @@ from dashboard.live import COALESCE_SECONDS, tail
 
 AGGREGATE_SECONDS = 1.0
 PAGES = {"overview", "jobs", "job", "rejected", "workers"}
+MESSAGES_BURST = 10  # messages a socket may send at once ...
+MESSAGES_PER_SECOND = 5.0  # ... and then this many a second
+MAX_SOCKETS_PER_USER = 10  # open at once in one process
+BAD_MESSAGE, TOO_MANY = 4400, 4429  # close codes (4403: access ended)
+
+# user pk -> that user's open sockets in this process (weak: a consumer that died uncleanly
+# frees its place when it is collected).
+_OPEN: dict[Any, "weakref.WeakSet[LiveConsumer]"] = {}
+
+# The sockets' queries and renders: on channels' one shared thread (its default) every socket's
+# waited behind every other socket's. Each of these threads keeps its own connection.
+POOL_THREADS = 4
+_POOL = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="dashboard-db")
+
+
+def _db(fn: Callable[..., Any]) -> Any:
+    return database_sync_to_async(fn, thread_sensitive=False, executor=_POOL)
+
+
+def close_connections() -> None:
+    """Close the database connection of every pool thread (a shutdown, a test's end): each
+    thread takes one of the calls, held at a barrier until all have one."""
+    gate = threading.Barrier(POOL_THREADS)
+
+    def close() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            gate.wait(timeout=5)
+        connections.close_all()
+
+    for done in [_POOL.submit(close) for _ in range(POOL_THREADS)]:
+        done.result(timeout=30)
 
 
 MAX_VISIBLE = 200  # rows a screen shows (a page is 50); more ids from a browser are ignored
@@ -65,9 +110,16 @@ def screen_from(values: dict[str, Any]) -> broadcast.Screen:
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        if not await database_sync_to_async(can_view)(self.scope.get("user")):
+        user = self.scope.get("user")
+        if not await _db(can_view)(user):
             await self.close(code=4403)  # before accept: the handshake is refused (HTTP 403)
             return
+        sockets = _OPEN.setdefault(user.pk, weakref.WeakSet())
+        if len(sockets) >= MAX_SOCKETS_PER_USER:
+            await self.close(code=TOO_MANY)
+            return
+        sockets.add(self)
+        self.tokens, self.tokens_at = float(MESSAGES_BURST), time.monotonic()
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.screen = screen_from(query)
         since = query.get("since", ["0"])[0]
@@ -83,7 +135,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         ]
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
-        latest = self.latest = await database_sync_to_async(selectors.latest_event_id)()
+        latest = self.latest = await _db(selectors.latest_event_id)()
         tail.ensure_started(from_id=latest)
         await self.accept()
         seen = row_id(since)
@@ -94,19 +146,50 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"last_event_id": latest, "swaps": []})
 
     async def disconnect(self, code: int) -> None:
+        user = self.scope.get("user")
+        if user is not None and user.pk in _OPEN:
+            _OPEN[user.pk].discard(self)
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         flushing = getattr(self, "flushing", None)
         if flushing is not None and not flushing.done():
             flushing.cancel()
 
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """Bounded before anything else: the rate (no query, no await), then the shape."""
+        if self.closed:
+            return
+        now = time.monotonic()
+        self.tokens = min(
+            float(MESSAGES_BURST), self.tokens + (now - self.tokens_at) * MESSAGES_PER_SECOND
+        )
+        self.tokens_at = now
+        if self.tokens < 1.0:
+            await self.refuse(TOO_MANY)
+            return
+        self.tokens -= 1.0
+        try:
+            content = json.loads(text_data) if text_data is not None else None
+        except (ValueError, RecursionError):
+            content = None
+        if not isinstance(content, dict) or not isinstance(content.get("screen"), dict):
+            await self.refuse(BAD_MESSAGE)
+            return
+        await self.receive_json(content)
+
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """The browser swapped its list (a filter, another page): follow what it now shows --
         if it may still see anything at all."""
         if not await self.allowed(force=True):
             return
-        if isinstance(content, dict) and "screen" in content:
-            self.screen = screen_from(content["screen"])
+        self.screen = screen_from(content["screen"])
+
+    async def refuse(self, code: int) -> None:
+        """Close on a message this socket should never have sent: nothing more is pushed."""
+        if not self.closed:
+            self.closed = True
+            self.pending = broadcast.Pending()
+            await self.close(code=code)
 
     async def allowed(self, force: bool = False) -> bool:
         """Whether this socket's session and user may still see the dashboard; closes it if
@@ -114,17 +197,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if self.closed:
             return False
         if force or time.monotonic() - self.checked_at >= access.RECHECK_SECONDS:
-            ok = await database_sync_to_async(access.socket_still_allowed)(self.scope)
+            ok = await _db(access.socket_still_allowed)(self.scope)
             self.checked_at = time.monotonic()
             if not ok:
                 await self.revoke()
         return not self.closed
 
     async def revoke(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.pending = broadcast.Pending()
-            await self.close(code=4403)
+        await self.refuse(4403)
 
     async def access_changed(self, message: dict[str, Any]) -> None:
         """dashboard.access says a session ended (named) or the user's access may have changed."""
@@ -163,6 +243,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if not await self.allowed():
             return
         self.last_push = time.monotonic()
-        swaps = await database_sync_to_async(broadcast.render_swaps)(self.screen, pending)
+        swaps = await _db(broadcast.render_swaps)(self.screen, pending)
         if not self.closed:
             await self.send_json({"last_event_id": last_event_id, "swaps": swaps})

@@ -123,3 +123,13 @@ def zombie_story(make_job: Callable[..., Job]) -> Job:
         at=at(7),
     )
     return job
+
+
+@pytest.fixture(autouse=True)
+def close_socket_connections() -> Any:
+    """The live sockets query on dashboard.consumers' own threads, each keeping a connection:
+    closed after each test, so the test database can be dropped at the end."""
+    yield
+    from dashboard import consumers
+
+    consumers.close_connections()

@@ -5,6 +5,7 @@ allowed host."""
 
 import asyncio
 import contextlib
+import threading
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from django.urls import reverse
 
 import jobs
 from config.asgi import application
-from dashboard import access, selectors
+from dashboard import access, broadcast, consumers, selectors
 from dashboard.live import tail
 from jobs.core import transitions
 
@@ -140,6 +141,9 @@ async def test_a_socket_that_keeps_its_access_keeps_receiving(operator: User) ->
     _, communicator, job_id = await opened_on_job(operator)
     await then_the_job_changes()
     message = await communicator.receive_json_from(timeout=10)
+    if "swaps" not in message:  # the claimed job's lease countdown may come first
+        assert set(message) == {"leases"}, message
+        message = await communicator.receive_json_from(timeout=10)
     assert [s["id"] for s in message["swaps"]] == ["job-live"]
     await communicator.disconnect()
 
@@ -194,3 +198,95 @@ async def test_behind_a_tls_proxy_the_https_origin_and_trusted_origins_are_accep
     assert await connects(client, origin="https://console.example.com", **proxied)
     assert not await connects(client, origin="http://ops.example.com", **proxied)
     assert not await connects(client, origin="https://ops.example.com:8443", **proxied)
+
+
+# -- a viewer's sockets cannot slow anyone else's ----------------------------------------------
+
+
+async def test_a_socket_flooding_messages_is_closed_and_the_others_keep_receiving(
+    operator: User,
+) -> None:
+    _, victim, _ = await opened_on_job(operator)
+    _, flood, _ = await opened_on_job(operator)
+    for _ in range(consumers.MESSAGES_BURST + 5):  # faster than any browser
+        await flood.send_json_to({"screen": {"page": "jobs"}})
+    assert await closed_before_any_push(flood) == consumers.TOO_MANY
+    await then_the_job_changes()
+    message = await victim.receive_json_from(timeout=10)
+    while "swaps" not in message:  # a lease countdown may come first
+        message = await victim.receive_json_from(timeout=10)
+    assert [s["id"] for s in message["swaps"]] == ["job-live"]
+    await victim.disconnect()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        {"text_data": "not json"},
+        {"text_data": '"a string"'},
+        {"text_data": '{"screen": "jobs"}'},
+        {"text_data": '{"screen": ["jobs"]}'},
+        {"text_data": "[" * 100_000 + "]" * 100_000},
+        {"bytes_data": b"\x00\x01"},
+    ],
+    ids=["not JSON", "a string", "screen not an object", "screen a list", "deep", "binary"],
+)
+async def test_a_malformed_message_closes_its_socket_with_a_clear_code(
+    operator: User, sent: dict[str, Any]
+) -> None:
+    # Before: each of these raised inside the consumer (close 1011, a traceback in the log).
+    _, communicator, _ = await opened_on_job(operator)
+    if "text_data" in sent:
+        await communicator.send_to(text_data=sent["text_data"])
+    else:
+        await communicator.send_to(bytes_data=sent["bytes_data"])
+    assert await closed_before_any_push(communicator) == consumers.BAD_MESSAGE
+
+
+async def test_a_user_opens_a_bounded_number_of_sockets(operator: User) -> None:
+    client = await sync_to_async(logged_in)(operator)
+    opened = []
+    for _ in range(consumers.MAX_SOCKETS_PER_USER):
+        communicator = socket(client, "page=overview&since=0")
+        assert (await communicator.connect(timeout=5))[0]
+        opened.append(communicator)
+    one_more = socket(client, "page=overview&since=0")
+    connected, code = await one_more.connect(timeout=5)
+    assert (connected, code) == (False, consumers.TOO_MANY)  # refused at the handshake
+    await opened.pop().disconnect()
+    again = socket(client, "page=overview&since=0")
+    assert (await again.connect(timeout=5))[0]  # a place freed
+    for communicator in [*opened, again]:
+        await communicator.disconnect()
+
+
+async def test_a_slow_render_on_one_socket_does_not_hold_up_another_sockets_work(
+    operator: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sockets' queries and renders run on a pool of threads: before, on channels' one
+    shared thread, the second socket could not even connect while the first one's render ran."""
+    gate = threading.Event()
+    real = broadcast.render_swaps
+
+    def render(screen: broadcast.Screen, pending: Any) -> Any:
+        if screen.page == "jobs":
+            gate.wait(20)
+        return real(screen, pending)
+
+    monkeypatch.setattr(broadcast, "render_swaps", render)
+    client = await sync_to_async(logged_in)(operator)
+    slow = socket(client, "page=jobs&since=0")  # its catch-up render starts at once, and hangs
+    assert (await slow.connect(timeout=5))[0]
+    try:
+        _, victim, _ = await opened_on_job(operator)  # connects and says hello meanwhile
+        await then_the_job_changes()
+        message = await victim.receive_json_from(timeout=5)
+        while "swaps" not in message:
+            message = await victim.receive_json_from(timeout=5)
+        assert [s["id"] for s in message["swaps"]] == ["job-live"]
+        assert not gate.is_set()  # the slow render was still running all along
+        await victim.disconnect()
+    finally:
+        gate.set()
+    await slow.receive_json_from(timeout=10)
+    await slow.disconnect()
