@@ -6,6 +6,7 @@ the newest rows, and lease health reads only running jobs (the partial index job
 """
 
 import json
+import math
 import threading
 import time
 from collections import Counter
@@ -58,6 +59,23 @@ HISTORY_EVENTS = 50_000  # sparklines read at most this many of the newest event
 SPARK_MINUTES = 30
 
 
+def _storable_json(value: Any) -> bool:
+    """Whether `jsonb` can hold `value`: no NaN or infinity, no NUL in a key or a string."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, str) and "\x00" in item:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
 def _search(qs: QuerySet[Job], q: str, before: int | None = None) -> QuerySet[Job]:
     return _searched(qs, q, before)[0]
 
@@ -76,9 +94,11 @@ def _searched(qs: QuerySet[Job], q: str, before: int | None) -> tuple[QuerySet[J
     if q.startswith("{") and connection.features.supports_json_field_contains:
         try:
             wanted = json.loads(q)
-        except ValueError:
+        except (ValueError, RecursionError):
             wanted = None
         if isinstance(wanted, dict):
+            if not _storable_json(wanted):  # NaN, 1e999, a NUL: no stored payload holds one
+                return qs.none(), floor
             return qs.filter(pk__gt=floor, payload__contains=wanted), floor
     if connection.vendor == "postgresql" and q.isascii():
         found = _AsciiIContains(Cast("payload", TextField()), f"%{_like_escaped(q)}%")

@@ -5,6 +5,7 @@ view-only base of every record's screen.
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import QuerySet
@@ -59,7 +60,7 @@ class KindFilter(admin.SimpleListFilter):
         return [(k, k) for k in sorted(_handlers)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        return queryset.filter(kind=self.value()) if self.value() else queryset
+        return queryset.filter(kind=_storable(self.value())) if self.value() else queryset
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -74,7 +75,14 @@ class QueueFilter(admin.SimpleListFilter):
         return [(q, q) for q in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+        return queryset.filter(queue=_storable(self.value())) if self.value() else queryset
+
+
+def _storable(value: Any) -> Any:
+    """A filter value PostgreSQL can compare (no NUL), else the admin's "invalid filter" page."""
+    if isinstance(value, str) and "\x00" in value:
+        raise IncorrectLookupParameters(f"a filter value with a NUL byte: {value!r:.80}")
+    return value
 
 
 class ViewOnlyAdmin(admin.ModelAdmin):

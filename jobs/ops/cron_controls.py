@@ -48,9 +48,11 @@ def may_control(user: Any) -> bool:
 def _locked(name: str, user: Any) -> Schedule:
     if not may_control(user):
         raise PermissionError(f"{user} may not change schedules (needs staff and {PERMISSION})")
-    row = Schedule.objects.select_for_update().filter(name=name).first()
+    # A name no schedule can have (PostgreSQL refuses a NUL in text) is simply not one.
+    bad = not isinstance(name, str) or "\x00" in name or len(name) > 1000
+    row = None if bad else Schedule.objects.select_for_update().filter(name=name).first()
     if row is None:
-        raise ScheduleControlError(f"no schedule named {name!r}")
+        raise ScheduleControlError(f"no schedule named {name!r:.200}")
     return row
 
 

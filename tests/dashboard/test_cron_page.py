@@ -200,6 +200,18 @@ def test_a_refused_action_says_why_and_changes_nothing(controller: User) -> None
     assert "refused by enqueue" in page.content.decode() and not Job.objects.exists()
 
 
+@pytest.mark.parametrize("action", ["run", "disable"])
+def test_a_schedule_name_with_a_nul_byte_is_no_schedule_not_an_error(
+    controller: User, action: str
+) -> None:
+    plant()  # before: the lookup of "night\x00ly" was refused by PostgreSQL (a 500)
+    page = client_for(controller).post(
+        reverse("dashboard:cron-action"), {"name": "night\x00ly", "action": action}, follow=True
+    )
+    assert page.status_code == 200 and "no schedule named" in page.content.decode()
+    assert Schedule.objects.get(name="nightly").enabled and not Job.objects.exists()
+
+
 def test_a_hostile_schedule_name_renders_as_text_and_its_buttons_still_work(
     controller: User,
 ) -> None:

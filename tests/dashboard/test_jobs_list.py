@@ -49,6 +49,17 @@ def test_search_finds_a_job_by_id_unique_key_and_payload(
     assert ids_in(operator_client, q='{"n": 3}') == [keyed.pk]
 
 
+@pytest.mark.parametrize(
+    "q", ['{"a": "\\u0000"}', '{"a": NaN}', '{"a": 1e999}', '{"a": -Infinity}']
+)
+def test_a_json_search_no_payload_can_hold_matches_nothing_and_errs_nowhere(
+    operator_client: Client, make_job: Callable[..., Job], q: str
+) -> None:
+    # Before: PostgreSQL refused the containment query (a NUL, NaN or an infinity in jsonb): 500.
+    make_job(payload={"a": 1})
+    assert ids_in(operator_client, q=q) == []
+
+
 def test_filters_by_created_time_range(
     operator_client: Client, make_job: Callable[..., Job]
 ) -> None:

@@ -200,3 +200,12 @@ def test_django_q2_failures_cannot_be_resubmitted(admin_client):
 def test_operations_tables_are_listed_read_only(admin_client, model):
     assert admin_client.get(f"/admin/jobs/{model}/").status_code == 200
     assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
+
+
+@pytest.mark.parametrize("param", ["kind", "queue"])
+def test_a_list_filter_value_with_a_nul_byte_is_an_invalid_filter_not_an_error(
+    admin_client, zombie_job, param
+):
+    # Before: the filter reached PostgreSQL, which refuses a NUL in text (a 500).
+    response = admin_client.get("/admin/jobs/job/", {param: "a\x00b"})
+    assert response.status_code == 302 and response["Location"].endswith("?e=1")
