@@ -6,9 +6,10 @@ COALESCE_SECONDS (overview and workers: per AGGREGATE_SECONDS, their queries are
 Never: queries or renders itself (broadcast.render_swaps does, in a worker thread) or writes.
 
 Access is re-checked while the socket lives (dashboard.access.socket_still_allowed: session and
-user read afresh): on every message from the browser, before a push when the last check is older
-than RECHECK_SECONDS, and at once when dashboard.access signals that the user's session ended or
-access changed. A socket that lost access is closed (4403) and sends nothing more.
+user read afresh): before the first push after a message from the browser, before a push when the
+last check is older than RECHECK_SECONDS, and at once when dashboard.access signals that the
+user's session ended or access changed. A socket that lost access is closed (4403) and sends
+nothing more.
 
 Renders only what a notice can change: `broadcast.affects` decides in this process, from the
 facts the notice carries (kind, queue, state, created of each changed job), whether the screen's
@@ -39,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import connections
 
@@ -165,31 +167,34 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         )
         self.tokens_at = now
         if self.tokens < 1.0:
-            await self.refuse(TOO_MANY)
-            return
+            await self.refuse(TOO_MANY, stop=True)
         self.tokens -= 1.0
         try:
             content = json.loads(text_data) if text_data is not None else None
         except (ValueError, RecursionError):
             content = None
         if not isinstance(content, dict) or not isinstance(content.get("screen"), dict):
-            await self.refuse(BAD_MESSAGE)
-            return
+            await self.refuse(BAD_MESSAGE, stop=True)
         await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The browser swapped its list (a filter, another page): follow what it now shows --
-        if it may still see anything at all."""
-        if not await self.allowed(force=True):
-            return
+        """The browser swapped its list (a filter, another page): follow what it now shows. No
+        query here (a message costs microseconds, so a flood reaches its limit at once): access
+        is read afresh before the next push, whatever this message asked for."""
         self.screen = screen_from(content["screen"])
+        self.checked_at = float("-inf")
 
-    async def refuse(self, code: int) -> None:
-        """Close on a message this socket should never have sent: nothing more is pushed."""
+    async def refuse(self, code: int, stop: bool = False) -> None:
+        """Close: nothing more is pushed. With `stop` (a message this socket should never have
+        sent) the consumer ends at once, so whatever else the client has queued is dropped
+        unread, not handled one by one until the server has dropped the connection."""
         if not self.closed:
             self.closed = True
             self.pending = broadcast.Pending()
             await self.close(code=code)
+        if stop:
+            await self.disconnect(code)
+            raise StopConsumer()
 
     async def allowed(self, force: bool = False) -> bool:
         """Whether this socket's session and user may still see the dashboard; closes it if

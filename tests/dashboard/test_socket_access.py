@@ -114,8 +114,9 @@ async def test_the_operators_group_losing_its_permission_closes_its_sockets(
 
 
 async def test_a_socket_whose_session_is_gone_cannot_re_point_itself(operator: User) -> None:
-    """No signal here (the session row just vanishes, as an expired one does): the re-check on
-    every message from the browser refuses the new screen and closes the socket."""
+    """No signal here (the session row just vanishes, as an expired one does): the re-check
+    before the first push after a message from the browser refuses the new screen and closes
+    the socket."""
     client, communicator, _ = await opened_on_job(operator)
     other = await sync_to_async(jobs.enqueue)("test.echo", {"secret": "other"})
     key = client.cookies["sessionid"].value
