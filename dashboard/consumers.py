@@ -149,8 +149,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         user = self.scope.get("user")
-        if user is not None and user.pk in _OPEN:
-            _OPEN[user.pk].discard(self)
+        sockets = _OPEN.get(getattr(user, "pk", None))
+        if sockets is not None:
+            sockets.discard(self)
+            if not sockets:  # no entry kept per user who ever connected
+                _OPEN.pop(user.pk, None)  # type: ignore[union-attr]
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         flushing = getattr(self, "flushing", None)
