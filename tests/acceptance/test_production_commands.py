@@ -1,6 +1,6 @@
 """The production commands of docs/operations.md ("Running it in production"), run as a new user
 would: from a shell where `.venv` is not activated (its bin/ is not on PATH), against the test
-database -- migrate, collectstatic, a `qcluster` that runs a job, and daphne serving the
+database -- migrate, collectstatic, a `qcluster` that runs a job, and uvicorn serving the
 dashboard (and htmx from django-htmx)."""
 
 import os
@@ -65,8 +65,9 @@ def test_the_production_commands_work_without_an_activated_venv(tmp_path: Path):
         "JOBS_LOG_LEVEL": "INFO",
     }
     port = free_port()
-    migrate, collectstatic, qcluster, daphne = production_commands()
-    daphne = daphne.replace("-b 0.0.0.0 -p 8000", f"-b 127.0.0.1 -p {port}")
+    migrate, collectstatic, qcluster, web = production_commands()
+    assert "--host 0.0.0.0 --port 8000" in web, web
+    web = web.replace("--host 0.0.0.0 --port 8000", f"--host 127.0.0.1 --port {port}")
     for command in (migrate, collectstatic):
         done = subprocess.run(
             shlex.split(command), cwd=PROJECT_DIR, env=env, capture_output=True, timeout=120
@@ -83,7 +84,7 @@ def test_the_production_commands_work_without_an_activated_venv(tmp_path: Path):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        for name, command in (("qcluster", qcluster), ("daphne", daphne))
+        for name, command in (("qcluster", qcluster), ("web", web))
     ]
     try:
         job = enqueue("test.echo", {"from": "docs/operations.md"})
@@ -96,7 +97,7 @@ def test_the_production_commands_work_without_an_activated_venv(tmp_path: Path):
                 break
             except OSError:  # not listening yet
                 time.sleep(0.1)  # the poll interval of a deadline-bound wait
-        assert status == 200, (tmp_path / "daphne.log").read_text()
+        assert status == 200, (tmp_path / "web.log").read_text()
         assert "csrfmiddlewaretoken" in page
         # htmx as the dashboard's pages load it ({% htmx_script %}): django-htmx's own copy.
         tag = Template("{% load django_htmx %}{% htmx_script %}").render(Context())

@@ -1,5 +1,6 @@
-"""Real-browser fixtures: Debian's Chromium driven by Playwright, against a daphne (ASGI) server
-and, where a test needs workers, real qcluster processes -- all on the pytest test database.
+"""Real-browser fixtures: Debian's Chromium driven by Playwright, against the production ASGI server
+(uvicorn) and, where a test needs workers, real qcluster processes -- all on the pytest test
+database.
 
 Never downloads a browser (`playwright install` is never run): Chromium comes from Debian
 (`bin/test` installs it when missing); if it truly cannot be found the tests skip, saying why.
@@ -91,19 +92,20 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited: {log.read_text(errors='replace')}")
+            raise RuntimeError(f"the web server exited: {log.read_text(errors='replace')}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.05)  # poll interval of a deadline-bound wait for the server to listen
-    raise RuntimeError(f"daphne did not listen on {port}: {log.read_text(errors='replace')}")
+    raise RuntimeError(f"the server did not listen on {port}: {log.read_text(errors='replace')}")
 
 
 @pytest.fixture
 def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
-    """A daphne process serving config.asgi on the test database; yields its base URL."""
+    """The production web server (uvicorn with config.websocket's protocol, as docs/operations.md
+    runs it) serving config.asgi on the test database; yields its base URL."""
     port = _free_port()
-    log = tmp_path / "daphne.log"
+    log = tmp_path / "web.log"
     env = {
         **{k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"},
         "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -117,11 +119,15 @@ def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
             [
                 sys.executable,
                 "-m",
-                "daphne",
-                "-b",
+                "uvicorn",
+                "--host",
                 "127.0.0.1",
-                "-p",
+                "--port",
                 str(port),
+                "--lifespan",
+                "off",
+                "--ws",
+                "config.websocket:BoundedWebSocketProtocol",
                 "config.asgi:application",
             ],
             cwd=PROJECT_DIR,

@@ -2,7 +2,7 @@
 and cron"), which waits while a box of the page has the focus so a limit being typed is not
 wiped -- in Chromium, against the server's real poll.
 
-The period is dashboard.operate.POLL_SECONDS, a constant of the daphne process (no setting
+The period is dashboard.operate.POLL_SECONDS, a constant of the web server process (no setting
 shortens it), so each test takes a few poll periods of wall time; every wait has a deadline.
 """
 
