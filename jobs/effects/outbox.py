@@ -144,6 +144,18 @@ def backoff(failures: int) -> float:
     return min(BACKOFF_FIRST * 2 ** min(max(failures - 1, 0), 30), BACKOFF_CAP)
 
 
+def _outside(full: list[str]) -> Q:
+    """`lane NOT IN full`, spelled as ranges around each full lane: a range is what the index of
+    open intents' lanes (jobs_intent_open_lane_idx) can serve, `<>` is not. A hanging receiver's
+    backlog is then skipped in the index rather than walked row by row on every pump (20,000
+    queued: 5 pages, not 1,800; test_a_full_lanes_backlog_costs_the_claim_nothing).
+    Equal to `<>`: the column has a deterministic collation, so `<` or `>` is exactly not equal."""
+    outside = Q()
+    for lane in full:
+        outside &= Q(lane__lt=lane) | Q(lane__gt=lane)
+    return outside
+
+
 def claim(
     relay: str,
     limit: int = RELAY_BATCH,
@@ -164,7 +176,7 @@ def claim(
         if per_lane is not None:
             full = [k for k, n in taken.items() if n >= per_lane]
             if full:
-                rows = rows.exclude(lane__in=full)
+                rows = rows.filter(_outside(full))
         candidates = rows.order_by("next_try_at", "id").values_list("id", "lane")
         ids: list[int] = []
         for pk, lane in candidates[: limit * (4 if per_lane is not None else 1)]:

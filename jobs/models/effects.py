@@ -190,6 +190,12 @@ class Intent(models.Model):
                 condition=Q(state__in=["pending", "performing"]),
                 name="jobs_intent_open_idx",
             ),
+            # The relay's claim leaves a full lane out by ranges around it (jobs.effects.outbox).
+            models.Index(
+                fields=["lane"],
+                condition=Q(state__in=["pending", "performing"]),
+                name="jobs_intent_open_lane_idx",
+            ),
         ]
         ordering = ["job_id", "id"]
 
