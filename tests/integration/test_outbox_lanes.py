@@ -68,7 +68,7 @@ class _HangingOnOneHost:
         self.performed: list[str] = []
 
     def perform(self, key: str, data: Any, token: int) -> None:
-        if urlsplit(data["url"]).hostname == self.host:
+        if (urlsplit(data["url"]).hostname or "").rstrip(".") == self.host:
             with self.lock:
                 self.hanging += 1
             self.release.wait(30)
