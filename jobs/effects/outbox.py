@@ -40,7 +40,7 @@ from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
-from jobs.core import bounds
+from jobs.core import bounds, lanes
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import InvalidOption
 from jobs.core.sql import IntentRow
@@ -80,6 +80,7 @@ class Claim:
     key: str
     target: str
     data: Any
+    lane: str  # as stored (jobs.core.lanes): what the relay counts calls in flight by
     token: int  # the relay's fencing token: Intent.claims after this claim
     performs: int
     failures: int
@@ -126,7 +127,8 @@ def intent(step: str, target: str, data: Any, job_id: int) -> IntentRow:
         raise InvalidOption(f"intent(): no outbox target is registered as {target!r:.100}")
     limit = min(MAX_INTENT_BYTES, jobs_settings().MAX_PAYLOAD_BYTES)
     text = bounds.json_text(data, limit, "intent")
-    return IntentRow(step, key_for(job_id, step), target, JSONText(text))
+    # The lane, named now from the data just encoded (it never raises: a bad URL is a lane too).
+    return IntentRow(step, key_for(job_id, step), target, JSONText(text), lanes.lane(target, data))
 
 
 # -- the relay ----------------------------------------------------------------------------------
@@ -142,28 +144,16 @@ def backoff(failures: int) -> float:
     return min(BACKOFF_FIRST * 2 ** min(max(failures - 1, 0), 30), BACKOFF_CAP)
 
 
-Lane = tuple[str, str]  # (target, the origin of data["url"] or "")
-ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
-
-
-def lane(target: str, data: Any) -> Lane:
-    """What a hanging downstream blocks: the target and, when the data names a URL, its origin
-    (two webhook receivers are two lanes; one that hangs fills only its own)."""
-    url = data.get("url") if isinstance(data, dict) else None
-    found = ORIGIN.match(url) if isinstance(url, str) else None
-    return target, found.group(0) if found else ""
-
-
-def _lane_q(full: Lane) -> Q:
-    target, origin = full
-    if not origin:
-        return Q(target=target)
-    return Q(target=target, data__has_key="url") & (  # has_key: never NOT (NULL) for a row
-        Q(data__url=origin)
-        | Q(data__url__startswith=origin + "/")
-        | Q(data__url__startswith=origin + "?")
-        | Q(data__url__startswith=origin + "#")
-    )
+def _outside(full: list[str]) -> Q:
+    """`lane NOT IN full`, spelled as ranges around each full lane: a range is what the index of
+    open intents' lanes (jobs_intent_open_lane_idx) can serve, `<>` is not. A hanging receiver's
+    backlog is then skipped in the index rather than walked row by row on every pump (20,000
+    queued: 5 pages, not 1,800; test_a_full_lanes_backlog_costs_the_claim_nothing).
+    Equal to `<>`: the column has a deterministic collation, so `<` or `>` is exactly not equal."""
+    outside = Q()
+    for lane in full:
+        outside &= Q(lane__lt=lane) | Q(lane__gt=lane)
+    return outside
 
 
 def claim(
@@ -171,10 +161,11 @@ def claim(
     limit: int = RELAY_BATCH,
     lease_seconds: float = RELAY_LEASE_SECONDS,
     per_lane: int | None = None,
-    busy: Mapping[Lane, int] | None = None,
+    busy: Mapping[str, int] | None = None,
 ) -> list[Claim]:
     """Claim up to `limit` due intents; with `per_lane`, at most that many per lane counting the
-    `busy` calls this relay already has in flight (a full lane's intents are not even read)."""
+    `busy` calls this relay already has in flight (a full lane's intents are not even read).
+    Lanes are the stored `Intent.lane` (jobs.core.lanes), compared by equality."""
     due = Q(state=Intent.State.PENDING, next_try_at__lte=Now()) | Q(
         state=Intent.State.PERFORMING, lease_expires_at__lt=Now()
     )
@@ -183,15 +174,16 @@ def claim(
         # SKIP LOCKED: two relays take disjoint rows; a row is claimed by bumping its token.
         rows = Intent.objects.select_for_update(skip_locked=True).filter(due)
         if per_lane is not None:
-            for full in [k for k, n in taken.items() if n >= per_lane]:
-                rows = rows.exclude(_lane_q(full))
-        candidates = rows.order_by("next_try_at", "id").values_list("id", "target", "data")
+            full = [k for k, n in taken.items() if n >= per_lane]
+            if full:
+                rows = rows.filter(_outside(full))
+        candidates = rows.order_by("next_try_at", "id").values_list("id", "lane")
         ids: list[int] = []
-        for pk, target, data in candidates[: limit * (4 if per_lane is not None else 1)]:
+        for pk, lane in candidates[: limit * (4 if per_lane is not None else 1)]:
             if per_lane is not None:
-                if taken[lane(target, data)] >= per_lane:
+                if taken[lane] >= per_lane:
                     continue
-                taken[lane(target, data)] += 1
+                taken[lane] += 1
             ids.append(pk)
             if len(ids) >= limit:
                 break
@@ -211,6 +203,7 @@ def claim(
                 r.key,
                 r.target,
                 r.data,
+                r.lane,
                 r.claims,
                 r.performs,
                 r.failures,

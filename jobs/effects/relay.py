@@ -1,8 +1,9 @@
 """The embedded relay: calls in flight per target, so one dead target delays only its own intents.
 
-Owns: how many outbox calls run at once -- at most PER_LANE per lane (a target, and the origin of
-the URL its data names: two webhook receivers are two lanes) and THREADS in all, each on a daemon
-thread of its own with its own database connection -- and claiming only what free slots allow
+Owns: how many outbox calls run at once -- at most PER_LANE per lane (a target, and the normalised
+origin of the URL its data names, jobs/core/lanes.py: two webhook receivers are two lanes;
+http://h, HTTP://h and http://user@h:80 are one) and THREADS in all, each on a daemon thread of its
+own with its own database connection -- and claiming only what free slots allow
 (jobs.effects.outbox.claim with `per_lane`). `pump()` claims and hands off; it
 never waits for a call, so a lane that hangs holds its own slots until its call's total
 deadline (jobs/effects/webhook.py), while every other target's intents are claimed and delivered.
@@ -43,9 +44,9 @@ class Relay:
         self.lease_seconds = lease_seconds
         self.freed = threading.Event()  # set whenever a call ends: a slot may be free
         self._lock = threading.Lock()
-        self._busy: Counter[outbox.Lane] = Counter()
+        self._busy: Counter[str] = Counter()  # calls in flight by lane, as the rows store it
 
-    def in_flight(self) -> dict[outbox.Lane, int]:
+    def in_flight(self) -> dict[str, int]:
         with self._lock:
             return {t: n for t, n in self._busy.items() if n}
 
@@ -61,7 +62,7 @@ class Relay:
         )
         for c in claims:
             with self._lock:
-                self._busy[outbox.lane(c.target, c.data)] += 1
+                self._busy[c.lane] += 1
             threading.Thread(
                 target=self._handle, args=(c,), name=f"jobs-relay-{c.id}", daemon=True
             ).start()
@@ -84,5 +85,5 @@ class Relay:
         finally:
             connection.close()  # this pool thread's own connection: never left open
             with self._lock:
-                self._busy[outbox.lane(c.target, c.data)] -= 1
+                self._busy[c.lane] -= 1
             self.freed.set()

@@ -5,10 +5,14 @@ Owns: schema and constraints. Never: writes -- jobs/effects does, each write fen
 presenting attempt.
 """
 
+from collections.abc import Iterable
+from typing import Any
+
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from jobs.core import lanes
 from jobs.models.checks import OneOf
 from jobs.models.job import Job
 
@@ -105,6 +109,15 @@ class StagedOutput(models.Model):
         return self.path
 
 
+class IntentQuerySet(models.QuerySet["Intent"]):
+    def bulk_create(  # type: ignore[override]  # the stubs' signature, loosened
+        self, objs: Iterable["Intent"], *args: Any, **kwargs: Any
+    ) -> Any:
+        """Rows planted through the ORM get their lane as the commit would name it."""
+        planted: Any = [obj.with_lane() for obj in objs]
+        return super().bulk_create(planted, *args, **kwargs)
+
+
 class Intent(models.Model):
     """An outbox row: written only by the fenced commit that ends its attempt
     (jobs/effects/outbox.py).
@@ -113,6 +126,11 @@ class Intent(models.Model):
     token), performs it through its target, and marks it done fenced by that token.
     `outcome_unknown` is set before every call and cleared only by a known answer: while it is
     set the intent is reconciled, never performed again on the relay's own judgement.
+
+    `lane` (jobs.core.lanes) is what the relay bounds calls in flight by; the commit statements
+    store it, and a row planted through the ORM (`create`, `bulk_create`) gets it from its target
+    and data here. The database's default '' is only for a row an older release inserts while an
+    upgrade rolls out (0024 fills the rows it finds): such rows share one lane, ''.
     """
 
     class State(models.TextChoices):
@@ -126,6 +144,13 @@ class Intent(models.Model):
     step = models.CharField(max_length=100)
     key = models.CharField(max_length=140, help_text='"<job_id>:<step>"')
     target = models.CharField(max_length=100)
+    lane = models.CharField(
+        max_length=lanes.MAX_LANE,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="the target, with the normalised origin of data['url'] (jobs.core.lanes)",
+    )
     data = models.JSONField(default=dict, blank=True)
     state = models.CharField(
         max_length=16, choices=State.choices, default=State.PENDING, db_default=State.PENDING
@@ -149,6 +174,8 @@ class Intent(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     done_at = models.DateTimeField(null=True, blank=True)
 
+    objects = IntentQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["job", "step"], name="jobs_intent_job_step_uniq"),
@@ -163,11 +190,26 @@ class Intent(models.Model):
                 condition=Q(state__in=["pending", "performing"]),
                 name="jobs_intent_open_idx",
             ),
+            # The relay's claim leaves a full lane out by ranges around it (jobs.effects.outbox).
+            models.Index(
+                fields=["lane"],
+                condition=Q(state__in=["pending", "performing"]),
+                name="jobs_intent_open_lane_idx",
+            ),
         ]
         ordering = ["job_id", "id"]
 
     def __str__(self) -> str:
         return f"{self.key} -> {self.target} ({self.state})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.with_lane()
+        super().save(*args, **kwargs)
+
+    def with_lane(self) -> "Intent":
+        if not self.lane:
+            self.lane = lanes.lane(self.target, self.data)
+        return self
 
 
 class FencedRow(models.Model):

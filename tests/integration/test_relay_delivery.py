@@ -23,6 +23,7 @@ from django.db import connection
 from django.utils import timezone
 
 import jobs
+from jobs.core import lanes
 from jobs.core.conf import jobs_settings
 from jobs.effects import outbox
 from jobs.effects.webhook import OutcomeUnknown, WebhookTarget
@@ -249,7 +250,7 @@ def test_a_full_lane_is_left_out_of_the_claim_however_many_intents_it_has_queued
                data={"url": f"{healthy}/hook"})
     )  # fmt: skip
     Intent.objects.bulk_create(rows)
-    busy = {("webhook", dead): 2}  # this relay already has the dead lane's two calls in flight
+    busy = {f"webhook {dead}": 2}  # this relay already has the dead lane's two calls in flight
     (taken,) = outbox.claim("relay-a", limit=2, per_lane=2, busy=busy)
     assert taken.key == f"{job.pk}:h"
-    assert outbox.lane("webhook", {"url": f"{dead}/x"}) == ("webhook", dead)
+    assert lanes.lane("webhook", {"url": f"{dead}/x"}) == f"webhook {dead}"

@@ -22,15 +22,17 @@ def intents_cte(rows: Any, params: dict[str, Any]) -> str:
             "n_steps": [intent.step for _, _, intent in flat],
             "n_keys": [intent.key for _, _, intent in flat],
             "n_targets": [intent.target for _, _, intent in flat],
+            "n_lanes": [intent.lane for _, _, intent in flat],
             "n_data": [dumps(intent.data) for _, _, intent in flat],
         }
     )
     return """, intents AS (
-                INSERT INTO jobs_intent (job_id, attempt, step, key, target, data)
-                SELECT iv.id, iv.attempt, iv.step, iv.key, iv.target, iv.data::jsonb
+                INSERT INTO jobs_intent (job_id, attempt, step, key, target, lane, data)
+                SELECT iv.id, iv.attempt, iv.step, iv.key, iv.target, iv.lane, iv.data::jsonb
                   FROM unnest(%(n_ids)s::bigint[], %(n_attempts)s::int[], %(n_steps)s::text[],
-                              %(n_keys)s::text[], %(n_targets)s::text[], %(n_data)s::text[])
-                       AS iv(id, attempt, step, key, target, data)
+                              %(n_keys)s::text[], %(n_targets)s::text[], %(n_lanes)s::text[],
+                              %(n_data)s::text[])
+                       AS iv(id, attempt, step, key, target, lane, data)
                   JOIN done ON done.id = iv.id AND done.attempt = iv.attempt
                 ON CONFLICT (job_id, step) DO NOTHING
             )"""

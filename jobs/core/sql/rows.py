@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from jobs.core import lanes
+
 # The row types built once per job on the drain's path (a claim's rows, a commit's) are named
 # tuples: immutable like the frozen dataclasses beside them, built in a third of the time (a
 # frozen dataclass sets each field through object.__setattr__).
@@ -33,12 +35,21 @@ class JSONText(str):
 
 @dataclass(frozen=True)
 class IntentRow:
-    """An outbox intent riding on its attempt's commit (jobs/effects/outbox.py)."""
+    """An outbox intent riding on its attempt's commit (jobs/effects/outbox.py).
+
+    `lane` (jobs.core.lanes) is named when the intent is recorded, from the data as it was then;
+    a row built without one names it here, from `data` (decoded if it is JSONText)."""
 
     step: str
     key: str
     target: str
     data: Any
+    lane: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.lane:
+            data = json.loads(self.data) if isinstance(self.data, JSONText) else self.data
+            object.__setattr__(self, "lane", lanes.lane(self.target, data))
 
 
 class CommitRow(NamedTuple):

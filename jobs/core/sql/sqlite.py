@@ -120,8 +120,9 @@ class SqliteDriver(Driver):
             self.insert_event(cur, r.id, r.attempt, EventType.SUCCEEDED, worker, "{}")
             for intent in r.intents:  # only for a row that committed: a zombie's never exist
                 cur.execute(
-                    "INSERT INTO jobs_intent (job_id, attempt, step, key, target, data) "
-                    "VALUES (%(id)s, %(attempt)s, %(step)s, %(key)s, %(target)s, %(data)s) "
+                    "INSERT INTO jobs_intent (job_id, attempt, step, key, target, lane, data) "
+                    "VALUES (%(id)s, %(attempt)s, %(step)s, %(key)s, %(target)s, %(lane)s, "
+                    "%(data)s) "
                     "ON CONFLICT (job_id, step) DO NOTHING",
                     {
                         "id": r.id,
@@ -129,6 +130,7 @@ class SqliteDriver(Driver):
                         "step": intent.step,
                         "key": intent.key,
                         "target": intent.target,
+                        "lane": intent.lane,
                         "data": dumps(intent.data),
                     },
                 )
