@@ -118,6 +118,11 @@ class PalisadeBackend(BaseTaskBackend):
             args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"task arguments must be JSON: {exc}") from None
+        except RecursionError:  # normalize_json recurses: nested past Python's limit, or a cycle
+            depth = bounds.JSON_DEPTH
+            raise InvalidPayload(
+                f"task arguments are nested deeper than {depth} levels (or hold a cycle)"
+            ) from None
         lease_seconds, max_attempts, unique_key, _ = _options(task)
         if callable(unique_key):
             unique_key = unique_key(args, kwargs)

@@ -118,6 +118,25 @@ def test_arguments_must_be_json_and_are_bounded_like_a_payload(settings):
     assert Job.objects.count() == 0
 
 
+def _deep(depth):
+    value = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_arguments_nested_past_the_recursion_limit_or_cyclic_are_an_invalid_payload():
+    # Before: Django's normalize_json recursed and raised RecursionError, not InvalidPayload.
+    cycle: list = []
+    cycle.append(cycle)
+    for args, kwargs in [((_deep(5000),), {}), ((), {"deep": _deep(5000)}), ((cycle,), {})]:
+        with pytest.raises(jobs.InvalidPayload, match="nested deeper than 64 levels"):
+            tasks.add.enqueue(*args, **kwargs)
+    with pytest.raises(jobs.InvalidPayload, match="nested deeper than 64 levels"):
+        tasks.add.enqueue(_deep(100), 1)  # within Python's limit: the payload bound says so
+    assert Job.objects.count() == 0
+
+
 def test_tuples_and_bytes_are_normalised_as_django_does():
     result = tasks.add.enqueue((1, 2), b"3")
     assert result.args == [[1, 2], "3"]
