@@ -14,11 +14,12 @@ registry, so the worker needs no knowledge of django.tasks.
 
 from jobs.tasks.backend import PalisadeBackend, PalisadeTask
 from jobs.tasks.execution import PalisadeTaskContext, job_context
-from jobs.tasks.results import AttemptFailed, LeaseExpired, TaskCancelled
+from jobs.tasks.results import AttemptFailed, LeaseExpired, MalformedTask, TaskCancelled
 
 __all__ = [
     "AttemptFailed",
     "LeaseExpired",
+    "MalformedTask",
     "PalisadeBackend",
     "PalisadeTask",
     "PalisadeTaskContext",

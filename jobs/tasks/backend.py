@@ -176,7 +176,8 @@ class PalisadeBackend(BaseTaskBackend):
         return messages
 
     def get_result(self, result_id: Any) -> TaskResult:
-        """The task's result as the job tables say now; TaskResultDoesNotExist otherwise."""
+        """The task's result as the job tables say now; TaskResultDoesNotExist otherwise (its
+        subclass jobs.tasks.MalformedTask for a task's row whose payload is not a task's)."""
         try:
             job_id = int(result_id)
         except (TypeError, ValueError):
@@ -186,8 +187,9 @@ class PalisadeBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         job, attempts = read
         task = execution.task_for(job["kind"])
-        payload = job["payload"] if isinstance(job["payload"], dict) else {}
-        if task is None or payload.get("backend") != self.alias:
+        # A row of a task's kind whose payload is not a task's: results.MalformedTask, a
+        # TaskResultDoesNotExist naming what is wrong (never a TypeError from deep inside).
+        if task is None or results.task_payload(job).backend != self.alias:
             raise TaskResultDoesNotExist(f"job {job_id} is not a task of backend {self.alias!r}")
         return results.build(task, job, attempts)
 

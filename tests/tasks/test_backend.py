@@ -11,7 +11,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 import jobs
 from jobs.core import registry
 from jobs.models import Job
-from jobs.tasks import PalisadeBackend, PalisadeTask
+from jobs.tasks import MalformedTask, PalisadeBackend, PalisadeTask
 from tests.app import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -218,6 +218,28 @@ def test_get_result_refuses_a_plain_job_that_is_not_a_task():
     job = jobs.enqueue("test.echo", {"n": 1})
     with pytest.raises(TaskResultDoesNotExist, match="not a task"):
         default_task_backend.get_result(str(job.pk))
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ({"backend": "default", "args": 5}, "args is int, not a list"),
+        ({"backend": "default", "kwargs": [["a", 1]]}, "kwargs is list, not an object"),
+        ({"backend": "default", "run_after": "not a date"}, "'not a date' is not an aware ISO"),
+        ({"backend": "default", "run_after": "2026-12-01T10:00:00"}, "is not an aware ISO"),
+        ({"backend": "default", "run_after": 5}, "run_after is int"),
+        ({"backend": 5}, "backend is int, not text"),
+        ([1, 2], "its payload is list, not an object"),
+    ],
+)
+def test_get_result_of_a_task_row_whose_payload_is_not_a_tasks_says_why(payload, reason):
+    # Before: a TypeError or ValueError from deep inside (a 500 in any view that reads it).
+    job = jobs.enqueue(tasks.add.module_path, payload)
+    for read in (default_task_backend.get_result, tasks.add.get_result):
+        with pytest.raises(MalformedTask, match=reason) as refused:
+            read(str(job.pk))
+        assert isinstance(refused.value, TaskResultDoesNotExist)  # Django's contract
+        assert f"job {job.pk} (tests.app.tasks.add) is not a well-formed task" in str(refused.value)
 
 
 def test_task_get_result_refuses_another_tasks_result():
