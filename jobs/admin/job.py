@@ -369,7 +369,8 @@ class JobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.isdigit() and len(term) < 19:
+        # isascii: str.isdigit() is true for "²" and other digits int() refuses or reads oddly.
+        if term.isascii() and term.isdigit() and len(term) < 19:
             return queryset.filter(pk=int(term)) | queryset.filter(unique_key=term), False
         by_key = queryset.filter(unique_key=term)
         if by_key.exists():

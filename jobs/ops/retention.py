@@ -1,10 +1,11 @@
 """Retention: prune finished jobs and their history, in batches, safe while workers run.
 
 Only terminal jobs (succeeded, failed, cancelled) whose `finished_at` -- and last write,
-`updated_at` -- is older than the cut-off (the database clock), and that have no undelivered
-outbox intent (pending, performing or failed: the relay or an operator still owes it), are
-deleted, with everything that hangs off them (attempts, events, rejected writes, idempotency
-keys, ...: Django's cascade, so tables added later come along).
+`updated_at` -- is older than the cut-off (the database clock), that have no undelivered
+outbox intent (pending, performing or failed: the relay or an operator still owes it) and no
+unsettled staged output (staged, or orphaned with its file not yet deleted: the orphan janitor
+still owes it), are deleted, with everything that hangs off them (attempts, events, rejected
+writes, idempotency keys, ...: Django's cascade, so tables added later come along).
 
 The cascade runs as SQL on PostgreSQL: the relations Django's collector would follow from Job
 (read from the models, so a table added later comes along), one `DELETE ... WHERE job_id =
@@ -79,7 +80,14 @@ def _candidates_sql(batch_size: int, lock: bool) -> tuple[str, list[Any]]:
         f"AND finished_at < {cutoff} AND updated_at < {cutoff} "
         # An undelivered intent (pending, performing, failed) keeps its job: never cascaded away.
         "AND NOT EXISTS (SELECT 1 FROM jobs_intent i WHERE i.job_id = jobs_job.id "
-        "AND i.state <> 'done') ORDER BY updated_at LIMIT %s"
+        "AND i.state <> 'done') "
+        # So does an unsettled staged output (staged, or orphaned with its file not yet deleted):
+        # its row is the janitor's only record of a file to delete (a committed attempt's own
+        # outputs stay `staged` until the janitor marks them promoted past ORPHAN_GRACE_SECONDS).
+        # Each probe can use its table's job_id index: one per candidate row.
+        "AND NOT EXISTS (SELECT 1 FROM jobs_stagedoutput s WHERE s.job_id = jobs_job.id "
+        "AND (s.status = 'staged' OR (s.status = 'orphaned' AND s.settled_at IS NULL))) "
+        "ORDER BY updated_at LIMIT %s"
     )
     if lock and connection.vendor == "postgresql":
         sql += " FOR UPDATE SKIP LOCKED"

@@ -8,6 +8,8 @@ A task is the job of the kind named by its module path (`myapp.tasks.send_report
 `{"args": [...], "kwargs": {...}, "backend": alias, "run_after": iso | null}`; its TaskResult id
 is the job's id. Enqueue is `jobs.enqueue()`: it joins the caller's transaction (nothing is
 visible, and task_enqueued is not sent, until the caller commits; a rollback enqueues nothing).
+A task's unique key is stored as `task:<backend alias>:<module path>:<key>` (`stored_key`), so it
+never meets another task's or a plain job's.
 
 Never: stores a result anywhere but the job tables, or runs a task (jobs.tasks.execution does,
 inside a worker). Bad input raises before anything is written: InvalidTask from validate_task,
@@ -31,12 +33,20 @@ from django.utils.json import normalize_json
 from jobs.core import bounds
 from jobs.core.conf import jobs_settings
 from jobs.core.enqueue import QUEUE_NAME
-from jobs.core.exceptions import InvalidOption, InvalidPayload
+from jobs.core.exceptions import EnqueueError, InvalidOption, InvalidPayload
 from jobs.core.registry import KIND, TIMEOUT_SECONDS
 from jobs.models import Job
 from jobs.tasks import execution, results
 
-UniqueKey = str | Callable[[list[Any], dict[str, Any]], str] | None
+UniqueKey = str | Callable[[list[Any], dict[str, Any]], str | None] | None
+TASK_KEY = "task:<backend alias>:<module path>:<key>"
+
+
+class UniqueKeyHeld(EnqueueError):
+    """A task's stored unique key is held by a live job that is not that task's on that backend
+    (a row planted with the key by `jobs.enqueue()`, the admin or SQL, or a task row whose payload
+    is malformed): there is no result of this task to return, so enqueue writes nothing and says
+    which job holds the key."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,8 +54,10 @@ class PalisadeTask(Task):
     """A Task with Palisade's options, given to `@task(...)` beside Django's own:
 
     lease_seconds, max_attempts: as `@handler`'s (bounded the same way);
-    unique_key: a string, or `fn(args, kwargs) -> str`: enqueueing while a job with that key is
-    queued or running returns that job's result instead of a second job;
+    unique_key: a string, or `fn(args, kwargs) -> str | None`: enqueueing while a job of this
+    task on this backend with that key is queued or running returns that job's result instead of
+    a second job (stored as TASK_KEY, so it never meets another task's, another backend's or a
+    plain job's key);
     timeout: the attempt's execution timeout, as `@handler(timeout=...)`: past it the attempt
     fails ("exceeded the task timeout of N s"), its worker is replaced, and the task is retried.
     """
@@ -111,16 +123,23 @@ class PalisadeBackend(BaseTaskBackend):
         """Insert the task's job inside the caller's transaction; return its READY result.
 
         task_enqueued is sent once the caller's transaction commits (at once in autocommit); a
-        duplicate (`unique_key` held by a live job) returns that job's result and sends nothing.
+        duplicate (the task's `unique_key` held by a live job of it) returns that job's result
+        and sends nothing; a key held by a row planted with it raises UniqueKeyHeld.
         """
         self.validate_task(task)
         try:
             args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"task arguments must be JSON: {exc}") from None
+        except RecursionError:  # normalize_json recurses: nested past Python's limit, or a cycle
+            depth = bounds.JSON_DEPTH
+            raise InvalidPayload(
+                f"task arguments are nested deeper than {depth} levels (or hold a cycle)"
+            ) from None
         lease_seconds, max_attempts, unique_key, _ = _options(task)
         if callable(unique_key):
             unique_key = unique_key(args, kwargs)
+        unique_key = stored_key(self.alias, task, unique_key)
         run_after = task.run_after
         payload = {
             "args": args,
@@ -139,10 +158,26 @@ class PalisadeBackend(BaseTaskBackend):
             unique_key=unique_key,
         )
         if getattr(job, "duplicate", False):
-            return self.get_result(str(job.pk))
+            return self._held(task, job)
         result = results.build(task, _row(job), [])
         transaction.on_commit(lambda: execution.send_robustly(task_enqueued, self, result))
         return result
+
+    def _held(self, task: Task, holder: Job) -> TaskResult:
+        """The result of the live job holding the task's stored key: a job of this task on this
+        backend, unless a row was planted with that key (UniqueKeyHeld, naming it)."""
+        try:
+            result = self.get_result(str(holder.pk))
+        except TaskResultDoesNotExist as exc:
+            reason = str(exc)
+        else:
+            if result.task.func == task.func:
+                return result
+            reason = f"it is a {result.task.module_path} task"
+        raise UniqueKeyHeld(
+            f"unique_key {holder.unique_key!r} is held by live job {holder.pk} ({holder.kind}), "
+            f"not a {task.module_path} task of backend {self.alias!r}: {reason}"
+        )
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """Queue names a job can carry (jobs.E030), and served by this process's workers when
@@ -171,7 +206,8 @@ class PalisadeBackend(BaseTaskBackend):
         return messages
 
     def get_result(self, result_id: Any) -> TaskResult:
-        """The task's result as the job tables say now; TaskResultDoesNotExist otherwise."""
+        """The task's result as the job tables say now; TaskResultDoesNotExist otherwise (its
+        subclass jobs.tasks.MalformedTask for a task's row whose payload is not a task's)."""
         try:
             job_id = int(result_id)
         except (TypeError, ValueError):
@@ -181,10 +217,30 @@ class PalisadeBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         job, attempts = read
         task = execution.task_for(job["kind"])
-        payload = job["payload"] if isinstance(job["payload"], dict) else {}
-        if task is None or payload.get("backend") != self.alias:
+        # A row of a task's kind whose payload is not a task's: results.MalformedTask, a
+        # TaskResultDoesNotExist naming what is wrong (never a TypeError from deep inside).
+        if task is None or results.task_payload(job).backend != self.alias:
             raise TaskResultDoesNotExist(f"job {job_id} is not a task of backend {self.alias!r}")
         return results.build(task, job, attempts)
+
+
+def stored_key(alias: str, task: Task, key: Any) -> str | None:
+    """The unique key a task's job stores, TASK_KEY (None: no key). A plain job stores its key as
+    given, so the prefix keeps a task's key from meeting another task's, another backend's or a
+    plain job's (it is what the admin, the dashboard and `manage.py jobs` show and search).
+    Bounded like any unique_key: 200 characters in all."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidOption(f"unique_key must be a string, not {type(key).__name__}")
+    bounds.storable_text("unique_key", key, bounds.TEXT_CHARS)  # empty, NUL, lone surrogates
+    stored = f"task:{alias}:{task.module_path}:{key}"
+    if len(stored) > bounds.TEXT_CHARS:
+        raise InvalidOption(
+            f"unique_key is stored as {TASK_KEY}, here {len(stored)} characters; "
+            f"the limit is {bounds.TEXT_CHARS}"
+        )
+    return stored
 
 
 def _row(job: Job) -> dict[str, Any]:

@@ -138,12 +138,11 @@ def _adapter(kind: str) -> registry.HandlerFn:
         task = _tasks.get(kind)
         if task is None or not isinstance(task, Task):
             raise UnknownKind(f"{kind} is not a django.tasks Task of a Palisade backend")
-        payload = ctx.payload if isinstance(ctx.payload, dict) else {}
-        backend = _backend(str(payload.get("backend", task.backend)))
         read = results.read(ctx.job_id)
         if read is None:  # deleted under us: nothing to report to
             raise UnknownKind(f"job {ctx.job_id} no longer exists")
-        result = results.build(task, *read)
+        result = results.build(task, *read)  # a payload that is not a task's: MalformedTask
+        backend = _backend(result.backend)
         send_robustly(task_started, backend, result)
         args, kwargs = result.args, result.kwargs
         if task.takes_context:
@@ -235,6 +234,9 @@ def _notify() -> None:
 
 
 def _send_finished(job_ids: list[int]) -> None:
+    """One task_finished per job still there, each on its own: a job whose notice cannot be
+    built (a malformed row, a backend no longer configured) is logged and costs no other job of
+    the batch its notice."""
     found = results.read_many(job_ids)
     for job_id in job_ids:
         if job_id not in found:
@@ -243,9 +245,16 @@ def _send_finished(job_ids: list[int]) -> None:
         task = task_for(job["kind"])
         if task is None:
             continue
-        payload = job["payload"] if isinstance(job["payload"], dict) else {}
-        backend = _backend(str(payload.get("backend", task.backend)))
-        send_robustly(task_finished, backend, results.build(task, job, attempts))
+        try:
+            result = results.build(task, job, attempts)
+            backend = _backend(result.backend)
+        except results.MalformedTask as exc:
+            logger.error("no task_finished for job %s: %s", job_id, exc)
+            continue
+        except Exception:  # noqa: BLE001  a notice lost is logged; the batch's others go on
+            logger.exception("job %s: could not send task_finished", job_id)
+            continue
+        send_robustly(task_finished, backend, result)
 
 
 def send_queued_before_exit(seconds: float = EXIT_WAIT_SECONDS) -> bool:

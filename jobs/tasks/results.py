@@ -17,14 +17,22 @@ The mapping (docs/tasks.md):
   path and traceback, as the worker stored them), an expired lease (`LeaseExpired`), a lost lease
   or rejected write (`jobs.LeaseLost`) -- in attempt order; an attempt handed back unstarted
   (released) or still running is no error.
+
+Hazard: a row is not trusted to be a task's because its kind names one -- `jobs.enqueue()`, the
+admin or raw SQL can plant any payload under a task's module path. `build` checks the payload's
+shape first and raises `MalformedTask` (a `TaskResultDoesNotExist`, the one error Django's
+get_result contract names for "no such result") rather than a TypeError or ValueError from deep
+inside.
 """
 
 import re
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.utils import timezone
 
 from jobs.core.exceptions import JobsError, LeaseLost
 from jobs.core.states import AttemptOutcome, JobState
@@ -43,6 +51,56 @@ class LeaseExpired(JobsError):
 class AttemptFailed(JobsError):
     """A failure Palisade recorded without a Python traceback (e.g. a payload that could not be
     decoded, or a row the database refused to claim)."""
+
+
+class MalformedTask(JobsError, TaskResultDoesNotExist):
+    """A job of a task's kind whose payload is not a task's (planted by `jobs.enqueue()`, the
+    admin or SQL): not an object, or `args` not a list, `kwargs` not an object, `run_after` not
+    an aware ISO datetime, `backend` not text. It has no TaskResult: `get_result()` raises this
+    (a TaskResultDoesNotExist, so callers of Django's API need nothing new), a worker fails the
+    attempt with it, and no task_started or task_finished is sent for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPayload:
+    """A job's payload, checked to be a task's: `{"args", "kwargs", "backend", "run_after"}`."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+    backend: str | None  # None: absent (the task's own backend is meant)
+    run_after: datetime | None
+
+
+def task_payload(job: dict[str, Any]) -> TaskPayload:
+    """The job's payload as a task's, or MalformedTask saying what is wrong with it. `args`,
+    `kwargs` and `run_after` may be absent (no arguments, no deferral); present, they must have
+    the type enqueue writes."""
+    payload = job["payload"]
+
+    def malformed(what: str) -> MalformedTask:
+        return MalformedTask(f"job {job['id']} ({job['kind']}) is not a well-formed task: {what}")
+
+    if not isinstance(payload, dict):
+        raise malformed(f"its payload is {type(payload).__name__}, not an object")
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    backend, run_after = payload.get("backend"), payload.get("run_after")
+    if not isinstance(args, list):
+        raise malformed(f"args is {type(args).__name__}, not a list")
+    if not isinstance(kwargs, dict):
+        raise malformed(f"kwargs is {type(kwargs).__name__}, not an object")
+    if backend is not None and not isinstance(backend, str):
+        raise malformed(f"backend is {type(backend).__name__}, not text")
+    if run_after is None:
+        return TaskPayload(args, kwargs, backend, None)
+    if not isinstance(run_after, str):
+        raise malformed(f"run_after is {type(run_after).__name__}, not an ISO datetime")
+    try:
+        when = datetime.fromisoformat(run_after)
+    except ValueError:
+        when = None
+    if when is None or not timezone.is_aware(when):
+        raise malformed(f"run_after {run_after[:40]!r} is not an aware ISO datetime")
+    return TaskPayload(args, kwargs, backend, when)
 
 
 STATUS = {
@@ -129,17 +187,15 @@ def _tail(error: str) -> str:
     return f": {error}" if error else ""
 
 
-def as_enqueued(task: Task, job: dict[str, Any]) -> Task:
+def as_enqueued(task: Task, job: dict[str, Any], payload: TaskPayload) -> Task:
     """The task as it was enqueued (priority, queue, run_after) without validating it again: a
     result stays readable after the settings changed."""
-    payload = job["payload"] if isinstance(job["payload"], dict) else {}
-    run_after = payload.get("run_after")
     values = {f.name: getattr(task, f.name) for f in fields(task)}
     values.update(
         priority=job["priority"],
         queue_name=job["queue"],
-        run_after=datetime.fromisoformat(run_after) if isinstance(run_after, str) else None,
-        backend=payload.get("backend", task.backend),
+        run_after=payload.run_after,
+        backend=payload.backend if payload.backend is not None else task.backend,
     )
     variant = object.__new__(type(task))
     for name, value in values.items():
@@ -148,9 +204,10 @@ def as_enqueued(task: Task, job: dict[str, Any]) -> Task:
 
 
 def build(task: Task, job: dict[str, Any], attempts: list[dict[str, Any]]) -> TaskResult:
-    """The TaskResult of `job` (a dict of JOB_FIELDS + TIME_FIELDS) and its attempts."""
-    payload = job["payload"] if isinstance(job["payload"], dict) else {}
-    enqueued = as_enqueued(task, job)
+    """The TaskResult of `job` (a dict of JOB_FIELDS + TIME_FIELDS) and its attempts;
+    MalformedTask if its payload is not a task's."""
+    payload = task_payload(job)
+    enqueued = as_enqueued(task, job, payload)
     claims = [a["claimed_at"] for a in attempts]
     result: TaskResult = TaskResult(
         task=enqueued,
@@ -160,8 +217,8 @@ def build(task: Task, job: dict[str, Any], attempts: list[dict[str, Any]]) -> Ta
         started_at=claims[0] if claims else None,
         last_attempted_at=claims[-1] if claims else None,
         finished_at=job["finished_at"],
-        args=list(payload.get("args", [])),
-        kwargs=dict(payload.get("kwargs", {})),
+        args=list(payload.args),
+        kwargs=dict(payload.kwargs),
         backend=enqueued.backend,
         errors=_errors(job, attempts),
         worker_ids=[a["worker"] for a in attempts],

@@ -209,3 +209,14 @@ def test_a_list_filter_value_with_a_nul_byte_is_an_invalid_filter_not_an_error(
     # Before: the filter reached PostgreSQL, which refuses a NUL in text (a 500).
     response = admin_client.get("/admin/jobs/job/", {param: "a\x00b"})
     assert response.status_code == 302 and response["Location"].endswith("?e=1")
+
+
+@pytest.mark.parametrize("term", ["²", "١٢٣"])
+def test_a_search_for_a_non_ascii_digit_is_a_key_search_not_an_error(client, make_job, term):
+    # Before: str.isdigit() is true for "²" and "١٢٣", and int() of "²" raised (a 500).
+    keyed = make_job(unique_key=term)
+    make_job(unique_key="other")
+    client.force_login(_staff("viewer", "view_job"))
+    response = client.get("/admin/jobs/job/", {"q": term})
+    assert response.status_code == 200
+    assert [job.pk for job in response.context["cl"].result_list] == [keyed.pk]

@@ -3,6 +3,7 @@
 import pytest
 from django.db import connection
 
+import jobs
 from jobs.core import transitions
 from jobs.core.states import Write
 from jobs.core.transitions import Fence
@@ -102,7 +103,8 @@ def test_the_cascade_is_one_statement_per_related_table_and_never_loads_a_job(ma
     old = [with_history(make_job(state="succeeded")) for _ in range(3)]
     for job in old:
         age(job, 10)
-        StagedOutput.objects.create(job=job, attempt=1, name="out", path=f"p/{job.pk}")
+        StagedOutput.objects.create(job=job, attempt=1, name="out", path=f"p/{job.pk}",
+                                    status="promoted", settled_at=timezone.now())  # fmt: skip
         Intent.objects.create(job=job, attempt=1, step="a", key=f"{job.pk}:a", target="webhook",
                               state="done", done_at=timezone.now())  # fmt: skip
     schedule = Schedule.objects.create(
@@ -147,3 +149,36 @@ def test_a_delete_signal_listener_gets_django_s_collector(make_job):
         pre_delete.disconnect(listener, sender=Attempt)
     assert seen == [job.pk]
     assert retention.sql_cascade() is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_keeps_its_unsettled_staged_outputs_until_the_janitor_deleted_the_files(
+    settings, tmp_path, monkeypatch
+):
+    # Before: prune cascaded the StagedOutput rows away, the janitor's only record of the file,
+    # and the orphan stayed in storage for ever.
+    from jobs.effects import janitor
+    from jobs.models import StagedOutput
+    from tests.integration.attempts import claim, expire_and_reap
+
+    settings.MEDIA_ROOT = str(tmp_path)
+    settings.JOBS = {**settings.JOBS, "ORPHAN_GRACE_SECONDS": 0}
+    job = jobs.enqueue("test.echo")
+    killed = claim("host-a:1")
+    orphan = killed.ctx.stage("out.txt", "attempt 1")  # its worker vanishes: staged, unsettled
+    expire_and_reap(job.pk)
+    claim("host-b:2").commit("ok")
+    age(job, 10)
+    assert retention.count(7) == 0 and retention.prune(7).jobs == 0
+
+    storage = janitor.staging.storage()
+    monkeypatch.setattr(type(storage), "delete", lambda self, name: 1 / 0)
+    assert janitor.sweep("janitor:1") == 0  # decided orphaned; its file could not be deleted
+    assert StagedOutput.objects.get(job=job).status == "orphaned"
+    assert retention.prune(7).jobs == 0
+    monkeypatch.undo()
+
+    assert janitor.sweep("janitor:1") == 1  # deleted, settled: the job's history may go now
+    assert not (tmp_path / orphan).exists()
+    assert retention.prune(7).jobs == 1
+    assert not StagedOutput.objects.exists()

@@ -1,5 +1,6 @@
 """The backend as Django's task API sees it: flags, validate_task, enqueue, get_result."""
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -11,7 +12,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 import jobs
 from jobs.core import registry
 from jobs.models import Job
-from jobs.tasks import PalisadeBackend, PalisadeTask
+from jobs.tasks import MalformedTask, PalisadeBackend, PalisadeTask, UniqueKeyHeld
 from tests.app import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,7 +79,63 @@ def test_a_unique_key_function_sees_the_arguments():
     b = tasks.report.enqueue(day="2026-12-01")
     c = tasks.report.enqueue(day="2026-12-02")
     assert a.id == b.id != c.id
-    assert Job.objects.get(pk=int(c.id)).unique_key == "report-2026-12-02"
+    stored = Job.objects.get(pk=int(c.id)).unique_key
+    assert stored == "task:default:tests.app.tasks.report:report-2026-12-02"
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload"),
+    [("test.echo", {}), (tasks.add.module_path, {"args": [1, 2], "backend": "default"})],
+)
+def test_a_tasks_key_never_meets_a_plain_jobs_or_another_tasks(settings, kind, payload):
+    # Before: the key was stored as given, so enqueue returned whichever live job held it -- a
+    # plain job (TaskResultDoesNotExist from enqueue) or another task (a result of that task).
+    holder = jobs.enqueue(kind, payload, unique_key="the-only-one")  # the key as given
+    keyed_add = dataclasses.replace(tasks.add, unique_key="the-only-one")
+    settings.TASKS = {**settings.TASKS, "second": settings.TASKS["default"]}
+
+    mine = tasks.singleton.enqueue(5)
+    added = keyed_add.enqueue(1, 2)
+    elsewhere = tasks.singleton.using(backend="second").enqueue(6)
+
+    assert len({holder.pk, *(int(r.id) for r in (mine, added, elsewhere))}) == 4
+    assert tasks.singleton.get_result(mine.id).args == [5]
+    assert added.task.func is tasks.add.func and elsewhere.backend == "second"
+    assert tasks.singleton.enqueue(7).id == mine.id  # this task's own key: the live job
+    assert keyed_add.enqueue(3, 4).id == added.id
+    assert tasks.singleton.using(backend="second").enqueue(8).id == elsewhere.id
+    assert Job.objects.get(pk=int(mine.id)).unique_key == (
+        "task:default:tests.app.tasks.singleton:the-only-one"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload", "reason"),
+    [
+        ("test.echo", {}, "is not a task of backend 'default'"),
+        (tasks.add.module_path, {"args": [1], "backend": "default"}, "it is a tests.app.tasks.add"),
+        (tasks.singleton.module_path, {"args": 5, "backend": "default"}, "args is int"),
+    ],
+)
+def test_a_tasks_key_held_by_a_row_planted_with_it_is_refused_naming_the_holder(
+    kind, payload, reason
+):
+    key = "task:default:tests.app.tasks.singleton:the-only-one"
+    planted = jobs.enqueue(kind, payload, unique_key=key)
+    with pytest.raises(
+        UniqueKeyHeld, match=f"held by live job {planted.pk} \\({kind}\\)"
+    ) as refused:
+        tasks.singleton.enqueue(5)
+    assert reason in str(refused.value) and repr(key) in str(refused.value)
+    assert Job.objects.count() == 1
+
+
+def test_a_tasks_key_is_bounded_as_stored():
+    with pytest.raises(jobs.InvalidOption, match="stored as task:<backend alias>"):
+        tasks.report.enqueue(day="d" * 160)  # 160 < 200, but not with its prefix
+    with pytest.raises(jobs.InvalidOption, match="must be a string, not int"):
+        dataclasses.replace(tasks.add, unique_key=lambda args, kwargs: 5).enqueue(1, 2)
+    assert Job.objects.count() == 0
 
 
 def test_enqueue_joins_the_callers_transaction_and_a_rollback_enqueues_nothing():
@@ -115,6 +172,25 @@ def test_arguments_must_be_json_and_are_bounded_like_a_payload(settings):
     settings.JOBS = {"MAX_PAYLOAD_BYTES": 1024}
     with pytest.raises(jobs.PayloadTooLarge):
         tasks.add.enqueue("x" * 2000, 1)
+    assert Job.objects.count() == 0
+
+
+def _deep(depth):
+    value = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_arguments_nested_past_the_recursion_limit_or_cyclic_are_an_invalid_payload():
+    # Before: Django's normalize_json recursed and raised RecursionError, not InvalidPayload.
+    cycle: list = []
+    cycle.append(cycle)
+    for args, kwargs in [((_deep(5000),), {}), ((), {"deep": _deep(5000)}), ((cycle,), {})]:
+        with pytest.raises(jobs.InvalidPayload, match="nested deeper than 64 levels"):
+            tasks.add.enqueue(*args, **kwargs)
+    with pytest.raises(jobs.InvalidPayload, match="nested deeper than 64 levels"):
+        tasks.add.enqueue(_deep(100), 1)  # within Python's limit: the payload bound says so
     assert Job.objects.count() == 0
 
 
@@ -199,6 +275,28 @@ def test_get_result_refuses_a_plain_job_that_is_not_a_task():
     job = jobs.enqueue("test.echo", {"n": 1})
     with pytest.raises(TaskResultDoesNotExist, match="not a task"):
         default_task_backend.get_result(str(job.pk))
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ({"backend": "default", "args": 5}, "args is int, not a list"),
+        ({"backend": "default", "kwargs": [["a", 1]]}, "kwargs is list, not an object"),
+        ({"backend": "default", "run_after": "not a date"}, "'not a date' is not an aware ISO"),
+        ({"backend": "default", "run_after": "2026-12-01T10:00:00"}, "is not an aware ISO"),
+        ({"backend": "default", "run_after": 5}, "run_after is int"),
+        ({"backend": 5}, "backend is int, not text"),
+        ([1, 2], "its payload is list, not an object"),
+    ],
+)
+def test_get_result_of_a_task_row_whose_payload_is_not_a_tasks_says_why(payload, reason):
+    # Before: a TypeError or ValueError from deep inside (a 500 in any view that reads it).
+    job = jobs.enqueue(tasks.add.module_path, payload)
+    for read in (default_task_backend.get_result, tasks.add.get_result):
+        with pytest.raises(MalformedTask, match=reason) as refused:
+            read(str(job.pk))
+        assert isinstance(refused.value, TaskResultDoesNotExist)  # Django's contract
+        assert f"job {job.pk} (tests.app.tasks.add) is not a well-formed task" in str(refused.value)
 
 
 def test_task_get_result_refuses_another_tasks_result():

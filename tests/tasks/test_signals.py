@@ -12,9 +12,10 @@ from django.tasks import TaskResultStatus
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 
+import jobs
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.tasks import LeaseExpired, PalisadeBackend
-from jobs.tasks.execution import wait_for_finished_notices
+from jobs.tasks.execution import _send_finished, wait_for_finished_notices
 from jobs.worker import reaper, runner
 from tests.app import tasks
 
@@ -137,6 +138,34 @@ def test_the_reapers_final_expiry_is_finished_failed(heard, make_job):
     assert wait_for_finished_notices(10)
     assert _of(heard, str(job.pk)) == [("finished", TaskResultStatus.FAILED)]
     assert [e.exception_class for e in heard[-1][2].errors] == [LeaseExpired]
+
+
+MALFORMED = [
+    {"backend": "default", "args": 5},
+    {"backend": "default", "args": [1, 2], "kwargs": [["a", 1]]},
+    {"backend": "default", "args": [1, 2], "run_after": "not a date"},
+    [1, 2],
+]
+
+
+@pytest.mark.parametrize("payload", MALFORMED)
+def test_a_malformed_task_row_costs_no_other_task_its_task_finished(heard, caplog, payload):
+    # Before: one malformed row raised while its batch was built and every notice of the batch
+    # was lost. A row of a task's kind with any payload: jobs.enqueue(), the admin, SQL.
+    bad = jobs.enqueue(tasks.add.module_path, payload, max_attempts=1)
+    goods = [tasks.add.enqueue(1, n).id for n in range(3)]
+    with caplog.at_level(logging.ERROR, logger="jobs.tasks"):
+        runner.drain()
+        assert wait_for_finished_notices(10)
+        assert Job.objects.get(pk=bad.pk).state == "failed"
+        assert {r.id for name, _, r in heard if name == "finished"} == set(goods)
+        heard.clear()
+        _send_finished([bad.pk, *map(int, goods)])  # the bad row first in one batch
+
+    assert [r.id for name, _, r in heard if name == "finished"] == goods
+    refused = [r.getMessage() for r in caplog.records if f"job {bad.pk} " in r.getMessage()]
+    assert refused and all("is not a well-formed task" in m for m in refused), refused
+    assert "jobs.tasks.results.MalformedTask" in Job.objects.get(pk=bad.pk).error
 
 
 @pytest.mark.parametrize("name", ["enqueued", "started", "finished"])
