@@ -2,6 +2,7 @@
 two relays never perform one intent, a relay killed between performing and marking is resolved
 by reconciliation, a failing target is retried with backoff; counts come from the rows."""
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from django.db import connection
 import jobs
 from jobs.context import Held, JobContext
 from jobs.core import transitions
-from jobs.effects import outbox, relay
+from jobs.core.exceptions import InvalidOption
+from jobs.effects import outbox, pending, relay
 from jobs.models import Intent, Job
 from jobs.worker.heartbeat import Finished
 from tests.acceptance.cluster import PROJECT_DIR, subprocess_database_url
@@ -99,6 +101,34 @@ def test_an_intent_is_the_data_as_it_was_at_the_call():
         "notify-1": 1,
         "notify-2": 2,
     }
+
+
+def test_an_attempts_intents_are_bounded_in_number_and_in_size():
+    # Every intent rides in its batch's commit: without a bound, one job recording 100,000 of
+    # them stalled the commit and every held job's heartbeats (found by a review).
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    hook = {"url": "http://127.0.0.1:9/hook"}
+    for n in range(pending.MAX_INTENTS):
+        running.ctx.intent(f"n-{n}", "webhook", hook)
+    with pytest.raises(InvalidOption, match=f"at most {pending.MAX_INTENTS} intents"):
+        running.ctx.intent("one-more", "webhook", hook)
+    running.ctx.intent("n-0", "webhook", {**hook, "json": 1})  # a step recorded again: no more
+    running.commit("ok")
+    assert Intent.objects.count() == pending.MAX_INTENTS
+
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    blob = {**hook, "json": "x" * 60_000}
+    fits = pending.MAX_INTENTS_CHARS // len(json.dumps(blob))
+    for n in range(fits):
+        running.ctx.intent(f"big-{n}", "webhook", blob)
+    with pytest.raises(InvalidOption, match="characters of JSON in all"):
+        running.ctx.intent("big-over", "webhook", blob)
+    running.ctx.intent("big-0", "webhook", hook)  # replacing frees its size
+    running.ctx.intent("big-over", "webhook", blob)
+    running.commit("ok")
+    assert Intent.objects.filter(job_id=running.ctx.job_id).count() == fits + 1
 
 
 @pytest.mark.parametrize("spoil", ["not JSON", "past the bound", "nested too deep"])
