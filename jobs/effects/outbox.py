@@ -28,6 +28,7 @@ the target tells them apart by the relay token (the receiver contract, docs/effe
 """
 
 import inspect
+import json
 import logging
 import re
 from collections import Counter
@@ -67,7 +68,9 @@ class Target(Protocol):
 
     A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
     happened; False, it did not (and a lower token never will); None, no way to tell (the intent
-    is parked for an operator). Raising means "cannot tell yet": asked again later."""
+    is parked for an operator). Raising means "cannot tell yet": asked again later. And
+    `validate(data)`, called by `ctx.intent()` on the data as stored: raise `InvalidOption` for
+    data it can never perform (the handler's error at once)."""
 
     def perform(self, key: str, data: Any) -> None: ...
 
@@ -123,10 +126,13 @@ def intent(step: str, target: str, data: Any, job_id: int) -> IntentRow:
     """Validate an intent (bounded like a payload); the row its commit inserts holds the JSON text
     the check encoded, so what the handler does to `data` afterwards changes nothing recorded."""
     checked_step(step, "intent")
-    if get_target(target) is None:
+    found = get_target(target)
+    if found is None:
         raise InvalidOption(f"intent(): no outbox target is registered as {target!r:.100}")
     limit = min(MAX_INTENT_BYTES, jobs_settings().MAX_PAYLOAD_BYTES)
     text = bounds.json_text(data, limit, "intent")
+    if (validate := getattr(found, "validate", None)) is not None:
+        validate(json.loads(text))  # the target's own check, of the data as stored
     # The lane, named now from the data just encoded (it never raises: a bad URL is a lane too).
     return IntentRow(step, key_for(job_id, step), target, JSONText(text), lanes.lane(target, data))
 

@@ -20,7 +20,6 @@ allow-list.
 
 import http.client
 import json
-import re
 import socket
 import threading
 from typing import Any
@@ -100,9 +99,22 @@ class WebhookTarget:
     @staticmethod
     def _url(data: Any, name: str) -> str:
         url = data.get(name) if isinstance(data, dict) else None
-        if not isinstance(url, str) or not re.match(r"https?://", url):
-            raise InvalidOption(f"webhook: data[{name!r}] must be an http(s) URL")
+        try:
+            parts = urlsplit(url) if isinstance(url, str) else None
+            ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+            ok = ok and (parts is None or parts.port is None or parts.port > 0)
+        except ValueError:  # a port out of range or not a number, a bad IPv6 literal
+            ok = False
+        if not ok or not isinstance(url, str):
+            raise InvalidOption(f"webhook: data[{name!r}] must be an http(s) URL with a host")
         return url
+
+    def validate(self, data: Any) -> None:
+        """At `ctx.intent()`: the URLs the relay will call, so a bad one is the handler's clear
+        error rather than an intent the relay can only park."""
+        self._url(data, "url")
+        if isinstance(data, dict) and "check_url" in data:
+            self._url(data, "check_url")
 
     def perform(self, key: str, data: Any, token: int = 0) -> None:
         body = json.dumps(data.get("json") if isinstance(data, dict) else None).encode()

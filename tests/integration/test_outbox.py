@@ -103,6 +103,44 @@ def test_an_intent_is_the_data_as_it_was_at_the_call():
     }
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"url": 5},
+        {"url": "ftp://host/x"},
+        {"url": "http://"},
+        {"url": "http://host:99999/"},
+        {"url": "http://[::1/"},
+        {"url": "http://host/", "check_url": "file:///etc/passwd"},
+    ],
+)
+def test_a_webhook_intent_the_relay_could_never_call_is_refused_at_the_call(data):
+    # Before, these were accepted and committed, and the relay could only park them as failed.
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    with pytest.raises(InvalidOption, match="must be an http"):
+        running.ctx.intent("publish", "webhook", data)
+    running.commit("ok")
+    assert not Intent.objects.exists()
+
+
+def test_a_webhook_url_in_capitals_is_delivered():
+    with receiver() as r:
+        jobs.enqueue("test.echo")
+        running = claim(A)
+        running.ctx.intent("publish", "webhook", {"url": r.url.upper() + "/hook", "json": 1})
+        running.commit("ok")
+        (intent,) = Intent.objects.all()
+        pool = relay.Relay("relay-caps")
+        deadline = time.monotonic() + 10
+        while Intent.objects.get(pk=intent.pk).state != "done":
+            assert time.monotonic() < deadline, Intent.objects.get(pk=intent.pk).last_error
+            if not pool.pump():
+                pool.freed.wait(0.05)  # until the call ends, or the next look
+        assert r.verdicts(intent.key) == ["performed"]
+
+
 def test_an_attempts_intents_are_bounded_in_number_and_in_size():
     # Every intent rides in its batch's commit: without a bound, one job recording 100,000 of
     # them stalled the commit and every held job's heartbeats (found by a review).

@@ -112,20 +112,30 @@ def test_a_claim_takes_at_most_per_lane_of_one_receiver_spelled_four_ways():
     assert healthy in [c.key for c in taken] and len(taken) == 3
 
 
+class _AnyData:
+    """A target of the application's that checks nothing at `ctx.intent()` (the webhook refuses
+    a URL it could never call there: test_outbox.py)."""
+
+    def perform(self, key: str, data: Any, token: int) -> None:
+        pass
+
+
 def test_the_batch_commit_stores_each_intents_lane_and_a_bad_url_fails_no_batch_mate():
+    outbox.register_target("test.any-data", _AnyData())
     spellings = {
-        "HTTP://Ops:secret@Dead.Example.:80/x": DEAD_LANE,
-        "http://dead.example:99999/x": f"webhook {UNPARSED}",  # a bad port
-        "http://[::1/x": f"webhook {UNPARSED}",  # a bad address
+        "HTTP://Ops:secret@Dead.Example.:80/x": "test.any-data http://dead.example",
+        "http://dead.example:99999/x": f"test.any-data {UNPARSED}",  # a bad port
+        "http://[::1/x": f"test.any-data {UNPARSED}",  # a bad address
     }
     for _ in range(len(spellings) + 1):
         jobs.enqueue("test.echo")
     claimed = transitions.claim("host-a:1", limit=len(spellings) + 1, lease_seconds=30)
     finished, expected = [], {}
-    for c, (url, named) in zip(claimed, [*spellings.items(), (None, "webhook")], strict=True):
+    rows = [*spellings.items(), (None, "test.any-data")]
+    for c, (url, named) in zip(claimed, rows, strict=True):
         held = Held(c.fence, 30)
         data = {"json": {}} if url is None else {"url": url, "json": {}}
-        JobContext(held, c.kind, c.payload).intent("publish", "webhook", data)
+        JobContext(held, c.kind, c.payload).intent("publish", "test.any-data", data)
         finished.append(Finished(held, c, None, time.monotonic()))
         expected[c.fence.job_id] = named
     completer.commit(finished)
