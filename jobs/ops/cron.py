@@ -25,25 +25,25 @@ Missed ticks (the cluster was down, or the previous run is still going) follow `
 A tick never starts while the previous tick's job is still queued or running (no pile-up): under
 `latest`/`skip` that tick is skipped and counted; under `all` it waits.
 
-Hazards: a bad declaration (unknown kind, bad cron, unknown time zone, a payload enqueue would
-refuse) is reported by the system check jobs.E010 and skipped at run time; it stops no other
-schedule. Times are stored in UTC; cron is evaluated in the schedule's time zone (DST included:
-a 02:30 tick on a spring-forward day runs at 03:00 local time).
+Hazards: a bad declaration (unknown kind, bad cron or one that never fires, unknown time zone, a
+payload enqueue would refuse) is reported by the system check jobs.E010 and skipped at run time;
+it stops no other schedule. Times are stored in UTC; cron is evaluated in the schedule's time
+zone by jobs.core.crontab (DST included: a 02:30 tick on a spring-forward day runs at 03:00
+local time).
 """
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
-from jobs.core import bounds
+from jobs.core import bounds, crontab
 from jobs.core.conf import jobs_settings
+from jobs.core.crontab import next_tick, ticks_after, ticks_before
 from jobs.core.enqueue import QUEUE_NAME
 from jobs.core.exceptions import EnqueueError, UnknownKind
 from jobs.core.registry import _handlers, get_handler
@@ -74,8 +74,11 @@ class Declared:
     source: str = "settings"
 
 
-def declared() -> tuple[list[Declared], list[str]]:
-    """Every declaration from settings and handlers, and the errors of those that are invalid."""
+def declared(now: datetime | None = None) -> tuple[list[Declared], list[str]]:
+    """Every declaration from settings and handlers, and the errors of those that are invalid
+    (a cron expression must fire after `now`, default the wall clock: system checks run with
+    no database)."""
+    now = now or datetime.now(UTC)
     found: list[Declared] = []
     errors: list[str] = []
     raw = getattr(settings, "JOBS_SCHEDULES", {}) or {}
@@ -88,7 +91,7 @@ def declared() -> tuple[list[Declared], list[str]]:
             items.append((h.kind, opts, "handler"))
     for name, opts, source in items:
         try:
-            found.append(_validated(name, opts, source))
+            found.append(_validated(name, opts, source, now))
         except (ValueError, TypeError) as exc:
             errors.append(f"schedule {name!r}: {exc}")
     names = [d.name for d in found]
@@ -98,7 +101,7 @@ def declared() -> tuple[list[Declared], list[str]]:
     return found, errors
 
 
-def _validated(name: Any, opts: Any, source: str) -> Declared:
+def _validated(name: Any, opts: Any, source: str, now: datetime) -> Declared:
     if not isinstance(name, str) or not 0 < len(name) <= 100:
         raise ValueError("a schedule name is a string of 1-100 characters")
     if not isinstance(opts, dict):
@@ -108,12 +111,7 @@ def _validated(name: Any, opts: Any, source: str) -> Declared:
         raise ValueError(f"unknown options {sorted(unknown)}")
     d = Declared(name=name, source=source, **opts)
     get_handler(d.kind)  # UnknownKind is a ValueError
-    if not isinstance(d.cron, str) or len(d.cron) > 200 or not croniter.is_valid(d.cron):
-        raise ValueError(f"{d.cron!r} is not a cron expression")
-    try:
-        ZoneInfo(d.timezone)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ValueError(f"unknown time zone {d.timezone!r}") from None
+    crontab.check(d.cron, d.timezone, now)  # syntax, time zone, and that it ever fires
     if d.missed not in MISSED:
         raise ValueError(f"missed must be one of {sorted(MISSED)}")
     bounds.json_value(d.payload, jobs_settings().MAX_PAYLOAD_BYTES)
@@ -122,22 +120,11 @@ def _validated(name: Any, opts: Any, source: str) -> Declared:
     return d
 
 
-def ticks_after(cron: str, tz: str, after: datetime) -> Iterator[datetime]:
-    """The cron's ticks strictly after `after`, in UTC."""
-    it = croniter(cron, after.astimezone(ZoneInfo(tz)))
-    while True:
-        yield it.get_next(datetime).astimezone(ZoneInfo("UTC"))
-
-
-def next_tick(cron: str, tz: str, after: datetime) -> datetime:
-    return next(ticks_after(cron, tz, after))
-
-
 def sync(now: datetime | None = None) -> None:
     """Create or update one row per declaration; disable rows no longer declared (source
     `undeclared`). A row an operator disabled stays disabled."""
     now = now or database_clock()
-    wanted, errors = declared()
+    wanted, errors = declared(now)
     for error in errors:
         logger.error("%s; skipped", error)
     for d in wanted:
@@ -257,9 +244,8 @@ def _decide(row: Schedule, now: datetime, busy: bool) -> tuple[datetime | None, 
 def _ticks_back(cron: str, tz: str, now: datetime, n: int) -> list[datetime]:
     """The `n` most recent ticks due at `now` (`now` itself included, as the forward walk of
     `_decide` counts it), oldest first, in UTC."""
-    it = croniter(cron, now.astimezone(ZoneInfo(tz)))
-    back = [it.get_prev(datetime).astimezone(ZoneInfo("UTC")) for _ in range(n)][::-1]
-    following = next_tick(cron, tz, back[-1])  # get_prev is strictly before `now`
+    back = list(islice(ticks_before(cron, tz, now), n))[::-1]
+    following = next_tick(cron, tz, back[-1])  # ticks_before is strictly before `now`
     return back[1:] + [following] if following <= now else back
 
 

@@ -23,11 +23,12 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 
+from jobs.core.crontab import next_tick
 from jobs.core.exceptions import EnqueueError
 from jobs.core.sql.operator import database_clock
 from jobs.core.states import LIVE_STATES
 from jobs.models import Job, Schedule
-from jobs.ops.cron import UNDECLARED, next_tick
+from jobs.ops.cron import UNDECLARED
 
 PERMISSION = "jobs.change_schedule"
 

@@ -1,0 +1,59 @@
+"""Cron expressions evaluated in a time zone: whether one is usable, and its ticks in UTC.
+
+Owns: the arithmetic (croniter), shared by @handler(cron=...) (jobs.core.registry) and the
+schedules (jobs.ops.cron). Never: touches the database or reads the clock -- callers pass the
+moment to count from. A tick in a spring-forward gap runs at the first minute after it (02:30
+on a spring-forward day in Paris runs at 03:00 local).
+
+Hazards: croniter.is_valid accepts expressions that never fire ("0 0 30 2 *", "0 0 31 4 *", a
+year field in the past): asking for their next tick raises CroniterBadDateError, a ValueError.
+`check` asks for it, so such an expression is refused where it is declared, not where it runs.
+"""
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from jobs.core.exceptions import InvalidOption
+
+MAX_CHARS = 200
+
+
+def check(cron: object, timezone: object, now: datetime) -> None:
+    """Raise InvalidOption (a ValueError) saying why, unless `cron` is an expression that fires
+    after `now` in the known time zone `timezone`."""
+    if not isinstance(cron, str) or len(cron) > MAX_CHARS or not croniter.is_valid(cron):
+        raise InvalidOption(f"{cron!r} is not a cron expression")
+    try:
+        ZoneInfo(timezone)  # type: ignore[arg-type]
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise InvalidOption(f"unknown time zone {timezone!r}") from None
+    try:
+        next_tick(cron, timezone, now)  # type: ignore[arg-type]
+    except ValueError:  # CroniterBadDateError: no such date (30 February), or only in the past
+        raise InvalidOption(
+            f"{cron!r} never fires (no date after {now:%Y-%m-%d} matches it)"
+        ) from None
+
+
+def ticks_after(cron: str, tz: str, after: datetime) -> Iterator[datetime]:
+    """The cron's ticks strictly after `after`, oldest first, in UTC."""
+    return _ticks(cron, tz, after, forward=True)
+
+
+def ticks_before(cron: str, tz: str, before: datetime) -> Iterator[datetime]:
+    """The cron's ticks strictly before `before`, newest first, in UTC."""
+    return _ticks(cron, tz, before, forward=False)
+
+
+def next_tick(cron: str, tz: str, after: datetime) -> datetime:
+    return next(ticks_after(cron, tz, after))
+
+
+def _ticks(cron: str, tz: str, start: datetime, *, forward: bool) -> Iterator[datetime]:
+    it = croniter(cron, start.astimezone(ZoneInfo(tz)))
+    step = it.get_next if forward else it.get_prev
+    while True:
+        yield step(datetime).astimezone(UTC)
