@@ -102,8 +102,9 @@ def declared(now: datetime | None = None) -> tuple[list[Declared], list[str]]:
 
 
 def _validated(name: Any, opts: Any, source: str, now: datetime) -> Declared:
-    if not isinstance(name, str) or not 0 < len(name) <= 100:
+    if not isinstance(name, str):
         raise ValueError("a schedule name is a string of 1-100 characters")
+    bounds.storable_text("a schedule name", name, 100)  # PostgreSQL refuses NUL: sync would fail
     if not isinstance(opts, dict):
         raise ValueError("options must be a dict")
     unknown = set(opts) - {"kind", "cron", "timezone", "payload", "queue", "missed"}

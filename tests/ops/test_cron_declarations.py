@@ -49,3 +49,14 @@ def test_a_handler_whose_cron_never_fires_is_refused_where_it_is_declared(cron: 
 
 def test_a_cron_that_fires_only_in_leap_years_is_accepted() -> None:
     assert e010({"leap": {"kind": "test.echo", "cron": "0 0 29 2 *"}}) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["night\x00ly", "night\ud800ly"])
+def test_a_name_the_database_cannot_store_is_refused_and_the_others_sync(name: str) -> None:
+    declared = {name: {"kind": "test.echo", "cron": "0 3 * * *"}, "fine": FINE}
+    errors = e010(declared)
+    assert len(errors) == 1 and ("NUL" in errors[0] or "surrogate" in errors[0]), errors
+    with override_settings(JOBS_SCHEDULES=declared):
+        schedules.sync(T0)  # raised DataError for every schedule
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["fine"]
