@@ -123,40 +123,47 @@ def _validated(name: Any, opts: Any, source: str, now: datetime) -> Declared:
 
 def sync(now: datetime | None = None) -> None:
     """Create or update one row per declaration; disable rows no longer declared (source
-    `undeclared`). A row an operator disabled stays disabled."""
+    `undeclared`). A row an operator disabled stays disabled. Each declaration in its own
+    transaction: one that fails is logged and skipped, and the others are synced."""
     now = now or database_clock()
     wanted, errors = declared(now)
     for error in errors:
         logger.error("%s; skipped", error)
     for d in wanted:
-        fields = {
-            "kind": d.kind,
-            "cron": d.cron,
-            "timezone": d.timezone,
-            "payload": d.payload,
-            "queue": d.queue,
-            "missed": d.missed,
-            "source": d.source,
-            "enabled": True,
-        }
         try:
-            with transaction.atomic():
-                row = Schedule.objects.select_for_update().filter(name=d.name).first()
-                if row is None:
-                    first = next_tick(d.cron, d.timezone, now)
-                    Schedule.objects.create(name=d.name, next_at=first, **fields)
-                    continue
-                timing_changed = (row.cron, row.timezone) != (d.cron, d.timezone)
-                paused = not row.enabled and row.source != UNDECLARED  # an operator's decision
-                fields["enabled"] = not paused
-                if timing_changed or (not row.enabled and not paused):
-                    fields["next_at"] = next_tick(d.cron, d.timezone, now)
-                Schedule.objects.filter(pk=row.pk).update(**fields)
+            _sync_one(d, now)
         except IntegrityError:
             pass  # another scheduler created it at the same moment: theirs stands
+        except (DatabaseError, ValueError):  # this declaration's problem only
+            logger.exception("schedule %r: not synced; the others are", d.name)
     Schedule.objects.filter(enabled=True).exclude(name__in=[d.name for d in wanted]).update(
         enabled=False, source=UNDECLARED
     )
+
+
+def _sync_one(d: Declared, now: datetime) -> None:
+    fields = {
+        "kind": d.kind,
+        "cron": d.cron,
+        "timezone": d.timezone,
+        "payload": d.payload,
+        "queue": d.queue,
+        "missed": d.missed,
+        "source": d.source,
+        "enabled": True,
+    }
+    with transaction.atomic():
+        row = Schedule.objects.select_for_update().filter(name=d.name).first()
+        if row is None:
+            first = next_tick(d.cron, d.timezone, now)
+            Schedule.objects.create(name=d.name, next_at=first, **fields)
+            return
+        timing_changed = (row.cron, row.timezone) != (d.cron, d.timezone)
+        paused = not row.enabled and row.source != UNDECLARED  # an operator's decision
+        fields["enabled"] = not paused
+        if timing_changed or (not row.enabled and not paused):
+            fields["next_at"] = next_tick(d.cron, d.timezone, now)
+        Schedule.objects.filter(pk=row.pk).update(**fields)
 
 
 @dataclass

@@ -1,0 +1,84 @@
+"""The embedded scheduler's cron passes: nothing a sync or a tick raises ends the scheduler (and
+with it qcluster), and a declaration that fails to sync stops no other. Found in review: a cron
+expression croniter could not evaluate raised CroniterBadDateError (a ValueError) out of
+EmbeddedScheduler.run, which caught only DatabaseError, and qcluster exited."""
+
+import logging
+from typing import Any
+
+import pytest
+from croniter import CroniterBadDateError
+from django.db import DataError
+from django.test import override_settings
+
+from jobs.models import Job, Schedule
+from jobs.ops import cron as schedules
+from jobs.worker import scheduler
+from tests.acceptance.cluster import wait_until
+from tests.wake import scheduler_running
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVERY_SECOND = {"kind": "test.echo", "cron": "* * * * * *"}
+
+
+def test_a_cron_pass_that_raises_is_logged_and_the_next_pass_enqueues(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real, calls = schedules.run_due, []
+
+    def run_due(*args: Any, **kwargs: Any) -> schedules.TickReport:
+        calls.append(1)
+        if len(calls) == 1:
+            raise CroniterBadDateError("failed to find next date")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(schedules, "run_due", run_due)
+    with (
+        override_settings(JOBS_SCHEDULES={"tick": EVERY_SECOND}),
+        caplog.at_level(logging.ERROR, "jobs.scheduler"),
+        scheduler_running(monkeypatch),
+    ):
+        wait_until(Job.objects.exists, timeout=15, what="a tick after the fault", job_id=0)
+    faults = [r for r in caplog.records if "scheduler tick failed" in r.getMessage()]
+    assert len(faults) == 1 and faults[0].exc_info is not None  # with its traceback
+
+
+def test_a_sync_that_raises_is_tried_again_and_the_ticks_run_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real, calls = schedules.sync, []
+
+    def sync(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("a bug in sync")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(schedules, "sync", sync)
+    monkeypatch.setattr(scheduler, "SYNC_RETRY_SECONDS", 0.5, raising=False)
+    with (
+        override_settings(JOBS_SCHEDULES={"tick": EVERY_SECOND}),
+        scheduler_running(monkeypatch),
+    ):
+        wait_until(Job.objects.exists, timeout=15, what="a tick once synced", job_id=0)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("error", [ValueError("no next tick"), DataError("refused")])
+def test_a_declaration_that_fails_to_sync_is_logged_and_the_others_are_synced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, error: Exception
+) -> None:
+    real = schedules.next_tick
+
+    def next_tick(cron: str, *args: Any) -> Any:
+        if cron == "0 3 * * *":
+            raise error
+        return real(cron, *args)
+
+    monkeypatch.setattr(schedules, "next_tick", next_tick)
+    declared = {"bad": {"kind": "test.echo", "cron": "0 3 * * *"}, "fine": EVERY_SECOND}
+    with override_settings(JOBS_SCHEDULES=declared):
+        schedules.sync()
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["fine"]
+    assert any("'bad': not synced" in r.getMessage() for r in caplog.records)
