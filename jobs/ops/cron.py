@@ -57,9 +57,14 @@ MAX_CATCH_UP = 100  # `all`: missed ticks further behind than this are skipped
 MAX_SKIPPED_COUNTED = 10_000  # a schedule far behind counts its skipped ticks up to this (~0.3 s)
 GRACE_SECONDS = 60.0  # `skip`: how late a tick may still be enqueued
 MISSED = {choice.value for choice in Schedule.Missed}
-# The source sync gives a row it disabled because nothing declares it any more. A disabled row
-# with any other source was disabled by an operator (jobs/ops/cron_controls.py): sync leaves it so.
+# The source sync gives a row it disabled because nothing declares it any more; declared again,
+# it is enabled again. A disabled row with any other source was disabled by an operator
+# (jobs/ops/cron_controls.py): sync leaves it so -- if nothing declares it any more either, its
+# source becomes UNDECLARED_PAUSED, and declared again it stays disabled. An operator can neither
+# enable nor run a schedule with either source.
 UNDECLARED = "undeclared"
+UNDECLARED_PAUSED = "undeclared-off"
+NOT_DECLARED = (UNDECLARED, UNDECLARED_PAUSED)
 
 
 @dataclass(frozen=True)
@@ -122,9 +127,10 @@ def _validated(name: Any, opts: Any, source: str, now: datetime) -> Declared:
 
 
 def sync(now: datetime | None = None) -> None:
-    """Create or update one row per declaration; disable rows no longer declared (source
-    `undeclared`). A row an operator disabled stays disabled. Each declaration in its own
-    transaction: one that fails is logged and skipped, and the others are synced."""
+    """Create or update one row per declaration; disable rows no longer declared and mark them
+    so (source UNDECLARED, or UNDECLARED_PAUSED for one an operator had disabled). A row an
+    operator disabled stays disabled. Each declaration in its own transaction: one that fails
+    is logged and skipped, and the others are synced."""
     now = now or database_clock()
     wanted, errors = declared(now)
     for error in errors:
@@ -136,9 +142,9 @@ def sync(now: datetime | None = None) -> None:
             pass  # another scheduler created it at the same moment: theirs stands
         except (DatabaseError, ValueError):  # this declaration's problem only
             logger.exception("schedule %r: not synced; the others are", d.name)
-    Schedule.objects.filter(enabled=True).exclude(name__in=[d.name for d in wanted]).update(
-        enabled=False, source=UNDECLARED
-    )
+    gone = Schedule.objects.exclude(name__in=[d.name for d in wanted])
+    gone.filter(enabled=True).update(enabled=False, source=UNDECLARED)
+    gone.filter(enabled=False).exclude(source__in=NOT_DECLARED).update(source=UNDECLARED_PAUSED)
 
 
 def _sync_one(d: Declared, now: datetime) -> None:
