@@ -25,6 +25,10 @@ Missed ticks (the cluster was down, or the previous run is still going) follow `
 A tick never starts while the previous tick's job is still queued or running (no pile-up): under
 `latest`/`skip` that tick is skipped and counted; under `all` it waits.
 
+A failure stays with its own schedule: each is synced and ticked in its own transaction under
+its own deadline, its ticks counted (croniter, no lock held) before it; a pass of run_due starts
+no schedule after PASS_SECONDS, and those left, due still, come first at the next pass.
+
 Hazards: a bad declaration (unknown kind, bad cron or one that never fires, unknown time zone, a
 payload enqueue would refuse) is reported by the system check jobs.E010 and skipped at run time;
 it stops no other schedule. Times are stored in UTC; cron is evaluated in the schedule's time
@@ -33,6 +37,7 @@ local time).
 """
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -43,6 +48,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from jobs.core import bounds, crontab
 from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import bounded
 from jobs.core.crontab import next_tick, ticks_after, ticks_before
 from jobs.core.enqueue import QUEUE_NAME
 from jobs.core.exceptions import EnqueueError, UnknownKind
@@ -56,6 +62,7 @@ logger = logging.getLogger("jobs.schedules")
 MAX_CATCH_UP = 100  # `all`: missed ticks further behind than this are skipped
 MAX_SKIPPED_COUNTED = 10_000  # a schedule far behind counts its skipped ticks up to this (~0.3 s)
 GRACE_SECONDS = 60.0  # `skip`: how late a tick may still be enqueued
+PASS_SECONDS = 2.0  # a pass of run_due starts no schedule after this long (the rest: next pass)
 MISSED = {choice.value for choice in Schedule.Missed}
 # The source sync gives a row it disabled because nothing declares it any more; declared again,
 # it is enabled again. A disabled row with any other source was disabled by an operator
@@ -131,20 +138,23 @@ def sync(now: datetime | None = None) -> None:
     so (source UNDECLARED, or UNDECLARED_PAUSED for one an operator had disabled). A row an
     operator disabled stays disabled. Each declaration in its own transaction: one that fails
     is logged and skipped, and the others are synced."""
-    now = now or database_clock()
+    with bounded("cron: sync"):
+        now = now or database_clock()
     wanted, errors = declared(now)
     for error in errors:
         logger.error("%s; skipped", error)
     for d in wanted:
         try:
-            _sync_one(d, now)
+            with bounded(f"cron: sync {d.name}"):  # a deadline each, as run_due's
+                _sync_one(d, now)
         except IntegrityError:
             pass  # another scheduler created it at the same moment: theirs stands
         except (DatabaseError, ValueError):  # this declaration's problem only
             logger.exception("schedule %r: not synced; the others are", d.name)
     gone = Schedule.objects.exclude(name__in=[d.name for d in wanted])
-    gone.filter(enabled=True).update(enabled=False, source=UNDECLARED)
-    gone.filter(enabled=False).exclude(source__in=NOT_DECLARED).update(source=UNDECLARED_PAUSED)
+    with bounded("cron: sync undeclared"):
+        gone.filter(enabled=True).update(enabled=False, source=UNDECLARED)
+        gone.filter(enabled=False).exclude(source__in=NOT_DECLARED).update(source=UNDECLARED_PAUSED)
 
 
 def _sync_one(d: Declared, now: datetime) -> None:
@@ -176,25 +186,61 @@ def _sync_one(d: Declared, now: datetime) -> None:
 class TickReport:
     enqueued: int = 0
     skipped: int = 0
+    deferred: int = 0  # due schedules left to the next pass: this one had used its time
 
 
-def run_due(now: datetime | None = None) -> TickReport:
-    """Enqueue what is due on every enabled schedule; each schedule in its own transaction."""
-    now = now or database_clock()
+@dataclass(frozen=True)
+class Walk:
+    """A schedule's due ticks at `now`, counted from its `next_at` before its row is locked."""
+
+    due: list[datetime]  # oldest first: `next_at` and what follows up to now, the last 100 kept
+    dropped: int  # due ticks older than those kept (counted up to MAX_SKIPPED_COUNTED)
+    after: datetime  # the first tick after the last due one
+
+
+def run_due(now: datetime | None = None, budget_seconds: float = PASS_SECONDS) -> TickReport:
+    """Enqueue what is due on every enabled schedule, the longest due first.
+
+    Each schedule on its own: its ticks counted first (croniter alone: most of a second for one
+    days behind), then one transaction under its own deadline (jobs.core.connectivity), so one
+    schedule's slowness never cuts another's transaction. No schedule but the first is started
+    once the pass has run `budget_seconds`: those left are due at the next pass, and the
+    scheduler's other work (drains, the reaper) is not held up behind a long catch-up.
+    """
+    started = time.monotonic()
     report = TickReport()
-    due = list(Schedule.objects.filter(enabled=True, next_at__lte=now).values_list("pk", "next_at"))
-    for pk, seen in due:
+    with bounded("cron: due schedules"):
+        now = now or database_clock()
+        due = list(
+            Schedule.objects.filter(enabled=True, next_at__lte=now)
+            .order_by("next_at", "pk")
+            .values_list("pk", "name", "cron", "timezone", "next_at")
+        )
+    for i, (pk, name, cron, tz, seen) in enumerate(due):
+        if i and time.monotonic() - started >= budget_seconds:  # the first always runs
+            report.deferred += 1
+            continue
         try:
-            _run_one(pk, seen, now, report)
+            walk = _walk(cron, tz, seen, now)
+            with bounded(f"cron: schedule {name}"):
+                _run_one(pk, (seen, cron, tz), walk, now, report)
         except (DatabaseError, EnqueueError, ValueError) as exc:  # this schedule's problem only
-            logger.error("schedule %s: tick failed: %s", pk, exc)
+            logger.error("schedule %s: tick failed: %s", name, exc)
+    if report.deferred:
+        logger.info("%s due schedule(s) left to the next pass", report.deferred)
     return report
 
 
-def _run_one(pk: int, seen: datetime, now: datetime, report: TickReport) -> None:
+def _run_one(
+    pk: int, seen: tuple[datetime, str, str], walk: Walk, now: datetime, report: TickReport
+) -> None:
+    next_at_seen, cron, tz = seen
     with transaction.atomic():
-        # The fence: still ours to move only if no other scheduler moved next_at meanwhile.
-        locked = Schedule.objects.filter(pk=pk, next_at=seen, enabled=True)
+        # The fence: still ours to move only if no other scheduler moved next_at meanwhile (nor
+        # a sync changed the timing the walk was counted with).
+        locked = Schedule.objects.filter(
+            pk=pk, next_at=next_at_seen, cron=cron, timezone=tz, enabled=True
+        )
         if connection.features.has_select_for_update_skip_locked:
             locked = locked.select_for_update(skip_locked=True)
         row = locked.first()
@@ -204,7 +250,7 @@ def _run_one(pk: int, seen: datetime, now: datetime, report: TickReport) -> None
             row.last_job_id is not None
             and Job.objects.filter(pk=row.last_job_id, state__in=list(LIVE_STATES)).exists()
         )
-        tick, skipped, next_at = _decide(row, now, busy)
+        tick, skipped, next_at = _decide(row.missed, walk, now, busy)
         job = None
         if tick is not None:
             try:
@@ -216,7 +262,7 @@ def _run_one(pk: int, seen: datetime, now: datetime, report: TickReport) -> None
                 tick, skipped = None, skipped + 1
             else:
                 job = _enqueue_tick(row, tick)
-        updated = Schedule.objects.filter(pk=pk, next_at=seen).update(
+        updated = Schedule.objects.filter(pk=pk, next_at=next_at_seen).update(
             next_at=next_at,
             last_tick_at=tick if tick is not None else row.last_tick_at,
             last_job=job if job is not None else row.last_job,
@@ -231,33 +277,39 @@ def _run_one(pk: int, seen: datetime, now: datetime, report: TickReport) -> None
         logger.info("schedule %s: %s tick(s) skipped (policy %s)", row.name, skipped, row.missed)
 
 
-def _decide(row: Schedule, now: datetime, busy: bool) -> tuple[datetime | None, int, datetime]:
-    """(tick to enqueue or None, ticks skipped, the new next_at)."""
-    due: list[datetime] = [row.next_at]
-    for t in ticks_after(row.cron, row.timezone, row.next_at):
+def _walk(cron: str, tz: str, next_at: datetime, now: datetime) -> Walk:
+    due: list[datetime] = [next_at]
+    for t in ticks_after(cron, tz, next_at):
         if t > now or len(due) > MAX_CATCH_UP:
             break
         due.append(t)
     dropped = 0
     if len(due) > MAX_CATCH_UP:  # further behind than kept: the most recent ticks, from now back
-        due = _ticks_back(row.cron, row.timezone, now, MAX_CATCH_UP)
-        dropped = _count_from(row.cron, row.timezone, row.next_at, due[0])
+        due = _ticks_back(cron, tz, now, MAX_CATCH_UP)
+        dropped = _count_from(cron, tz, next_at, due[0])
+    return Walk(due, dropped, next_tick(cron, tz, due[-1]))
+
+
+def _decide(
+    missed: str, walk: Walk, now: datetime, busy: bool
+) -> tuple[datetime | None, int, datetime]:
+    """(tick to enqueue or None, ticks skipped, the new next_at)."""
+    due, dropped, after_latest = walk.due, walk.dropped, walk.after
     latest = due[-1]
-    after_latest = next_tick(row.cron, row.timezone, latest)
-    if row.missed == Schedule.Missed.ALL:
+    if missed == Schedule.Missed.ALL:
         if busy:  # wait: this tick runs once the previous one ended (the dropped stay dropped)
             return None, dropped, due[0]
         return due[0], dropped, due[1] if len(due) > 1 else after_latest
     if busy:
         return None, dropped + len(due), after_latest
-    if row.missed == Schedule.Missed.SKIP and (now - latest) > timedelta(seconds=GRACE_SECONDS):
+    if missed == Schedule.Missed.SKIP and (now - latest) > timedelta(seconds=GRACE_SECONDS):
         return None, dropped + len(due), after_latest
     return latest, dropped + len(due) - 1, after_latest
 
 
 def _ticks_back(cron: str, tz: str, now: datetime, n: int) -> list[datetime]:
     """The `n` most recent ticks due at `now` (`now` itself included, as the forward walk of
-    `_decide` counts it), oldest first, in UTC."""
+    `_walk` counts it), oldest first, in UTC."""
     back = list(islice(ticks_before(cron, tz, now), n))[::-1]
     following = next_tick(cron, tz, back[-1])  # ticks_before is strictly before `now`
     return back[1:] + [following] if following <= now else back
