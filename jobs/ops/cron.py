@@ -32,8 +32,8 @@ no schedule after PASS_SECONDS, and those left, due still, come first at the nex
 Hazards: a bad declaration (unknown kind, bad cron or one that never fires, unknown time zone, a
 payload enqueue would refuse) is reported by the system check jobs.E010 and skipped at run time;
 it stops no other schedule. Times are stored in UTC; cron is evaluated in the schedule's time
-zone by jobs.core.crontab (DST included: a 02:30 tick on a spring-forward day runs at 03:00
-local time).
+zone by jobs.core.crontab, daylight saving as Vixie cron does it (a 02:30 tick on a
+spring-forward day runs at 03:00 local time; "30 2 * * *" runs once on a fall-back night).
 """
 
 import logging
