@@ -44,7 +44,14 @@ from itertools import islice
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    transaction,
+)
 
 from jobs.core import bounds, crontab
 from jobs.core.conf import jobs_settings
@@ -149,6 +156,8 @@ def sync(now: datetime | None = None) -> None:
                 _sync_one(d, now)
         except IntegrityError:
             pass  # another scheduler created it at the same moment: theirs stands
+        except (OperationalError, InterfaceError):
+            raise  # the connection's, not this declaration's: the scheduler's outage path
         except (DatabaseError, ValueError):  # this declaration's problem only
             logger.exception("schedule %r: not synced; the others are", d.name)
     gone = Schedule.objects.exclude(name__in=[d.name for d in wanted])

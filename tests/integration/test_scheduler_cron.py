@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from croniter import CroniterBadDateError
 from django.conf import settings
-from django.db import DataError
+from django.db import DataError, OperationalError
 from django.test import override_settings
 
 from jobs.models import Job, Schedule
@@ -86,6 +86,20 @@ def test_a_declaration_that_fails_to_sync_is_logged_and_the_others_are_synced(
         schedules.sync()
     assert list(Schedule.objects.values_list("name", flat=True)) == ["fine"]
     assert any("'bad': not synced" in r.getMessage() for r in caplog.records)
+
+
+def test_a_lost_connection_during_sync_is_the_outage_path_not_a_bad_declaration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def next_tick(*args: Any) -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(schedules, "next_tick", next_tick)
+    with (
+        override_settings(JOBS_SCHEDULES={"tick": EVERY_SECOND}),
+        pytest.raises(OperationalError),
+    ):
+        schedules.sync()
 
 
 FAR_BEHIND = 6  # schedules 8 days behind: most of a second of croniter each
