@@ -241,9 +241,9 @@ def run_due(now: datetime | None = None, budget_seconds: float = PASS_SECONDS) -
 
 
 def _run_one(
-    pk: int, seen: tuple[datetime, str, str], walk: Walk, now: datetime, report: TickReport
+    pk: int, fence: tuple[datetime, str, str], walk: Walk, now: datetime, report: TickReport
 ) -> None:
-    next_at_seen, cron, tz = seen
+    next_at_seen, cron, tz = fence  # as read by the pass, and as `walk` was counted with
     with transaction.atomic():
         # The fence: still ours to move only if no other scheduler moved next_at meanwhile (nor
         # a sync changed the timing the walk was counted with).

@@ -191,8 +191,8 @@ class EmbeddedScheduler:
 
 class Faults:
     """A tick that raised something other than a database error -- a bug, a schedule croniter
-    cannot evaluate: its traceback, then at most one line per OUTAGE_LOG_SECONDS while the
-    same keeps happening (a tick comes every fraction of a second)."""
+    cannot evaluate: logged with its traceback at most once per OUTAGE_LOG_SECONDS, with the
+    count of failures since the last report (a tick comes every fraction of a second)."""
 
     def __init__(self) -> None:
         self.unreported = 0
