@@ -11,6 +11,8 @@ scheduler's tick (jobs/ops/cron.py locks the same row to move `next_at`).
 - run now: enqueues the schedule's job at once (kind, payload, queue, unique key
   `schedule:<name>:<now>`) and records it as the schedule's last job, so the next tick waits or
   is skipped while it runs (no pile-up, as for a tick). Refused while the previous run is live.
+Enable and run now are refused for a schedule nothing declares any more (cron.sync marks it,
+cron.NOT_DECLARED): what runs is what the code declares.
 
 Never: decides who may press (callers check may_control) -- but every function refuses a user who
 may not, so a caller's slip cannot write unaudited or unauthorised.
@@ -23,11 +25,12 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 
+from jobs.core.crontab import next_tick
 from jobs.core.exceptions import EnqueueError
 from jobs.core.sql.operator import database_clock
 from jobs.core.states import LIVE_STATES
 from jobs.models import Job, Schedule
-from jobs.ops.cron import UNDECLARED, next_tick
+from jobs.ops.cron import NOT_DECLARED
 
 PERMISSION = "jobs.change_schedule"
 
@@ -56,6 +59,14 @@ def _locked(name: str, user: Any) -> Schedule:
     return row
 
 
+def _refuse_undeclared(row: Schedule) -> None:
+    if row.source in NOT_DECLARED:
+        raise ScheduleControlError(
+            f"schedule {row.name!r} is no longer declared (settings or @handler); declare it "
+            "again to run it"
+        )
+
+
 def _audit(user: Any, row: Schedule, message: str) -> None:
     LogEntry.objects.create(
         user_id=user.pk,
@@ -75,11 +86,7 @@ def set_enabled(name: str, enabled: bool, *, user: Any, via: str = "dashboard") 
             return False
         fields: dict[str, Any] = {"enabled": enabled}
         if enabled:
-            if row.source == UNDECLARED:
-                raise ScheduleControlError(
-                    f"schedule {name!r} is no longer declared (settings or @handler); declare it "
-                    "again to run it"
-                )
+            _refuse_undeclared(row)
             fields["next_at"] = next_tick(row.cron, row.timezone, database_clock())
         Schedule.objects.filter(pk=row.pk).update(**fields)
         word = "enabled" if enabled else "disabled"
@@ -89,9 +96,11 @@ def set_enabled(name: str, enabled: bool, *, user: Any, via: str = "dashboard") 
 
 
 def run_now(name: str, *, user: Any, via: str = "dashboard") -> Job:
-    """Enqueue the schedule's job now; refused while its previous run is queued or running."""
+    """Enqueue the schedule's job now; refused while its previous run is queued or running,
+    and for a schedule no longer declared."""
     with transaction.atomic():
         row = _locked(name, user)
+        _refuse_undeclared(row)
         if row.last_job_id is not None:
             live = Job.objects.filter(pk=row.last_job_id, state__in=list(LIVE_STATES)).exists()
             if live:

@@ -10,8 +10,11 @@ its race changes zero rows.
 
 Hazards: the LISTEN wake-up lives in jobs/worker/listener.py (its own connection, probed when
 quiet); time comparisons happen in SQL with the database clock. Every tick is bounded
-(jobs/worker/connectivity.py) and an outage is logged once, then as a rate-limited reminder,
-then as the recovery -- never a traceback per tick.
+(jobs/core/connectivity.py) and an outage is logged once, then as a rate-limited reminder,
+then as the recovery -- never a traceback per tick. Nothing a tick raises ends the loop (and with
+it qcluster): anything but a database error is a fault, logged with its traceback at most every
+OUTAGE_LOG_SECONDS, and the next tick tries again. The cron sync runs in the first tick, and
+again every SYNC_RETRY_SECONDS until one succeeded.
 """
 
 import logging
@@ -40,6 +43,7 @@ SCHEDULE_CHECK_SECONDS = 0.5  # how often due cron ticks are looked for
 # second; the drains' own LISTEN (jobs.worker.runner) is what starts a job in milliseconds, a
 # tick only sends drains where none stand.
 TICK_SPACING_SECONDS = 0.05
+SYNC_RETRY_SECONDS = 10.0  # a failed sync of the cron declarations is tried again this late
 
 
 def limit_statements_of_this_process() -> None:
@@ -92,8 +96,11 @@ class EmbeddedScheduler:
         self._next_reap = 0.0
         self._next_cron = 0.0
         self._next_standing = 0.0
+        self._next_sync = 0.0
+        self._synced = False  # the cron declarations are in jobs_schedule
         self._idle = True  # nothing was due at the last tick: enqueues are asked to notify us
         self.outage = OutageLog("scheduler", logger)
+        self.faults = Faults()
 
     def tick(self) -> None:
         cfg = jobs_settings()
@@ -105,9 +112,17 @@ class EmbeddedScheduler:
             self.dispatch()
             unresolved.resolve_pending()
         if now >= self._next_cron:  # cron ticks (jobs.ops.cron): exactly once per tick
-            with bounded("cron tick"):
-                schedules.run_due()
-            self._next_cron = now + SCHEDULE_CHECK_SECONDS
+            self._next_cron = now + SCHEDULE_CHECK_SECONDS  # after a failed pass too
+            self.cron_pass(now)
+
+    def cron_pass(self, now: float) -> None:
+        """Sync the cron declarations until that succeeded once, then enqueue what is due. A
+        failed sync is retried SYNC_RETRY_SECONDS later; the passes between run on the rows."""
+        if not self._synced and now >= self._next_sync:
+            self._next_sync = now + SYNC_RETRY_SECONDS
+            schedules.sync()
+            self._synced = True
+        schedules.run_due()  # a deadline per schedule, and a time budget for the pass
 
     def dispatch(self) -> None:
         """Make sure enough drains are on their way for the work that is due now -- and, while
@@ -144,11 +159,6 @@ class EmbeddedScheduler:
         maintenance = Maintenance(self.identity)
         maintenance.start()
         try:
-            try:
-                schedules.sync()
-            except DatabaseError:
-                logger.exception("cron schedules could not be synced; retried at next start")
-                connection.close()
             while not should_stop():
                 ticked = time.monotonic()
                 try:
@@ -159,6 +169,8 @@ class EmbeddedScheduler:
                     if should_stop():
                         break  # a stop cut the tick's wait: no outage to report
                     self.outage.failed(exc)
+                except Exception as exc:  # noqa: BLE001  a fault must not end qcluster
+                    self.faults.failed(exc)
                 timeout = min(cfg.POLL_SECONDS, cfg.REAPER_SECONDS)
                 # While work is due the drains are on it: enqueues need not notify this tick
                 # (each NOTIFY serializes enqueue commits), which then comes at the poll.
@@ -175,3 +187,26 @@ class EmbeddedScheduler:
             self.waker.close()
             connection.close()
             logger.info("embedded scheduler %s stopped", self.identity)
+
+
+class Faults:
+    """A tick that raised something other than a database error -- a bug, a schedule croniter
+    cannot evaluate: logged with its traceback at most once per OUTAGE_LOG_SECONDS, with the
+    count of failures since the last report (a tick comes every fraction of a second)."""
+
+    def __init__(self) -> None:
+        self.unreported = 0
+        self._logged_at = -float("inf")
+
+    def failed(self, exc: BaseException) -> None:
+        self.unreported += 1
+        now = time.monotonic()
+        if now - self._logged_at < jobs_settings().OUTAGE_LOG_SECONDS:
+            return
+        self._logged_at = now
+        logger.error(
+            "scheduler tick failed (%s time(s) since the last report); the next tick tries again",
+            self.unreported,
+            exc_info=exc,
+        )
+        self.unreported = 0

@@ -200,6 +200,18 @@ def test_a_refused_action_says_why_and_changes_nothing(controller: User) -> None
     assert "refused by enqueue" in page.content.decode() and not Job.objects.exists()
 
 
+@pytest.mark.parametrize("action", ["run", "enable"])
+def test_a_schedule_no_longer_declared_is_neither_run_nor_enabled_and_the_page_says_why(
+    controller: User, action: str
+) -> None:
+    plant(enabled=False, source="undeclared")  # how cron.sync leaves it
+    page = client_for(controller).post(
+        reverse("dashboard:cron-action"), {"name": "nightly", "action": action}, follow=True
+    )
+    assert "is no longer declared" in page.content.decode()
+    assert not Schedule.objects.get(name="nightly").enabled and not Job.objects.exists()
+
+
 @pytest.mark.parametrize("action", ["run", "disable"])
 def test_a_schedule_name_with_a_nul_byte_is_no_schedule_not_an_error(
     controller: User, action: str

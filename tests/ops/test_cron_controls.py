@@ -59,6 +59,51 @@ def test_a_schedule_declared_again_after_sync_disabled_it_is_enabled_again() -> 
     assert row.enabled and row.source == "settings"
 
 
+def test_a_schedule_an_operator_disabled_then_undeclared_can_be_neither_enabled_nor_run(
+    operator_with_change,
+) -> None:
+    """Found in review: sync left such a row with source `settings`, so enable let it run."""
+    with override_settings(JOBS_SCHEDULES=DECLARED):
+        cron.sync()
+    cron_controls.set_enabled("digest", False, user=operator_with_change)
+    with override_settings(JOBS_SCHEDULES={}):
+        cron.sync()
+    for press in (
+        lambda: cron_controls.set_enabled("digest", True, user=operator_with_change),
+        lambda: cron_controls.run_now("digest", user=operator_with_change),
+    ):
+        with pytest.raises(cron_controls.ScheduleControlError, match="no longer declared"):
+            press()
+    row = Schedule.objects.get(name="digest")
+    assert not row.enabled and row.source == cron.UNDECLARED_PAUSED and not Job.objects.exists()
+    assert LogEntry.objects.count() == 1  # the disable
+
+
+def test_run_now_of_a_schedule_no_longer_declared_is_refused(operator_with_change) -> None:
+    with override_settings(JOBS_SCHEDULES=DECLARED):
+        cron.sync()
+    with override_settings(JOBS_SCHEDULES={}):
+        cron.sync()
+    with pytest.raises(cron_controls.ScheduleControlError, match="no longer declared"):
+        cron_controls.run_now("digest", user=operator_with_change)
+    assert not Job.objects.exists() and not LogEntry.objects.exists()
+
+
+def test_an_operators_disable_stands_when_its_schedule_is_declared_again(
+    operator_with_change,
+) -> None:
+    with override_settings(JOBS_SCHEDULES=DECLARED):
+        cron.sync()
+        cron_controls.set_enabled("digest", False, user=operator_with_change)
+    with override_settings(JOBS_SCHEDULES={}):
+        cron.sync()
+    with override_settings(JOBS_SCHEDULES=DECLARED):
+        cron.sync()
+    row = Schedule.objects.get(name="digest")
+    assert (row.enabled, row.source) == (False, "settings")
+    assert cron_controls.set_enabled("digest", True, user=operator_with_change)
+
+
 def test_enable_moves_the_next_tick_after_now_and_skips_what_was_missed(
     operator_with_change,
 ) -> None:

@@ -34,6 +34,22 @@ def test_cron_is_evaluated_in_the_schedules_time_zone():
     assert spring == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
 
 
+def test_a_fixed_time_schedule_runs_once_on_the_fall_back_night():
+    """Found in review: "30 2 * * *" in Paris ran at 02:30 summer time and again at 02:30 winter
+    time (00:30 and 01:30 UTC on 2026-10-25). Vixie cron runs it once; so do we."""
+    declared = {"nightly": {"kind": "test.echo", "cron": "30 2 * * *", "timezone": "Europe/Paris"}}
+    with override_settings(JOBS_SCHEDULES=declared):
+        schedules.sync(datetime(2026, 10, 24, 12, tzinfo=UTC))
+    now = datetime(2026, 10, 25, 0, 30, 5, tzinfo=UTC)
+    for _ in range(3):  # 00:30, 01:30 and 02:30 UTC, each run finished before the next
+        schedules.run_due(now)
+        Job.objects.update(state=JobState.SUCCEEDED, finished_at=now)
+        now += timedelta(hours=1)
+    keys = list(Job.objects.values_list("unique_key", flat=True))
+    assert keys == ["schedule:nightly:2026-10-25T00:30:00Z"]
+    assert Schedule.objects.get().next_at == datetime(2026, 10, 26, 1, 30, tzinfo=UTC)
+
+
 def test_a_due_tick_is_enqueued_once_with_a_key_per_tick():
     plant()
     first = schedules.run_due(T0 + timedelta(seconds=5))
