@@ -12,7 +12,8 @@ transitions.heartbeat_many and flips the job's `lost` flag; the handler finds ou
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
 Also watches the running handler's execution timeout: once it has run that long, the thread calls
-the runner's `on_timeout` (which fails the attempt and ends the worker process).
+the runner's `on_timeout` (which fails the attempt and ends the worker process, unless the handler
+returned first: jobs/worker/running.py decides which, once).
 
 Also watches for a stop (jobs.worker.shutdown) on behalf of the drain it serves: when one is
 requested it calls the drain's `on_stop` once (the runner hands back the jobs not started), and
@@ -41,6 +42,7 @@ from jobs.core import transitions
 from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.transitions import Claimed, Fence
 from jobs.worker import shutdown
+from jobs.worker.running import Running
 from jobs.worker.successes import FLUSH_SECONDS, Commit, Finished, Successes
 
 __all__ = ["FLUSH_SECONDS", "Finished", "Heartbeater"]
@@ -68,13 +70,9 @@ class Heartbeater:
         self._on_grace_over = on_grace_over
         self._on_stop = on_stop
         self._on_hand_off = on_hand_off
-        self._running_since = 0.0
         self._waiting = False  # some held job is not started yet (read without the lock)
         self._held: dict[int, Held] = {}
-        self._running: Held | None = None
-        self._timeout_at: float | None = None  # time.monotonic() when the running one overruns
-        self._on_timeout: Callable[[], None] | None = None
-        self._timed_out: set[int] = set()  # job ids taken by a timeout
+        self._running = Running()  # the handler running now, and its execution timeout
         self._lock = threading.Lock()
         self._handing: set[int] = set()  # job ids whose hand-off is in flight
         self._hand_offs_settled = threading.Condition(self._lock)
@@ -158,29 +156,31 @@ class Heartbeater:
         timeout: float | None = None,
         on_timeout: Callable[[], None] | None = None,
     ) -> None:
-        """Name the job whose handler runs now (None between handlers).
+        """Name the job whose handler runs now; with a `timeout`, the thread calls `on_timeout`
+        once if it is still running then (jobs.worker.running). No lock, and the thread is not
+        woken for it (a thread switch per job would cost the hot path): it looks at least every
+        FLUSH_SECONDS and then plans its wake-up with the deadline in it."""
+        self._running.start(held, timeout, on_timeout)
 
-        A plain assignment (atomic): beat_now reads it once, under its lock, per beat. With a
-        `timeout`, the thread calls `on_timeout` once if the handler is still running then.
-        """
-        self._running_since = time.monotonic()
-        self._on_timeout = on_timeout if held is not None and timeout is not None else None
-        self._timeout_at = (
-            self._running_since + timeout if self._on_timeout and timeout is not None else None
-        )
-        # Not woken for it (a thread switch per job would cost the hot path): the thread looks
-        # at least every FLUSH_SECONDS and then plans its wake-up with the deadline in it.
-        self._running = held
-
-    def take_timed_out(self, held: Held) -> None:
-        """The running handler overran its timeout: take its job (the runner leaves it)."""
+    def returned(self, held: Held) -> bool:
+        """The runner's handler of `held` returned (or raised): True if its attempt is still the
+        runner's to end, False if its timeout took it first (the thread fails it). Exactly one
+        of this and `take_timed_out` has the attempt."""
         with self._lock:
-            self._timed_out.add(held.fence.job_id)
-            self._held.pop(held.fence.job_id, None)
+            return self._running.returned(held)
+
+    def take_timed_out(self, held: Held) -> bool:
+        """The running handler overran its timeout: take its job (the runner leaves it). False
+        if the handler returned first: the runner ends that attempt, and the timeout is void."""
+        with self._lock:
+            taken = self._running.take(held)
+            if taken:
+                self._held.pop(held.fence.job_id, None)
+            return taken
 
     def timed_out(self, held: Held) -> bool:
         with self._lock:
-            return held.fence.job_id in self._timed_out
+            return self._running.timed_out(held)
 
     def _hand_off_due(self, now: float) -> list[Held]:
         """Batch-mates not started while the running handler is past HANDOFF_SECONDS, for
@@ -195,9 +195,9 @@ class Heartbeater:
                 if not h.started and h.fence.job_id not in self._handing
             ]
             self._waiting = bool(waiting)
-            if not waiting or self._running is None:
+            if not waiting or self._running.held is None:
                 return []
-            if now - self._running_since < HANDOFF_SECONDS:
+            if now - self._running.since < HANDOFF_SECONDS:
                 return []
             self._handing.update(h.fence.job_id for h in waiting)
         return waiting
@@ -272,7 +272,8 @@ class Heartbeater:
     def beat_now(self) -> None:
         with self._lock:
             batch = list(self._held.values())
-            running = self._running if self._running and not self._running.confirmed else None
+            running = self._running.held
+            running = running if running is not None and not running.confirmed else None
             if running is not None and running in batch:
                 # Flagged before the statement, so the runner never sees a confirmation the
                 # database already has as missing (it commits a confirmed success at once).
@@ -313,18 +314,10 @@ class Heartbeater:
         look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
         due = min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
         now = time.monotonic()
-        for at in (self._timeout_at, shutdown.grace_ends_at()):
+        for at in (self._running.deadline(), shutdown.grace_ends_at()):
             if at is not None and at > now:
                 due = min(due, at)  # act on the moment, not a look later
         return due
-
-    def _timeout_due(self, now: float) -> Callable[[], None] | None:
-        """The running handler's `on_timeout`, once, when its deadline has passed."""
-        timeout_at, on_timeout = self._timeout_at, self._on_timeout
-        if self._running is None or timeout_at is None or on_timeout is None or now < timeout_at:
-            return None
-        self._on_timeout = self._timeout_at = None
-        return on_timeout
 
     def held(self) -> list[Held]:
         """Take every held job out of this drain's hands (shutdown: they are handed back)."""
@@ -360,10 +353,10 @@ class Heartbeater:
                     self._call(self._on_grace_over)  # may end the process
                     continue
                 now = time.monotonic()
-                on_timeout = self._timeout_due(now)
+                on_timeout = self._running.due(now)
                 if on_timeout is not None:
                     try:
-                        on_timeout()  # ends the process
+                        on_timeout()  # ends the process (unless the handler returned first)
                     except Exception:  # noqa: BLE001  the thread must outlive a failed step
                         logger.exception("execution timeout: could not end the attempt")
                     continue

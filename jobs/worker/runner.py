@@ -18,7 +18,9 @@ attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
 A handler that runs past its execution timeout (`@handler(timeout=...)`, else Q_TIMEOUT) fails
 alone: the background thread fails its attempt, settles its batch and ends this worker process,
 which django-q2 replaces (jobs.worker.watchdog; the main process logs it, or kills the process
-if no thread of it can run).
+if no thread of it can run). One that returns right at its timeout is either committed here or
+failed there, never both: whichever comes first under the drain's lock has the attempt
+(jobs.worker.running).
 
 Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands back
 the jobs it holds but has not started; when the grace period ends with a handler still running,
@@ -225,9 +227,9 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
     try:
         outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
     finally:
-        beats.running(None)
+        ours = beats.returned(held)  # or its timeout's: decided once, under the drain's lock
         watchdog.ended()
-    if beats.timed_out(held):
+    if not ours:
         return  # failed by the background thread, which is ending this process
     if outcome.succeeded and not outcome.lost:
         beats.finished(held, claimed, outcome.result)
@@ -272,7 +274,7 @@ def _abandon(
     """A BaseException ends the drain: settle everyone else's job before it propagates."""
     logger.error("drain interrupted by %r: settling the batch before it propagates", exc)
     steps = [beats.flush]
-    if current is not None:
+    if current is not None and not beats.timed_out(current[1]):  # else its timeout fails it
         claimed = current[0]
         error = "".join(traceback.format_exception(exc))
 

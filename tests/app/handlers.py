@@ -232,3 +232,9 @@ def stuck_in_c(ctx: JobContext) -> dict[str, Any]:
 def timeout_in_c(ctx: JobContext) -> dict[str, Any]:
     _stuck_in_c(_duration(ctx), holding_the_gil=bool(ctx.payload.get("holding_the_gil")))
     return {"attempt": ctx.attempt}
+
+
+@handler("test.timeout_short", timeout=0.5, max_attempts=3)
+def timeout_short(ctx: JobContext) -> dict[str, Any]:
+    """A kind with a short execution timeout; the tests swap in what it does around it."""
+    return {"attempt": ctx.attempt}
