@@ -196,8 +196,15 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
             if not beats.start(current[1]):
                 current = None  # handed back by a stop meanwhile
                 continue
-            run_one(*current, beats, kinds)
+            commit_now = run_one(*current, beats, kinds)
             current, ran = None, ran + 1
+            if commit_now:
+                # It ran long enough to be confirmed (so a kill now would charge it): commit
+                # before the next handler starts. No longer `current`: this commit is not its
+                # handler's doing, so whatever it meets never fails the job -- an outcome still
+                # unknown after UNKNOWN_OUTCOME_SECONDS is spooled (jobs.worker.unresolved) and
+                # the error ends the drain; the lease decides the job meanwhile.
+                beats.flush()
     except BaseException as exc:
         _abandon(current, unstarted, beats, exc)
         raise
@@ -211,15 +218,18 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     return ran
 
 
-def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> None:
+def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> bool:
+    """Run one job and end its attempt, or hand its success over; True if that success must be
+    committed before the next handler starts (confirmed: see run_batch). Quick jobs, never
+    confirmed, keep their batched commit."""
     handler, seconds = kinds[claimed.kind]
     if handler is None:
         beats.release(claimed.fence)
         completer.fail(claimed, f"no handler is registered for kind {claimed.kind!r}")
-        return
+        return False
     if claimed.attempts_released:
         if not _confirm_running(claimed, beats):
-            return
+            return False
         held.confirmed = True
     beats.running(held, seconds, lambda: watchdog.time_out(beats, claimed, held, seconds or 0.0))
     if seconds is not None:
@@ -230,19 +240,16 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
         ours = beats.returned(held)  # or its timeout's: decided once, under the drain's lock
         watchdog.ended()
     if not ours:
-        return  # failed by the background thread, which is ending this process
+        return False  # failed by the background thread, which is ending this process
     if outcome.succeeded and not outcome.lost:
         beats.finished(held, claimed, outcome.result)
-        if held.confirmed:
-            # It ran long enough to be confirmed (so a kill now would charge it): commit before
-            # the next handler starts. Quick jobs, never confirmed, keep their batched commit.
-            beats.flush()
-        return
+        return held.confirmed
     beats.release(claimed.fence)
     if outcome.lost or held.lost.is_set():
         completer.discard(claimed.fence)
     else:
         completer.fail(claimed, outcome.error)
+    return False
 
 
 def _timeout_for(handler: Handler) -> float | None:
