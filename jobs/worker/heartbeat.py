@@ -23,10 +23,11 @@ worker process).
 Hazards: the thread has its own database connection (Django connections are per thread) and
 closes it on exit. Every beat is bounded (jobs.core.connectivity), so a partition costs a beat,
 never a hung thread. Any error in a beat is logged (once, then rate-limited) and retried with
-backoff; the thread itself never dies of it. When no beat has succeeded for half of the shortest
-held lease, the leases are `at_risk`: the runner stops starting jobs and hands the unstarted ones
-back. The commit's compare-and-set remains the last word, so a missed beat can cost a lease,
-never correctness.
+backoff; the thread itself never dies of it, nor of a BaseException of user code it calls (a
+hook's SystemExit; should it die all the same, it says so). When no beat has succeeded for half
+of the shortest held lease, or the thread is dead, the leases are `at_risk`: the runner stops
+starting jobs and hands the unstarted ones back. The commit's compare-and-set remains the last
+word, so a missed beat can cost a lease, never correctness.
 """
 
 import logging
@@ -260,8 +261,11 @@ class Heartbeater:
         Each lease counts from the later of the last successful beat and its own claim: a job
         with a short lease claimed just now is fresh, however long ago the last beat was (a
         drain that had run only long-lease jobs used to hand back a freshly claimed 2 s-lease
-        job as "heartbeats failing", which broke bin/run's zombie drill).
+        job as "heartbeats failing", which broke bin/run's zombie drill). Always, once the
+        thread has died: nothing extends a lease any more.
         """
+        if self._thread.ident is not None and not self._thread.is_alive():
+            return True  # started, and over (it logged its death; or the drain has ended)
         now, last_ok = time.monotonic(), self._last_ok
         if now - last_ok <= self._min_half_lease:
             return False  # each lease counts from last_ok or later: none is past half its length
@@ -332,48 +336,64 @@ class Heartbeater:
     def _call(self, step: Callable[["Heartbeater"], None]) -> None:
         try:
             step(self)
-        except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
+        except BaseException:  # noqa: BLE001  the thread must outlive a failed shutdown step
             logger.exception("shutdown step failed; the leases decide what it did not settle")
 
     def _run(self) -> None:
+        """The thread: every error of one step is logged and the thread goes on -- a
+        BaseException too (a SystemExit raised by user code it calls: only the process's own
+        os._exit, at a timeout or the end of a stop's grace, ends it, and that is no exception).
+        Should it die all the same, it says so, and `at_risk` stops the drain claiming."""
+        try:
+            self._loop()
+        except BaseException:
+            logger.critical(
+                "the drain's background thread died: its leases are no longer extended and the "
+                "drain stops claiming (at_risk)",
+                exc_info=True,
+            )
+        finally:
+            connection.close()
+
+    def _loop(self) -> None:
         last_beat = time.monotonic()
         failures = OutageLog("heartbeat", logger)
         grace_handled = stop_handled = False
-        try:
-            while not self._stop.is_set():
-                self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                if not stop_handled and self._on_stop and shutdown.requested():
-                    stop_handled = True
-                    self._call(self._on_stop)
-                if not grace_handled and self._on_grace_over and shutdown.grace_over():
-                    grace_handled = True
-                    self._call(self._on_grace_over)  # may end the process
-                    continue
-                now = time.monotonic()
-                on_timeout = self._running.due(now)
-                if on_timeout is not None:
-                    try:
-                        on_timeout()  # ends the process (unless the handler returned first)
-                    except Exception:  # noqa: BLE001  the thread must outlive a failed step
-                        logger.exception("execution timeout: could not end the attempt")
-                    continue
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if not stop_handled and self._on_stop and shutdown.requested():
+                stop_handled = True
+                self._call(self._on_stop)
+            if not grace_handled and self._on_grace_over and shutdown.grace_over():
+                grace_handled = True
+                self._call(self._on_grace_over)  # may end the process
+                continue
+            now = time.monotonic()
+            on_timeout = self._running.due(now)
+            if on_timeout is not None:
                 try:
-                    handed = self._hand_off_due(now)
-                    if handed:
-                        self._hand_off(handed)
-                    if self._successes.due(now):
-                        self.flush()
-                    if now >= last_beat + self.interval:
-                        last_beat = now
-                        self.beat_now()
-                    failures.recovered()
-                except Exception as exc:  # noqa: BLE001  the thread must outlive any one error
-                    failures.failed(exc)
-                    connection.close()
-                    # Retry sooner than a full interval, backing off while the failures last.
-                    last_beat = now - self.interval + failures.backoff(*RETRY_SECONDS)
-        finally:
-            connection.close()
+                    on_timeout()  # ends the process (unless the handler returned first)
+                except BaseException:  # noqa: BLE001  the thread must outlive a failed step
+                    logger.exception("execution timeout: could not end the attempt")
+                continue
+            try:
+                handed = self._hand_off_due(now)
+                if handed:
+                    self._hand_off(handed)
+                if self._successes.due(now):
+                    self.flush()
+                if now >= last_beat + self.interval:
+                    last_beat = now
+                    self.beat_now()
+                failures.recovered()
+            except BaseException as exc:  # noqa: BLE001  the thread outlives any one error
+                if isinstance(exc, Exception):
+                    failures.failed(exc)  # once, then rate-limited: an outage repeats
+                else:  # user code it called raised a SystemExit (say): loud, every time
+                    logger.exception("drain's background thread: a step raised %r", exc)
+                connection.close()
+                # Retry sooner than a full interval, backing off while the failures last.
+                last_beat = now - self.interval + failures.backoff(*RETRY_SECONDS)
