@@ -97,6 +97,10 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
     except InvalidPayload as exc:
         return Outcome(succeeded=False, error=f"handler returned an unusable result: {exc}")
+    except Exception as exc:  # noqa: BLE001  the value's own code raised (a hostile items(), a
+        # RecursionError, a MemoryError): this job's failure, never the drain's
+        why = "".join(traceback.format_exception_only(exc)).strip()  # safe if str(exc) raises
+        return Outcome(succeeded=False, error=f"handler returned an unusable result: {why}")
     return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
 
 
