@@ -143,6 +143,34 @@ def test_progress_that_is_not_storable_json_is_a_clear_error(swap_handler):
     assert (job.state, job.progress, job.result) == (JobState.SUCCEEDED, {"ok": True}, "done")
 
 
+class _ReadsDifferently(dict):
+    """Small the first time its items are read, something else every time after."""
+
+    def __init__(self, later):
+        super().__init__()
+        self.later, self.readings = later, 0
+
+    def items(self):
+        self.readings += 1
+        return [("p", 1)] if self.readings == 1 else [("p", self.later)]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "later", ["x" * 2_000_000, math.nan, "a\x00b", _nested(500)], ids=["big", "nan", "nul", "deep"]
+)
+def test_a_checkpoint_stores_the_very_text_it_checked(swap_handler, later):
+    """Progress is read once: checked and stored as one JSON text (it was checked, then encoded
+    again for the statement: 2 MB stored past the limit, NaN or NUL a raw DataError)."""
+    progress = _ReadsDifferently(later)
+    swap_handler("test.echo", lambda ctx: ctx.checkpoint(progress) or "done")
+    job = jobs.enqueue("test.echo")
+    runner.drain()
+    job.refresh_from_db()
+    assert (job.state, job.progress, job.result) == (JobState.SUCCEEDED, {"p": 1}, "done")
+    assert progress.readings == 1
+
+
 class _HidingValues(dict):
     def values(self):
         return []
