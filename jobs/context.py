@@ -31,6 +31,7 @@ from jobs.core import bounds, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import bounded
 from jobs.core.exceptions import LeaseLost
+from jobs.core.sql.rows import JSONText
 from jobs.core.states import Write
 from jobs.core.transitions import Fence
 from jobs.effects import fenced, outbox, pending, staging
@@ -181,11 +182,12 @@ class JobContext:
         """Record JSON progress (and extend the lease); raises LeaseLost like heartbeat().
 
         Progress is bounded like a payload: jobs.InvalidPayload (a ValueError) for what is not
-        plain JSON the database can store or is larger than JOBS['MAX_PAYLOAD_BYTES'].
+        plain JSON the database can store or is larger than JOBS['MAX_PAYLOAD_BYTES']. The
+        text checked is the text stored (encoded once, like a result).
         """
-        bounds.json_value(progress, jobs_settings().MAX_PAYLOAD_BYTES, what="progress")
-        fence, lease = self._held.fence, self._held.lease_seconds
-        self._fenced(Write.CHECKPOINT, lambda: transitions.checkpoint(fence, progress, lease))
+        text = bounds.json_text(progress, jobs_settings().MAX_PAYLOAD_BYTES, what="progress")
+        fence, lease, checked = self._held.fence, self._held.lease_seconds, JSONText(text)
+        self._fenced(Write.CHECKPOINT, lambda: transitions.checkpoint(fence, checked, lease))
 
     # -- every write path beyond the job row (the effects issue) -------------------------------
 

@@ -82,16 +82,42 @@ def storable_text(name: str, value: str, limit: int) -> None:
         raise InvalidOption(f"{name} must not contain lone surrogates") from None
 
 
-def _too_deep(value: Any, limit: int) -> bool:
-    # Iterative, so a hostile depth (or a cycle) cannot exhaust the interpreter's stack.
+_PLAIN = (dict, list, tuple)
+
+
+def _as_encoded(value: Any, limit: int, what: str) -> Any:
+    """`value` checked for depth, as json's encoder will read it.
+
+    Plain dicts, lists and tuples are walked as they are stored (iteratively: a hostile depth, or
+    a cycle, cannot exhaust the interpreter's stack) and the value itself is returned. The
+    encoder reads a subclass through its own methods -- a dict's items(), a list's or tuple's
+    __iter__ -- which may answer differently on each call (a values() that hides its content
+    hid 500 levels from the walk here, stored past the limit). So where a subclass appears, the
+    value is copied into plain containers instead, each subclass read once, the way the encoder
+    reads it; the copy is what is checked and then encoded.
+    """
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
+        if type(item) not in _PLAIN:
+            return _plain_copy(value, 1, limit, what)
         if depth > limit:
-            return True
+            raise InvalidPayload(f"{what} is nested deeper than {limit} levels")
+        children = dict.values(item) if type(item) is dict else item
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
-    return False
+    return value
+
+
+def _plain_copy(value: Any, depth: int, limit: int, what: str) -> Any:
+    # Recursive, but never deeper than `limit` calls: past it the value is refused.
+    if not isinstance(value, dict | list | tuple):
+        return value
+    if depth > limit:
+        raise InvalidPayload(f"{what} is nested deeper than {limit} levels")
+    if isinstance(value, dict):
+        items = dict.items(value) if type(value) is dict else value.items()
+        return {k: _plain_copy(v, depth + 1, limit, what) for k, v in items}
+    return [_plain_copy(v, depth + 1, limit, what) for v in value]
 
 
 def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
@@ -121,10 +147,18 @@ _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(","
 
 
 def _checked_json(value: Any, limit_bytes: int, what: str) -> tuple[str, int]:
-    if isinstance(value, dict | list | tuple) and _too_deep(value, JSON_DEPTH):
-        raise InvalidPayload(f"{what} is nested deeper than {JSON_DEPTH} levels")
+    """The checks, on the JSON text the caller is to send (so the value is read once: a value
+    that answers differently on a second reading cannot pass one check and store another).
+
+    Errors the value's own code raises while it is read (a subclass's items() or __iter__: a
+    RuntimeError, a RecursionError) propagate as they are; the runner turns them into that
+    job's failure."""
     try:
+        if isinstance(value, dict | list | tuple):
+            value = _as_encoded(value, JSON_DEPTH, what)
         encoded = _ENCODER.encode(value)
+    except InvalidPayload:
+        raise
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
     try:

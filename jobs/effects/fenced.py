@@ -129,13 +129,25 @@ def refused_at_commit(exc: BaseException) -> str | None:
     write, the label of the model written ("app.Model"), else None."""
     seen = 0
     while exc is not None and seen < 8:
-        cause = exc.__cause__
-        diag = getattr(cause, "diag", None)
-        if isinstance(exc, IntegrityError) and diag is not None:
-            if diag.constraint_name == fenced_sql.CONSTRAINT:
-                return str(diag.message_detail or "")[:200]
+        if isinstance(exc, IntegrityError):
+            label = _fence_refusal(exc.__cause__)
+            if label is not None:
+                return label
         exc, seen = exc.__cause__ or exc.__context__, seen + 1  # type: ignore[assignment]
     return None
+
+
+def _fence_refusal(cause: BaseException | None) -> str | None:
+    """The label if `cause` is the database's refusal by the fence's commit check, else None.
+    A handler may raise anything from anything: a `diag` that is not psycopg's (or raises when
+    read) is simply not ours, never an error of the drain."""
+    try:
+        diag = getattr(cause, "diag", None)
+        if diag is None or diag.constraint_name != fenced_sql.CONSTRAINT:
+            return None
+        return str(diag.message_detail or "")[:200]
+    except Exception:  # noqa: BLE001  a hostile attribute of the handler's own exception
+        return None
 
 
 # (alias, table) -> its trigger was seen, once per process.

@@ -3,7 +3,8 @@
 Owns: `ctx.stage(name, content)` -- recording a StagedOutput row, then writing the file through
 Django's storage API (`JOBS["STAGING_STORAGE"]`, a key of `STORAGES`) at
 `jobs/<job_id>/attempt-<n>/<name>` -- and a worker deleting its own outputs once its attempt
-ends without committing (a rejected commit, a lost lease, a failure).
+ends without committing (a rejected commit, a lost lease, a failure) -- never the outputs of an
+attempt whose commit landed.
 
 Never: promotes anything itself. The fenced commit sets `Job.result_ref` to the attempt's
 prefix in the statement that ends the attempt; a zombie's commit changes zero rows, so
@@ -23,12 +24,14 @@ from django.core.files import File
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import InvalidOption
+from jobs.core.states import AttemptOutcome
 from jobs.core.transitions import Fence
-from jobs.models import StagedOutput
+from jobs.models import Attempt, StagedOutput
 
 logger = logging.getLogger("jobs.staging")
 
@@ -112,12 +115,26 @@ def _ids(fence: Fence) -> tuple[int, int]:
 
 
 def discard_own(fence: Fence) -> int:
-    """Delete this attempt's staged outputs (its final write was not a commit); how many."""
+    """Delete this attempt's staged outputs (its final write was not a commit); how many.
+
+    Never those of an attempt whose own commit landed (its Attempt row `succeeded`, read in the
+    same query): whatever made a later write of it rejected, `result_ref` names them."""
     deleted = 0
     st = storage()
-    for row in StagedOutput.objects.filter(
+    committed = Attempt.objects.filter(
+        job_id=OuterRef("job_id"), number=OuterRef("attempt"), outcome=AttemptOutcome.SUCCEEDED
+    )
+    rows = StagedOutput.objects.filter(
         job_id=fence.job_id, attempt=fence.attempt, status=StagedOutput.Status.STAGED
-    ):
+    ).annotate(committed=Exists(committed))
+    for row in rows:
+        if row.committed:
+            logger.error(
+                "job %s attempt %s: committed, yet asked to discard its outputs: %s kept",
+                *_ids(fence),
+                row.path,
+            )
+            continue
         try:
             st.delete(row.path)
         except Exception:  # noqa: BLE001  any backend error: the janitor retries later

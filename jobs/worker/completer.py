@@ -221,10 +221,14 @@ def discard(fence: Fence) -> None:
 
 def _tell_finished(kind: str, fence: Fence, *, succeeded: bool) -> None:
     """The job's final write landed: its kind's hook hears of it (jobs.tasks sends
-    task_finished). Never for a rejected write; a hook's failure never changes the outcome."""
+    task_finished). Never for a rejected write; a hook's failure never changes the outcome, nor
+    stops the thread that told it -- a SystemExit too (it would have ended the drain's background
+    thread silently: its batch-mates' leases then ran out). Only an interrupt (Ctrl-C) goes on."""
     try:
         registry.finished(kind, fence.job_id, fence.attempt, succeeded)
-    except Exception:  # noqa: BLE001  the write has landed; a hook cannot undo or redo it
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001  the write has landed; a hook cannot undo or redo it
         logger.exception("job %s attempt %s: the on_finished hook failed", *_ids(fence))
 
 

@@ -12,7 +12,8 @@ transitions.heartbeat_many and flips the job's `lost` flag; the handler finds ou
 its next ctx.heartbeat()/ctx.checkpoint(), and the runner skips the commit.
 
 Also watches the running handler's execution timeout: once it has run that long, the thread calls
-the runner's `on_timeout` (which fails the attempt and ends the worker process).
+the runner's `on_timeout` (which fails the attempt and ends the worker process, unless the handler
+returned first: jobs/worker/running.py decides which, once).
 
 Also watches for a stop (jobs.worker.shutdown) on behalf of the drain it serves: when one is
 requested it calls the drain's `on_stop` once (the runner hands back the jobs not started), and
@@ -22,10 +23,11 @@ worker process).
 Hazards: the thread has its own database connection (Django connections are per thread) and
 closes it on exit. Every beat is bounded (jobs.core.connectivity), so a partition costs a beat,
 never a hung thread. Any error in a beat is logged (once, then rate-limited) and retried with
-backoff; the thread itself never dies of it. When no beat has succeeded for half of the shortest
-held lease, the leases are `at_risk`: the runner stops starting jobs and hands the unstarted ones
-back. The commit's compare-and-set remains the last word, so a missed beat can cost a lease,
-never correctness.
+backoff; the thread itself never dies of it, nor of a BaseException of user code it calls (a
+hook's SystemExit; should it die all the same, it says so). When no beat has succeeded for half
+of the shortest held lease, or the thread is dead, the leases are `at_risk`: the runner stops
+starting jobs and hands the unstarted ones back. The commit's compare-and-set remains the last
+word, so a missed beat can cost a lease, never correctness.
 """
 
 import logging
@@ -41,6 +43,7 @@ from jobs.core import transitions
 from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.transitions import Claimed, Fence
 from jobs.worker import shutdown
+from jobs.worker.running import Running
 from jobs.worker.successes import FLUSH_SECONDS, Commit, Finished, Successes
 
 __all__ = ["FLUSH_SECONDS", "Finished", "Heartbeater"]
@@ -68,13 +71,9 @@ class Heartbeater:
         self._on_grace_over = on_grace_over
         self._on_stop = on_stop
         self._on_hand_off = on_hand_off
-        self._running_since = 0.0
         self._waiting = False  # some held job is not started yet (read without the lock)
         self._held: dict[int, Held] = {}
-        self._running: Held | None = None
-        self._timeout_at: float | None = None  # time.monotonic() when the running one overruns
-        self._on_timeout: Callable[[], None] | None = None
-        self._timed_out: set[int] = set()  # job ids taken by a timeout
+        self._running = Running()  # the handler running now, and its execution timeout
         self._lock = threading.Lock()
         self._handing: set[int] = set()  # job ids whose hand-off is in flight
         self._hand_offs_settled = threading.Condition(self._lock)
@@ -158,29 +157,31 @@ class Heartbeater:
         timeout: float | None = None,
         on_timeout: Callable[[], None] | None = None,
     ) -> None:
-        """Name the job whose handler runs now (None between handlers).
+        """Name the job whose handler runs now; with a `timeout`, the thread calls `on_timeout`
+        once if it is still running then (jobs.worker.running). No lock, and the thread is not
+        woken for it (a thread switch per job would cost the hot path): it looks at least every
+        FLUSH_SECONDS and then plans its wake-up with the deadline in it."""
+        self._running.start(held, timeout, on_timeout)
 
-        A plain assignment (atomic): beat_now reads it once, under its lock, per beat. With a
-        `timeout`, the thread calls `on_timeout` once if the handler is still running then.
-        """
-        self._running_since = time.monotonic()
-        self._on_timeout = on_timeout if held is not None and timeout is not None else None
-        self._timeout_at = (
-            self._running_since + timeout if self._on_timeout and timeout is not None else None
-        )
-        # Not woken for it (a thread switch per job would cost the hot path): the thread looks
-        # at least every FLUSH_SECONDS and then plans its wake-up with the deadline in it.
-        self._running = held
-
-    def take_timed_out(self, held: Held) -> None:
-        """The running handler overran its timeout: take its job (the runner leaves it)."""
+    def returned(self, held: Held) -> bool:
+        """The runner's handler of `held` returned (or raised): True if its attempt is still the
+        runner's to end, False if its timeout took it first (the thread fails it). Exactly one
+        of this and `take_timed_out` has the attempt."""
         with self._lock:
-            self._timed_out.add(held.fence.job_id)
-            self._held.pop(held.fence.job_id, None)
+            return self._running.returned(held)
+
+    def take_timed_out(self, held: Held) -> bool:
+        """The running handler overran its timeout: take its job (the runner leaves it). False
+        if the handler returned first: the runner ends that attempt, and the timeout is void."""
+        with self._lock:
+            taken = self._running.take(held)
+            if taken:
+                self._held.pop(held.fence.job_id, None)
+            return taken
 
     def timed_out(self, held: Held) -> bool:
         with self._lock:
-            return held.fence.job_id in self._timed_out
+            return self._running.timed_out(held)
 
     def _hand_off_due(self, now: float) -> list[Held]:
         """Batch-mates not started while the running handler is past HANDOFF_SECONDS, for
@@ -195,9 +196,9 @@ class Heartbeater:
                 if not h.started and h.fence.job_id not in self._handing
             ]
             self._waiting = bool(waiting)
-            if not waiting or self._running is None:
+            if not waiting or self._running.held is None:
                 return []
-            if now - self._running_since < HANDOFF_SECONDS:
+            if now - self._running.since < HANDOFF_SECONDS:
                 return []
             self._handing.update(h.fence.job_id for h in waiting)
         return waiting
@@ -260,8 +261,11 @@ class Heartbeater:
         Each lease counts from the later of the last successful beat and its own claim: a job
         with a short lease claimed just now is fresh, however long ago the last beat was (a
         drain that had run only long-lease jobs used to hand back a freshly claimed 2 s-lease
-        job as "heartbeats failing", which broke bin/run's zombie drill).
+        job as "heartbeats failing", which broke bin/run's zombie drill). Always, once the
+        thread has died: nothing extends a lease any more.
         """
+        if self._thread.ident is not None and not self._thread.is_alive():
+            return True  # started, and over (it logged its death; or the drain has ended)
         now, last_ok = time.monotonic(), self._last_ok
         if now - last_ok <= self._min_half_lease:
             return False  # each lease counts from last_ok or later: none is past half its length
@@ -272,7 +276,8 @@ class Heartbeater:
     def beat_now(self) -> None:
         with self._lock:
             batch = list(self._held.values())
-            running = self._running if self._running and not self._running.confirmed else None
+            running = self._running.held
+            running = running if running is not None and not running.confirmed else None
             if running is not None and running in batch:
                 # Flagged before the statement, so the runner never sees a confirmation the
                 # database already has as missing (it commits a confirmed success at once).
@@ -313,18 +318,10 @@ class Heartbeater:
         look_at = time.monotonic() + look  # successes finished meanwhile, batch-mates waiting
         due = min(beat_at, look_at) if flush_at is None else min(beat_at, flush_at)
         now = time.monotonic()
-        for at in (self._timeout_at, shutdown.grace_ends_at()):
+        for at in (self._running.deadline(), shutdown.grace_ends_at()):
             if at is not None and at > now:
                 due = min(due, at)  # act on the moment, not a look later
         return due
-
-    def _timeout_due(self, now: float) -> Callable[[], None] | None:
-        """The running handler's `on_timeout`, once, when its deadline has passed."""
-        timeout_at, on_timeout = self._timeout_at, self._on_timeout
-        if self._running is None or timeout_at is None or on_timeout is None or now < timeout_at:
-            return None
-        self._on_timeout = self._timeout_at = None
-        return on_timeout
 
     def held(self) -> list[Held]:
         """Take every held job out of this drain's hands (shutdown: they are handed back)."""
@@ -339,48 +336,64 @@ class Heartbeater:
     def _call(self, step: Callable[["Heartbeater"], None]) -> None:
         try:
             step(self)
-        except Exception:  # noqa: BLE001  the thread must outlive a failed shutdown step
+        except BaseException:  # noqa: BLE001  the thread must outlive a failed shutdown step
             logger.exception("shutdown step failed; the leases decide what it did not settle")
 
     def _run(self) -> None:
+        """The thread: every error of one step is logged and the thread goes on -- a
+        BaseException too (a SystemExit raised by user code it calls: only the process's own
+        os._exit, at a timeout or the end of a stop's grace, ends it, and that is no exception).
+        Should it die all the same, it says so, and `at_risk` stops the drain claiming."""
+        try:
+            self._loop()
+        except BaseException:
+            logger.critical(
+                "the drain's background thread died: its leases are no longer extended and the "
+                "drain stops claiming (at_risk)",
+                exc_info=True,
+            )
+        finally:
+            connection.close()
+
+    def _loop(self) -> None:
         last_beat = time.monotonic()
         failures = OutageLog("heartbeat", logger)
         grace_handled = stop_handled = False
-        try:
-            while not self._stop.is_set():
-                self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                if not stop_handled and self._on_stop and shutdown.requested():
-                    stop_handled = True
-                    self._call(self._on_stop)
-                if not grace_handled and self._on_grace_over and shutdown.grace_over():
-                    grace_handled = True
-                    self._call(self._on_grace_over)  # may end the process
-                    continue
-                now = time.monotonic()
-                on_timeout = self._timeout_due(now)
-                if on_timeout is not None:
-                    try:
-                        on_timeout()  # ends the process
-                    except Exception:  # noqa: BLE001  the thread must outlive a failed step
-                        logger.exception("execution timeout: could not end the attempt")
-                    continue
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, self._next_deadline(last_beat) - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if not stop_handled and self._on_stop and shutdown.requested():
+                stop_handled = True
+                self._call(self._on_stop)
+            if not grace_handled and self._on_grace_over and shutdown.grace_over():
+                grace_handled = True
+                self._call(self._on_grace_over)  # may end the process
+                continue
+            now = time.monotonic()
+            on_timeout = self._running.due(now)
+            if on_timeout is not None:
                 try:
-                    handed = self._hand_off_due(now)
-                    if handed:
-                        self._hand_off(handed)
-                    if self._successes.due(now):
-                        self.flush()
-                    if now >= last_beat + self.interval:
-                        last_beat = now
-                        self.beat_now()
-                    failures.recovered()
-                except Exception as exc:  # noqa: BLE001  the thread must outlive any one error
-                    failures.failed(exc)
-                    connection.close()
-                    # Retry sooner than a full interval, backing off while the failures last.
-                    last_beat = now - self.interval + failures.backoff(*RETRY_SECONDS)
-        finally:
-            connection.close()
+                    on_timeout()  # ends the process (unless the handler returned first)
+                except BaseException:  # noqa: BLE001  the thread must outlive a failed step
+                    logger.exception("execution timeout: could not end the attempt")
+                continue
+            try:
+                handed = self._hand_off_due(now)
+                if handed:
+                    self._hand_off(handed)
+                if self._successes.due(now):
+                    self.flush()
+                if now >= last_beat + self.interval:
+                    last_beat = now
+                    self.beat_now()
+                failures.recovered()
+            except BaseException as exc:  # noqa: BLE001  the thread outlives any one error
+                if isinstance(exc, Exception):
+                    failures.failed(exc)  # once, then rate-limited: an outage repeats
+                else:  # user code it called raised a SystemExit (say): loud, every time
+                    logger.exception("drain's background thread: a step raised %r", exc)
+                connection.close()
+                # Retry sooner than a full interval, backing off while the failures last.
+                last_beat = now - self.interval + failures.backoff(*RETRY_SECONDS)

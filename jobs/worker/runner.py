@@ -18,7 +18,9 @@ attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
 A handler that runs past its execution timeout (`@handler(timeout=...)`, else Q_TIMEOUT) fails
 alone: the background thread fails its attempt, settles its batch and ends this worker process,
 which django-q2 replaces (jobs.worker.watchdog; the main process logs it, or kills the process
-if no thread of it can run).
+if no thread of it can run). One that returns right at its timeout is either committed here or
+failed there, never both: whichever comes first under the drain's lock has the attempt
+(jobs.worker.running).
 
 Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands back
 the jobs it holds but has not started; when the grace period ends with a handler still running,
@@ -95,6 +97,10 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
     except InvalidPayload as exc:
         return Outcome(succeeded=False, error=f"handler returned an unusable result: {exc}")
+    except Exception as exc:  # noqa: BLE001  the value's own code raised (a hostile items(), a
+        # RecursionError, a MemoryError): this job's failure, never the drain's
+        why = "".join(traceback.format_exception_only(exc)).strip()  # safe if str(exc) raises
+        return Outcome(succeeded=False, error=f"handler returned an unusable result: {why}")
     return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
 
 
@@ -194,8 +200,15 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
             if not beats.start(current[1]):
                 current = None  # handed back by a stop meanwhile
                 continue
-            run_one(*current, beats, kinds)
+            commit_now = run_one(*current, beats, kinds)
             current, ran = None, ran + 1
+            if commit_now:
+                # It ran long enough to be confirmed (so a kill now would charge it): commit
+                # before the next handler starts. No longer `current`: this commit is not its
+                # handler's doing, so whatever it meets never fails the job -- an outcome still
+                # unknown after UNKNOWN_OUTCOME_SECONDS is spooled (jobs.worker.unresolved) and
+                # the error ends the drain; the lease decides the job meanwhile.
+                beats.flush()
     except BaseException as exc:
         _abandon(current, unstarted, beats, exc)
         raise
@@ -209,15 +222,18 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     return ran
 
 
-def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> None:
+def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> bool:
+    """Run one job and end its attempt, or hand its success over; True if that success must be
+    committed before the next handler starts (confirmed: see run_batch). Quick jobs, never
+    confirmed, keep their batched commit."""
     handler, seconds = kinds[claimed.kind]
     if handler is None:
         beats.release(claimed.fence)
         completer.fail(claimed, f"no handler is registered for kind {claimed.kind!r}")
-        return
+        return False
     if claimed.attempts_released:
         if not _confirm_running(claimed, beats):
-            return
+            return False
         held.confirmed = True
     beats.running(held, seconds, lambda: watchdog.time_out(beats, claimed, held, seconds or 0.0))
     if seconds is not None:
@@ -225,22 +241,19 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
     try:
         outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
     finally:
-        beats.running(None)
+        ours = beats.returned(held)  # or its timeout's: decided once, under the drain's lock
         watchdog.ended()
-    if beats.timed_out(held):
-        return  # failed by the background thread, which is ending this process
+    if not ours:
+        return False  # failed by the background thread, which is ending this process
     if outcome.succeeded and not outcome.lost:
         beats.finished(held, claimed, outcome.result)
-        if held.confirmed:
-            # It ran long enough to be confirmed (so a kill now would charge it): commit before
-            # the next handler starts. Quick jobs, never confirmed, keep their batched commit.
-            beats.flush()
-        return
+        return held.confirmed
     beats.release(claimed.fence)
     if outcome.lost or held.lost.is_set():
         completer.discard(claimed.fence)
     else:
         completer.fail(claimed, outcome.error)
+    return False
 
 
 def _timeout_for(handler: Handler) -> float | None:
@@ -272,7 +285,7 @@ def _abandon(
     """A BaseException ends the drain: settle everyone else's job before it propagates."""
     logger.error("drain interrupted by %r: settling the batch before it propagates", exc)
     steps = [beats.flush]
-    if current is not None:
+    if current is not None and not beats.timed_out(current[1]):  # else its timeout fails it
         claimed = current[0]
         error = "".join(traceback.format_exception(exc))
 

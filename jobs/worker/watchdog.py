@@ -5,7 +5,8 @@ jobs.worker.shutdown's grace) with one slot per worker process: its pid, the job
 handler runs, and when that attempt's timeout (`@handler(timeout=...)`, else django-q2's
 Q_TIMEOUT) runs out. The drain fills its slot when a handler starts and empties it when the
 handler returns. At the deadline the drain's background thread fails the attempt itself
-("exceeded the task timeout of N s", retried like any failure), hands its batch-mates back,
+("exceeded the task timeout of N s", retried like any failure; unless the handler returned
+first, decided once under the drain's lock: jobs.worker.running), hands its batch-mates back,
 runs the exit hooks (jobs.core.registry: jobs.tasks sends the task_finished notices those writes
 queued, bounded by EXIT_HOOK_SECONDS; os._exit would kill their thread first), and ends the
 worker process, which django-q2's sentinel replaces (jobs.worker.runner). `Watchdog`, a thread
@@ -135,6 +136,8 @@ def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -
     shutdown grace begins.
     """
     fence, cfg = claimed.fence, jobs_settings()
+    if not beats.take_timed_out(held):
+        return  # the handler returned first (decided under the drain's lock): the runner ends it
     error = f"exceeded the task timeout of {seconds:g} s"
     settling(cfg.UNKNOWN_OUTCOME_SECONDS + 2 * cfg.DB_TIMEOUT_SECONDS + registry.EXIT_HOOK_SECONDS)
     logger.error(
@@ -145,7 +148,6 @@ def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -
         error,
         os.getpid(),
     )
-    beats.take_timed_out(held)
 
     def hand_back_unstarted() -> None:
         for h in beats.take_unstarted():

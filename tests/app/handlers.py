@@ -94,6 +94,47 @@ class _Scripted(Exception):
     pass
 
 
+class _RaisingItems(dict):  # type: ignore[type-arg]
+    def items(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("hostile items()")
+
+
+class _RecursingItems(dict):  # type: ignore[type-arg]
+    def items(self):  # type: ignore[no-untyped-def]
+        return self.items()
+
+
+class _HidingValues(dict):  # type: ignore[type-arg]
+    """Its values() hides its content (json's encoder reads items())."""
+
+    def values(self):  # type: ignore[no-untyped-def]
+        return []
+
+
+class _HostileDiag(Exception):
+    @property
+    def diag(self) -> Any:
+        raise RuntimeError("hostile diag")
+
+
+def _hostile_result(bad: str) -> Any:
+    if bad == "items_raise":
+        return _RaisingItems(a=1)
+    if bad == "items_recurse":
+        return _RecursingItems(a=1)
+    if bad == "hidden_depth":
+        nested: list[Any] = []
+        for _ in range(500):
+            nested = [nested]
+        return _HidingValues(a=nested)
+    if bad == "diag_raise":
+        try:
+            raise _HostileDiag("inner")
+        except _HostileDiag as inner:
+            raise ValueError("outer") from inner
+    return None
+
+
 def _base_exception(name: str) -> BaseException:
     from django_q.exceptions import TimeoutException
 
@@ -111,7 +152,9 @@ def script(ctx: JobContext) -> Any:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
     `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
     `{"bad": ...}` for values no payload can carry (a NUL or a
-    lone surrogate in the result, a NUL in the error text)."""
+    lone surrogate in the result, a NUL in the error text) and hostile ones (a result whose
+    items() raises or recurses, or hides its depth from values(); an error whose cause's
+    `diag` raises)."""
     p = ctx.payload
     time.sleep(float(p.get("seconds", 0.0)))
     if p.get("kill"):
@@ -123,6 +166,8 @@ def script(ctx: JobContext) -> Any:
         return {"text": "lone \ud800 surrogate"}
     if bad == "nul_error":
         raise _Scripted("error text with a \x00 NUL")
+    if bad is not None:
+        return _hostile_result(bad)
     if "raise" in p:
         raise _Scripted(p["raise"])
     if "base" in p:
@@ -231,4 +276,10 @@ def stuck_in_c(ctx: JobContext) -> dict[str, Any]:
 @handler("test.timeout_in_c", timeout=1.5, max_attempts=3)
 def timeout_in_c(ctx: JobContext) -> dict[str, Any]:
     _stuck_in_c(_duration(ctx), holding_the_gil=bool(ctx.payload.get("holding_the_gil")))
+    return {"attempt": ctx.attempt}
+
+
+@handler("test.timeout_short", timeout=0.5, max_attempts=3)
+def timeout_short(ctx: JobContext) -> dict[str, Any]:
+    """A kind with a short execution timeout; the tests swap in what it does around it."""
     return {"attempt": ctx.attempt}

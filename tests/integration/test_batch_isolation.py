@@ -74,6 +74,24 @@ def test_a_result_the_database_cannot_store_fails_only_its_own_job(one_batch, ba
     assert "unusable result" in poison.error
 
 
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ("items_raise", "unusable result: RuntimeError: hostile items()"),
+        ("items_recurse", "unusable result: RecursionError: maximum recursion depth exceeded"),
+        ("hidden_depth", "unusable result: result is nested deeper than 64 levels"),
+        ("diag_raise", "ValueError: outer"),  # the handler's own error, as it raised it
+    ],
+)
+def test_a_value_whose_own_code_misbehaves_fails_only_its_own_job(one_batch, bad, error):
+    first, poison, last = one_batch({"return": 1}, {"bad": bad}, {"return": 3})
+    runner.drain()  # raises nothing: the drain goes on
+    one_batch.were_claimed_together([first, poison, last])
+    assert [state(first), state(poison), state(last)] == ["succeeded", "failed", "succeeded"]
+    assert error in poison.error
+    assert Attempt.objects.get(job=last).outcome == AttemptOutcome.SUCCEEDED  # ran, not handed back
+
+
 def test_a_row_the_database_refuses_at_commit_fails_alone(one_batch, monkeypatch):
     """Defence in depth: a value the validation misses is refused by the commit statement; the
     batch is split until the refused row stands alone, and only its job fails."""

@@ -1,7 +1,9 @@
 """No input stops a queue: hostile values are refused where they enter, and a row that still
 makes a statement fail is failed alone while the queue keeps moving."""
 
+import collections
 import datetime as dt
+import json
 import math
 
 import pytest
@@ -10,7 +12,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import jobs
-from jobs.core import transitions
+from jobs.core import bounds, transitions
 from jobs.core.registry import handler
 from jobs.core.states import JobState
 from jobs.models import Job, JobEvent
@@ -139,6 +141,57 @@ def test_progress_that_is_not_storable_json_is_a_clear_error(swap_handler):
     job.refresh_from_db()
     assert errors == ["InvalidPayload", "InvalidPayload", "PayloadTooLarge"]
     assert (job.state, job.progress, job.result) == (JobState.SUCCEEDED, {"ok": True}, "done")
+
+
+class _ReadsDifferently(dict):
+    """Small the first time its items are read, something else every time after."""
+
+    def __init__(self, later):
+        super().__init__()
+        self.later, self.readings = later, 0
+
+    def items(self):
+        self.readings += 1
+        return [("p", 1)] if self.readings == 1 else [("p", self.later)]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "later", ["x" * 2_000_000, math.nan, "a\x00b", _nested(500)], ids=["big", "nan", "nul", "deep"]
+)
+def test_a_checkpoint_stores_the_very_text_it_checked(swap_handler, later):
+    """Progress is read once: checked and stored as one JSON text (it was checked, then encoded
+    again for the statement: 2 MB stored past the limit, NaN or NUL a raw DataError)."""
+    progress = _ReadsDifferently(later)
+    swap_handler("test.echo", lambda ctx: ctx.checkpoint(progress) or "done")
+    job = jobs.enqueue("test.echo")
+    runner.drain()
+    job.refresh_from_db()
+    assert (job.state, job.progress, job.result) == (JobState.SUCCEEDED, {"p": 1}, "done")
+    assert progress.readings == 1
+
+
+class _HidingValues(dict):
+    def values(self):
+        return []
+
+
+def test_a_container_subclass_is_checked_as_the_encoder_reads_it():
+    """json's encoder reads a dict subclass through items() and a list or tuple subclass through
+    its __iter__: the depth check sees the same children (a values() hiding them let 500 levels
+    through), and a well-behaved subclass encodes as json.dumps would."""
+    with pytest.raises(jobs.InvalidPayload, match="deeper than 64"):
+        bounds.json_text(_HidingValues(a=_nested(500)), 10**6, "result")
+    with pytest.raises(jobs.InvalidPayload, match="deeper than 64"):
+        bounds.json_text([_HidingValues(a=[_HidingValues(b=_nested(70))])], 10**6, "result")
+    point = collections.namedtuple("point", "x y")
+    for value in (
+        collections.OrderedDict(b=1, a=[point(1, 2)]),
+        collections.defaultdict(list, k=(1, 2)),
+        collections.Counter("abca"),
+        type("Row", (list,), {})([1, {"k": point(3, 4)}]),
+    ):
+        assert json.loads(bounds.json_text(value, 10**6)) == json.loads(json.dumps(value))
 
 
 # -- defence in depth: rows that still make a statement fail -------------------------------------

@@ -1,15 +1,18 @@
 """Invariant 10: a commit whose outcome is unknown is resolved by re-reading on a new connection."""
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 import jobs
 from jobs.core import transitions
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.worker import completer, reaper
+from jobs.worker import completer, reaper, runner
 from tests.integration.pgproxy import PgProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -171,3 +174,61 @@ def test_a_token_write_rejection_whose_commit_landed_before_the_connection_died_
     assert proxied.cuts == 1
     assert RejectedWrite.objects.filter(job_id=fence.job_id, write="token_write").count() == 1
     assert [r for r in caplog.records if "stale token_write rejected" in r.getMessage()]
+
+
+# -- a confirmed job's commit, on the runner's own thread ----------------------------------------
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_confirmed_jobs_commit_left_unknown_is_spooled_and_never_blamed_on_its_handler(
+    proxied, settings, tmp_path, swap_handler, caplog
+):
+    """The commit lands, its reply is lost and the database stays away past
+    UNKNOWN_OUTCOME_SECONDS: the write is spooled and the drain ends with the error -- the job
+    is not failed with "handler raised OperationalError" (then rejected, its outputs deleted,
+    once the database was back)."""
+    spool = tmp_path / "spool"
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    settings.JOBS = {**settings.JOBS, "UNRESOLVED_DIR": str(spool), "UNKNOWN_OUTCOME_SECONDS": 1.0}
+
+    def confirmed_then_done(ctx):
+        ctx.stage("out.txt", "the result")
+        deadline = time.monotonic() + 10
+        while not ctx._held.confirmed and time.monotonic() < deadline:  # a beat confirms it
+            time.sleep(0.01)
+        return {"confirmed": ctx._held.confirmed}
+
+    swap_handler("test.echo", confirmed_then_done)
+    job = jobs.enqueue("test.echo", lease_seconds=1.5)  # beaten every 0.5 s
+    upstream, away = proxied.upstream, ("127.0.0.1", _unused_port())
+
+    def database_away_until_the_write_is_spooled():
+        deadline = time.monotonic() + 30
+        while not proxied.cuts and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proxied.upstream = away  # every new connection refused from now on ...
+        proxied.reset()  # ... and those opened while the cut held everything are gone
+        while not list(spool.glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proxied.upstream = upstream
+
+    proxied.cut_on(COMMIT_MARKER, after_reply=True, then_hold=True)
+    outage = threading.Thread(target=database_away_until_the_write_is_spooled)
+    outage.start()
+    try:
+        with pytest.raises(OperationalError):
+            runner.drain()
+    finally:
+        outage.join()
+    job.refresh_from_db()
+    assert (job.state, job.result, job.error) == (JobState.SUCCEEDED, {"confirmed": True}, "")
+    assert (tmp_path / "media" / job.result_ref / "out.txt").read_text() == "the result"
+    assert not RejectedWrite.objects.filter(job=job).exists()
+    assert Attempt.objects.get(job=job).outcome == AttemptOutcome.SUCCEEDED
+    assert [p.name for p in spool.glob("*.json")] == [f"job-{job.pk}-attempt-1-succeeded.json"]
+    assert not [r for r in caplog.records if "handler raised" in r.getMessage()]

@@ -104,6 +104,24 @@ def test_a_failed_attempts_outputs_are_deleted_by_its_worker(media):
     assert StagedOutput.objects.get().status == "discarded"
 
 
+def test_a_rejected_fail_never_deletes_the_outputs_its_own_attempts_commit_promoted(media):
+    """Whatever made one worker present a fail after its own commit landed (a timeout racing
+    the handler's return, a commit error blamed on the handler), result_ref keeps naming files
+    that exist: the fail is rejected and recorded, the outputs stay."""
+    job = jobs.enqueue("test.echo")
+    running = claim(A)
+    ref = running.ctx.stage("out.txt", "the result")
+    running.commit({"ok": True})
+
+    running.fail("a late failure of the same attempt")  # rejected: the job is over
+
+    job.refresh_from_db()
+    assert (job.state, job.result_ref) == ("succeeded", f"jobs/{job.pk}/attempt-1/")
+    assert (media / ref).read_text() == "the result"
+    assert StagedOutput.objects.get().status == "staged"  # promoted by the janitor later
+    assert Attempt.objects.get(job=job).outcome == "succeeded"
+
+
 @pytest.mark.parametrize("name", ["", "../etc", "a/b", ".hidden", "x\x00y", "n" * 201, 7])
 def test_a_hostile_output_name_is_refused_before_anything_is_written(media, name):
     jobs.enqueue("test.echo")
