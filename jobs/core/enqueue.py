@@ -17,7 +17,7 @@ from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import InvalidOption, InvalidQueue
 from jobs.core.registry import get_handler
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" allows a final "\n"
 UNIQUE_KEY_TRIES = 5
 UNIQUE_KEY_CONSTRAINT = "jobs_job_unique_key_live"
 

@@ -33,6 +33,7 @@ first send, the `mail_resent` event on a resend), and flushes it
 """
 
 import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -148,8 +149,10 @@ def _refuse(fence: Fence, key: str, attempt_current: int) -> None:
 
 
 def checked_result(result: Any) -> Any:
-    bounds.json_value(result, jobs_settings().MAX_PAYLOAD_BYTES, what="effect result")
-    return result
+    """The result as its check read it, in plain JSON types: what the ledger stores and what
+    `ctx.effect` returns, on this attempt as on any later one (the object itself could read
+    differently when encoded again)."""
+    return json.loads(bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, "effect result"))
 
 
 MAIL_DOMAIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}\.)*[A-Za-z0-9-]{1,63}")

@@ -40,6 +40,27 @@ def test_a_later_attempt_gets_the_recorded_result_without_performing_again():
     assert JobEvent.objects.filter(job=job, type="effect_deduplicated", attempt=2).count() == 1
 
 
+class _ReadsDifferently(dict):
+    """A result whose second reading differs from its first (json's encoder reads a dict
+    subclass through items())."""
+
+    readings = 0
+
+    def items(self):  # type: ignore[override]
+        _ReadsDifferently.readings += 1
+        return [("size", "small" if _ReadsDifferently.readings == 1 else "x" * 300_000)]
+
+
+def test_an_effects_result_is_stored_and_returned_as_its_check_read_it():
+    # Before, the result was checked, then encoded again by the ledger's write: the second
+    # reading (300 KB, past the payload bound) was stored.
+    job = jobs.enqueue("test.echo")
+    first = claim(A)
+    returned = first.ctx.effect("charge", lambda key: _ReadsDifferently())
+    assert returned == {"size": "small"} and type(returned) is dict
+    assert IdempotencyKey.objects.get(key=f"{job.pk}:charge").result == {"size": "small"}
+
+
 def test_an_effect_started_but_never_recorded_is_performed_again_with_the_same_key():
     job = jobs.enqueue("test.echo")
     first = claim(A)

@@ -53,6 +53,7 @@ def test_run_at_defaults_to_the_database_clock():
         ("test.echo", {"big": "x" * (256 * 1024)}, {}, jobs.PayloadTooLarge),
         ("test.echo", {}, {"queue": "bad queue!"}, jobs.InvalidQueue),
         ("test.echo", {}, {"queue": ""}, jobs.InvalidQueue),
+        ("test.echo", {}, {"queue": "default\n"}, jobs.InvalidQueue),  # "$" let it through
         ("test.echo", {}, {"priority": "high"}, jobs.InvalidOption),
         ("test.echo", {}, {"priority": 10**6}, jobs.InvalidOption),
         ("test.echo", {}, {"priority": True}, jobs.InvalidOption),
