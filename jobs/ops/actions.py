@@ -44,6 +44,7 @@ MAX_ROWS = 10_000  # jobs per call of apply() by default (one admin request); th
 CHUNK_ROWS = 500  # jobs per transaction (and per LogEntry batch) at most
 CHUNK_SECONDS = 1.0  # a chunk ends after this long: the row locks it holds are held this long
 PERMISSION = "jobs.change_job"
+LAST_ID = 2**63 - 1  # the largest id a bigint (PostgreSQL) or an INTEGER (SQLite) holds
 UNDECODABLE = "its payload cannot be decoded (JSON nested beyond Python's limit)"
 UNDECODABLE_NUMBER = "its payload cannot be decoded (a number longer than Python reads)"
 
@@ -187,6 +188,8 @@ def apply_chunk(
 def _one(action: str, job_id: int, actor: str) -> OperatorResult:
     """One job in a savepoint of its own, rolled back unless it changed: a skipped job's row lock
     (taken to decide) is released at once instead of held until the chunk commits."""
+    if not 0 < job_id <= LAST_ID:  # no row holds it; SQLite cannot even be asked (OverflowError)
+        return OperatorResult(job_id, action, False, "no such job")
     savepoint = transaction.savepoint_create()
     try:
         result = ACTIONS[action](job_id, actor)
