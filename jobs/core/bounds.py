@@ -29,6 +29,7 @@ RETRY_SECONDS = (0.0, 30 * 24 * 3600.0)
 JSON_DEPTH = 64
 ERROR_CHARS = 10_000
 TEXT_CHARS = 200  # unique_key
+KIND_CHARS = 100  # Job.kind is varchar(100)
 
 # json.dumps escapes NUL as \u0000 (PostgreSQL's jsonb refuses it); an escaped backslash
 # before it ("\\u0000" in the text) is a literal backslash, not NUL, hence the even-run prefix.
@@ -80,6 +81,14 @@ def storable_text(name: str, value: str, limit: int) -> None:
         value.encode()
     except UnicodeEncodeError:
         raise InvalidOption(f"{name} must not contain lone surrogates") from None
+
+
+def kind(value: object) -> None:
+    """A job kind the database could store: a string of 1..KIND_CHARS storable characters. Checked
+    before the kind is looked up, so a lookup (and a resolver's import) sees only such strings."""
+    if not isinstance(value, str):
+        raise InvalidOption(f"kind must be a string, not {type(value).__name__}")
+    storable_text("kind", value, KIND_CHARS)
 
 
 _PLAIN = (dict, list, tuple)

@@ -1,9 +1,10 @@
 """Enqueue's rules: what a valid job is, decided before anything is written.
 
-Owns: `validate()` (kind known, payload storable and within JOBS['MAX_PAYLOAD_BYTES'], queue name,
-priority, run_at, max_attempts, lease and unique_key within their bounds) and `fields()`, the row
-an enqueue inserts (`checked()`: the row and the payload's JSON text, encoded once by the check
-and sent to the database as it is). Never: writes -- the insert is `Job.objects.enqueue()`
+Owns: `validate()` (kind a string that fits its column, checked before it is looked up, and
+known; payload storable and within JOBS['MAX_PAYLOAD_BYTES'], queue name, priority, run_at,
+max_attempts, lease and unique_key within their bounds) and `fields()`, the row an enqueue inserts
+(`checked()`: the row and the payload's JSON text, encoded once by the check and sent to the
+database as it is). Never: writes -- the insert is `Job.objects.enqueue()`
 (jobs/models/job.py), which `jobs.enqueue()` calls, inside the caller's transaction. Kept apart
 from the records so the records may use these rules without the rules importing the records back.
 """
@@ -33,6 +34,7 @@ def validate(
     unique_key: str | None,
 ) -> str:
     """Raise a ValueError subclass for the first bad argument; return the payload's JSON text."""
+    bounds.kind(kind)  # a string that fits the column, before any lookup: InvalidOption
     get_handler(kind)  # raises UnknownKind
     payload_json = bounds.json_text(payload, jobs_settings().MAX_PAYLOAD_BYTES)
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):

@@ -30,7 +30,7 @@ HandlerFn = Callable[[Any], Any]
 # on_finished(job_id, attempt, succeeded): called once the final write of such a job landed.
 FinishedHook = Callable[[int, int, bool], None]
 logger = logging.getLogger("jobs.registry")
-KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
+KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")  # \Z: "$" allows a final "\n"
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,8 @@ def _check_schedule(cron: object, timezone: object) -> None:
 
 
 def get_handler(kind: str) -> Handler:
+    if not isinstance(kind, str) or not KIND.match(kind):  # no handler's: no resolver is asked
+        raise UnknownKind(f"no handler is registered for kind {repr(kind)[:200]}")
     found = _handlers.get(kind)
     if found is None:
         for resolve in _resolvers:  # may register `kind` (e.g. by importing a task's module)

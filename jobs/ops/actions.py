@@ -44,20 +44,18 @@ MAX_ROWS = 10_000  # jobs per call of apply() by default (one admin request); th
 CHUNK_ROWS = 500  # jobs per transaction (and per LogEntry batch) at most
 CHUNK_SECONDS = 1.0  # a chunk ends after this long: the row locks it holds are held this long
 PERMISSION = "jobs.change_job"
+LAST_ID = 2**63 - 1  # the largest id a bigint (PostgreSQL) or an INTEGER (SQLite) holds
 UNDECODABLE = "its payload cannot be decoded (JSON nested beyond Python's limit)"
+UNDECODABLE_NUMBER = "its payload cannot be decoded (a number longer than Python reads)"
 
 
 def enqueue_copy(job_id: int, actor: str) -> OperatorResult:
     """A new queued job with the same kind, payload, queue, priority and limits (no unique_key)."""
     try:
         with transaction.atomic():  # a savepoint: a failed read or insert spoils no chunk
-            row = (
-                Job.objects.filter(pk=job_id)
-                .values("kind", "payload", "queue", "priority", "max_attempts", "lease_seconds")
-                .first()
-            )
-            if row is None:
-                return OperatorResult(job_id, "copy", False, "no such job")
+            row = _copied_row(job_id)
+            if isinstance(row, str):
+                return OperatorResult(job_id, "copy", False, row)
             copy = Job.objects.enqueue(
                 row["kind"],
                 row["payload"],
@@ -66,11 +64,22 @@ def enqueue_copy(job_id: int, actor: str) -> OperatorResult:
                 max_attempts=row["max_attempts"],
                 lease_seconds=row["lease_seconds"],
             )
-    except RecursionError:  # a raw-SQL row nested past Python's limit: never copied, never a 500
-        return OperatorResult(job_id, "copy", False, f"refused: {UNDECODABLE}")
     except EnqueueError as exc:  # the kind is gone, the payload is now too large, ...
         return OperatorResult(job_id, "copy", False, f"refused by enqueue: {exc}"[:300])
     return OperatorResult(job_id, "copy", True, f"copied as job {copy.pk}", new_job_id=copy.pk)
+
+
+def _copied_row(job_id: int) -> dict[str, Any] | str:
+    """The columns a copy takes, or why there is none. A raw-SQL row Python cannot decode is this
+    job's refusal, never the chunk's (the worker fails such a row when it claims it)."""
+    columns = ("kind", "payload", "queue", "priority", "max_attempts", "lease_seconds")
+    try:
+        row = Job.objects.filter(pk=job_id).values(*columns).first()
+    except RecursionError:  # nested past Python's limit
+        return f"refused: {UNDECODABLE}"
+    except ValueError:  # a number of more than 4300 digits (jsonb keeps 1e5000's every digit)
+        return f"refused: {UNDECODABLE_NUMBER}"
+    return "no such job" if row is None else row
 
 
 ACTIONS: dict[str, Callable[[int, str], OperatorResult]] = {
@@ -179,6 +188,8 @@ def apply_chunk(
 def _one(action: str, job_id: int, actor: str) -> OperatorResult:
     """One job in a savepoint of its own, rolled back unless it changed: a skipped job's row lock
     (taken to decide) is released at once instead of held until the chunk commits."""
+    if not 0 < job_id <= LAST_ID:  # no row holds it; SQLite cannot even be asked (OverflowError)
+        return OperatorResult(job_id, action, False, "no such job")
     savepoint = transaction.savepoint_create()
     try:
         result = ACTIONS[action](job_id, actor)

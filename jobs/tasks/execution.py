@@ -34,6 +34,7 @@ import logging
 import os
 import queue
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
@@ -55,7 +56,11 @@ logger = logging.getLogger("jobs.tasks")
 # module path -> the Task a Palisade backend validated (the decorated one, or a copy: one func).
 _tasks: dict[str, Task] = {}
 _adapters: dict[str, registry.HandlerFn] = {}
-_misses: set[str] = set()  # kinds the resolver looked for in vain
+# Kinds the resolver looked for in vain, least recently asked first; the oldest is forgotten past
+# MAX_MISSES (asked again, it is looked for again). Only names a handler could have are kept.
+MAX_MISSES = 1024
+_misses: OrderedDict[str, None] = OrderedDict()
+_misses_lock = threading.Lock()
 # Backend classes whose tasks may run here (jobs.tasks.backend adds PalisadeBackend).
 backend_classes: set[type] = set()
 
@@ -84,7 +89,8 @@ def register(
     if known is not None and known.func is task.func:
         return
     _tasks[kind] = task
-    _misses.discard(kind)
+    with _misses_lock:
+        _misses.pop(kind, None)
     adapter = _adapters.setdefault(kind, _adapter(kind))
     registry.handler(
         kind,
@@ -108,7 +114,9 @@ def resolve(kind: str) -> None:
     Importing it registers its tasks (a Task is validated, hence registered, when it is made).
     Never imports anything outside the installed apps' packages, never calls what it imports.
     """
-    if kind in _tasks or kind in _misses or "." not in kind:
+    if not isinstance(kind, str) or not registry.KIND.match(kind) or "." not in kind:
+        return  # no task's module path: nothing to import, nothing to remember
+    if kind in _tasks or _missed(kind):
         return
     module = kind.rsplit(".", 1)[0]
     inside = any(
@@ -120,7 +128,18 @@ def resolve(kind: str) -> None:
         except Exception:  # noqa: BLE001  a broken module is that kind's problem: unknown
             logger.exception("could not import %s to find task %s", module, kind)
     if kind not in _tasks:
-        _misses.add(kind)
+        with _misses_lock:
+            _misses[kind] = None
+            while len(_misses) > MAX_MISSES:
+                _misses.popitem(last=False)
+
+
+def _missed(kind: str) -> bool:
+    with _misses_lock:
+        if kind not in _misses:
+            return False
+        _misses.move_to_end(kind)
+        return True
 
 
 registry.add_resolver(resolve)

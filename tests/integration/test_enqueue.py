@@ -48,6 +48,15 @@ def test_run_at_defaults_to_the_database_clock():
     ("kind", "payload", "options", "error"),
     [
         ("no.such.kind", {}, {}, jobs.UnknownKind),
+        ("test.echo\n", {}, {}, jobs.UnknownKind),  # no handler's name ("$" let one register)
+        (123, {}, {}, jobs.InvalidOption),  # a kind is checked before it is looked up
+        (None, {}, {}, jobs.InvalidOption),
+        (["test.echo"], {}, {}, jobs.InvalidOption),  # was "unhashable type"
+        (b"test.echo", {}, {}, jobs.InvalidOption),
+        ("", {}, {}, jobs.InvalidOption),
+        ("test." + "x" * 96, {}, {}, jobs.InvalidOption),  # Job.kind is varchar(100)
+        ("test.echo\x00", {}, {}, jobs.InvalidOption),
+        ("test.\ud800", {}, {}, jobs.InvalidOption),
         ("test.echo", {"when": dt.datetime(2026, 1, 1)}, {}, jobs.InvalidPayload),
         ("test.echo", {"x": float("nan")}, {}, jobs.InvalidPayload),
         ("test.echo", {"big": "x" * (256 * 1024)}, {}, jobs.PayloadTooLarge),

@@ -100,3 +100,12 @@ def test_prune_deletes_old_finished_jobs_and_says_what_it_did(make_job):
     assert set(Job.objects.values_list("pk", flat=True)) == {recent.pk, queued.pk}
     with pytest.raises(CommandError, match="older_than_days must be between"):
         run("prune", "--older-than-days", "-1")
+
+
+@pytest.mark.parametrize("beyond", [2**63, 10**20])
+def test_an_id_no_bigint_holds_is_no_such_job_and_the_others_are_done(make_job, admin_user, beyond):
+    job = make_job()
+    text = run("cancel", str(job.pk), str(beyond), "--user", "root")
+    assert "cancel: 1 changed, 1 skipped (1 no such job)" in text
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED

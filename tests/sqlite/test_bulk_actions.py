@@ -1,8 +1,12 @@
-"""Bulk operator actions on the embedded SQLite default: chunks by cursor, each with its audit."""
+"""Bulk operator actions on the embedded SQLite default: chunks by cursor, each with its audit;
+an id no INTEGER holds is "no such job", as on PostgreSQL."""
+
+from io import StringIO
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
+from django.core.management import call_command
 
 from jobs.core import transitions
 from jobs.core.states import JobState
@@ -35,3 +39,22 @@ def test_chunks_commit_with_their_audit_and_an_interrupted_run_goes_on_after_its
     rest = actions.apply("cancel", Job.objects.all(), user=user, via="test", after=jobs[1].pk)
     assert len(rest.changed) == 4 and Job.objects.filter(state="cancelled").count() == 6
     assert LogEntry.objects.count() == 6
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("beyond", [2**63, 10**20])
+def test_an_id_no_integer_holds_is_no_such_job_and_the_others_are_done(
+    make_job, admin_client, beyond
+):
+    """It used to raise OverflowError, which ended the CLI's action (job 1 was not cancelled)
+    and made the admin's button a 500."""
+    job, other = make_job(), make_job()
+    out = StringIO()
+    call_command("jobs", "cancel", str(job.pk), str(beyond), "--user", "admin", stdout=out)
+    assert "cancel: 1 changed, 1 skipped (1 no such job)" in out.getvalue()
+    response = admin_client.post(f"/admin/jobs/job/{beyond}/act/cancel/", follow=True)
+    assert "cancel: 0 changed, 1 skipped (1 no such job)" in response.content.decode().lower()
+    assert dict(Job.objects.values_list("pk", "state")) == {
+        job.pk: JobState.CANCELLED,
+        other.pk: JobState.QUEUED,
+    }

@@ -26,6 +26,9 @@ from jobs.ops.lease_hint import lease_hints
 from jobs.ops.metrics import collect_families
 
 LIST_LIMIT = 1000
+# Never printed, so never decoded: a raw-SQL row Python cannot decode (nested past its limit, a
+# number of 5,001 digits) must not end a listing of other jobs, nor its own `show`.
+JSON_COLUMNS = ("payload", "progress", "result")
 
 
 def _first_line(text: str, width: int = 100) -> str:
@@ -147,7 +150,8 @@ class Command(BaseCommand):
             out(f"  {'TOO SHORT ' if hint.too_short else ''}{hint.advice}")
 
     def list(self, options: dict[str, Any]) -> None:
-        jobs = self._selected(options).order_by("-id")[: max(1, min(options["limit"], LIST_LIMIT))]
+        jobs = self._selected(options).defer(*JSON_COLUMNS).order_by("-id")
+        jobs = jobs[: max(1, min(options["limit"], LIST_LIMIT))]
         self.stdout.write(f"{'id':>10} {'state':<10} {'att':>4} {'queue':<12} {'kind':<24} updated")
         for job in jobs:
             self.stdout.write(
@@ -156,7 +160,7 @@ class Command(BaseCommand):
             )
 
     def show(self, job_id: int) -> None:
-        job = Job.objects.filter(pk=job_id).first()
+        job = Job.objects.filter(pk=job_id).defer(*JSON_COLUMNS).first()
         if job is None:
             raise CommandError(f"no job {job_id}")
         out = self.stdout.write
