@@ -35,6 +35,7 @@ View = Callable[..., HttpResponse]
 LABELS = {"requeue": "Requeue", "cancel": "Cancel", "retry": "Retry now", "copy": "Copy"}
 MAX_SELECTED = 1_000  # rows an operator can tick (pages of 50); a filter reaches any number
 MAX_REASONS = 50  # distinct skip reasons carried between chunks
+MAX_COUNT = 2**63 - 1  # a count carried between chunks: a bigint, like the form's other numbers
 CHUNK_ROWS = actions.CHUNK_ROWS
 
 
@@ -109,10 +110,10 @@ class BulkForm(JobFilterForm):
     scope = forms.ChoiceField(choices=[("selected", "selected"), ("matching", "matching")])
     ids = forms.CharField(required=False, max_length=MAX_SELECTED * 20)
     step = forms.ChoiceField(choices=[("confirm", "confirm"), ("run", "run")])
-    after = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    upto = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    total = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    changed = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
+    after = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
+    upto = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
+    total = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
+    changed = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
     skipped = forms.CharField(required=False, max_length=20_000)
 
     def clean_ids(self) -> list[int]:
@@ -135,7 +136,11 @@ class BulkForm(JobFilterForm):
             raise forms.ValidationError("not a report") from None
         if not isinstance(data, dict) or len(data) > MAX_REASONS:
             raise forms.ValidationError("not a report")
-        if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in data.items()):
+        # Bounded: Python reads integers of thousands of digits, and their sum could not even be
+        # printed on the progress (str() refuses past 4,300 digits). True is no count either.
+        if not all(
+            isinstance(k, str) and type(v) is int and 0 <= v <= MAX_COUNT for k, v in data.items()
+        ):
             raise forms.ValidationError("not a report")
         return Counter({k[:300]: v for k, v in data.items()})
 
