@@ -8,6 +8,7 @@ import json
 import re
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import pytest_asyncio
@@ -99,6 +100,22 @@ async def test_reconnecting_browser_catches_up_on_what_it_missed(operator: User)
     assert swapped("job-live")(message)
     assert message["last_event_id"] > before
     await communicator.disconnect()
+
+
+async def test_a_jobs_screen_searching_json_no_payload_can_hold_connects_and_shows_none(
+    operator: User,
+) -> None:
+    """A lone surrogate (JSON's "\\ud800") in the search: the catch-up push renders the list
+    with no rows; before, psycopg could not encode the query and connect() raised."""
+    await sync_to_async(jobs.enqueue)("test.echo", {"a": 1})
+    for q in ('{"a": "\\ud800"}', '{"\\ud800": 1}'):
+        query = urlencode({"page": "jobs", "query": urlencode({"q": q}), "since": "0"})
+        communicator = live(operator, query)
+        assert (await communicator.connect())[0]
+        message = await receive_until(communicator, swapped("jobs-table"))
+        table = next(s["html"] for s in message["swaps"] if s["id"] == "jobs-table")
+        assert 'id="job-row-' not in table and "No jobs match." in table
+        await communicator.disconnect()
 
 
 def _burst(job_id: int, statements: int, rows: int) -> None:

@@ -50,12 +50,22 @@ def test_search_finds_a_job_by_id_unique_key_and_payload(
 
 
 @pytest.mark.parametrize(
-    "q", ['{"a": "\\u0000"}', '{"a": NaN}', '{"a": 1e999}', '{"a": -Infinity}']
+    "q",
+    [
+        '{"a": "\\u0000"}',
+        '{"a": NaN}',
+        '{"a": 1e999}',
+        '{"a": -Infinity}',
+        '{"a": "\\ud800"}',  # a lone surrogate: no UTF-8 text holds one
+        '{"\\udfff": 1}',
+        '{"a": [{"b": "x\\ud800"}]}',
+    ],
 )
 def test_a_json_search_no_payload_can_hold_matches_nothing_and_errs_nowhere(
     operator_client: Client, make_job: Callable[..., Job], q: str
 ) -> None:
-    # Before: PostgreSQL refused the containment query (a NUL, NaN or an infinity in jsonb): 500.
+    # Before: PostgreSQL refused the containment query (a NUL, NaN or an infinity in jsonb), or
+    # psycopg could not encode it (a lone surrogate): a 500.
     make_job(payload={"a": 1})
     assert ids_in(operator_client, q=q) == []
 
