@@ -12,11 +12,14 @@ from jobs.core.states import JobState
 
 
 class JobFilterForm(forms.Form):
+    """An invalid filter filters nothing: the jobs list shows no rows and these errors
+    (screens.jobs_context), never every job; a bulk action is refused (actions.BulkForm)."""
+
     state = forms.ChoiceField(choices=[("", "any state"), *JobState.choices], required=False)
     queue = forms.CharField(max_length=64, required=False)
     kind = forms.CharField(max_length=100, required=False)
     q = forms.CharField(
-        max_length=500,
+        max_length=500,  # the search input's maxlength too (jobs.html)
         required=False,
         label="Search",
         help_text='id, unique key, payload text, or JSON like {"order": 7}',

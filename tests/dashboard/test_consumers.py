@@ -118,6 +118,20 @@ async def test_a_jobs_screen_searching_json_no_payload_can_hold_connects_and_sho
         await communicator.disconnect()
 
 
+async def test_a_jobs_screen_with_an_invalid_filter_is_pushed_no_rows(operator: User) -> None:
+    """Before: the socket dropped an invalid filter, so its pushes listed every job."""
+    await sync_to_async(jobs.enqueue)("test.echo", {"a": 1})
+    query = urlencode({"page": "jobs", "query": urlencode({"q": "x" * 501}), "since": "0"})
+    communicator = live(operator, query)
+    assert (await communicator.connect())[0]
+    message = await receive_until(communicator, swapped("jobs-table"))
+    table = next(s["html"] for s in message["swaps"] if s["id"] == "jobs-table")
+    assert 'id="job-row-' not in table and "at most 500 characters" in table
+    await sync_to_async(jobs.enqueue)("test.echo", {"a": 2})  # nothing it shows can change
+    assert await communicator.receive_nothing(timeout=1.0)
+    await communicator.disconnect()
+
+
 def _burst(job_id: int, statements: int, rows: int) -> None:
     with connection.cursor() as cur:
         for _ in range(statements):
