@@ -27,6 +27,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.access import can_view
 from dashboard.forms import JobFilterForm
+from dashboard.views import kept_apart, swaps_a_part
 from jobs.core.states import JobState
 from jobs.models import Job
 from jobs.ops import actions
@@ -83,8 +84,9 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if not confirmed:
         note = actions.fence_note(job_id, action)
         context |= {"note": note, "attempt": job["attempt"], "mode": "confirm"}
-        template = "dashboard/actions.html" + ("#confirm" if _htmx(request) else "")
-        return render(request, template, context)
+        partial = swaps_a_part(request)  # the same URL is the button's href: the page without JS
+        template = "dashboard/actions.html" + ("#confirm" if partial else "")
+        return kept_apart(render(request, template, context), partial=partial)
     report = actions.apply(action, [job_id], user=request.user, via="dashboard")  # type: ignore[arg-type]
     done = report.changed[0] if report.changed else None
     if done is None:
