@@ -106,7 +106,7 @@ def _searched(qs: QuerySet[Job], q: str, before: int | None) -> tuple[QuerySet[J
         except (ValueError, RecursionError):
             wanted = None
         if isinstance(wanted, dict):
-            if not _storable_json(wanted):  # NaN, 1e999, a NUL: no stored payload holds one
+            if not _storable_json(wanted):  # NaN, 1e999, a NUL, "\ud800": no payload holds one
                 return qs.none(), floor
             return qs.filter(pk__gt=floor, payload__contains=wanted), floor
     if connection.vendor == "postgresql" and q.isascii():
