@@ -2,7 +2,10 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 
+from dashboard.forms import AdminLoginForm
 from jobs.ops.metrics import metrics_view
+
+admin.site.login_form = AdminLoginForm  # a username longer than any user's: the form's error
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),

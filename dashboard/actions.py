@@ -27,6 +27,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.access import can_view
 from dashboard.forms import JobFilterForm
+from dashboard.views import kept_apart, swaps_a_part
 from jobs.core.states import JobState
 from jobs.models import Job
 from jobs.ops import actions
@@ -35,6 +36,7 @@ View = Callable[..., HttpResponse]
 LABELS = {"requeue": "Requeue", "cancel": "Cancel", "retry": "Retry now", "copy": "Copy"}
 MAX_SELECTED = 1_000  # rows an operator can tick (pages of 50); a filter reaches any number
 MAX_REASONS = 50  # distinct skip reasons carried between chunks
+MAX_COUNT = 2**63 - 1  # a count carried between chunks: a bigint, like the form's other numbers
 CHUNK_ROWS = actions.CHUNK_ROWS
 
 
@@ -82,8 +84,9 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     if not confirmed:
         note = actions.fence_note(job_id, action)
         context |= {"note": note, "attempt": job["attempt"], "mode": "confirm"}
-        template = "dashboard/actions.html" + ("#confirm" if _htmx(request) else "")
-        return render(request, template, context)
+        partial = swaps_a_part(request)  # the same URL is the button's href: the page without JS
+        template = "dashboard/actions.html" + ("#confirm" if partial else "")
+        return kept_apart(render(request, template, context), partial=partial)
     report = actions.apply(action, [job_id], user=request.user, via="dashboard")  # type: ignore[arg-type]
     done = report.changed[0] if report.changed else None
     if done is None:
@@ -109,10 +112,10 @@ class BulkForm(JobFilterForm):
     scope = forms.ChoiceField(choices=[("selected", "selected"), ("matching", "matching")])
     ids = forms.CharField(required=False, max_length=MAX_SELECTED * 20)
     step = forms.ChoiceField(choices=[("confirm", "confirm"), ("run", "run")])
-    after = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    upto = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    total = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    changed = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
+    after = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
+    upto = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
+    total = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
+    changed = forms.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
     skipped = forms.CharField(required=False, max_length=20_000)
 
     def clean_ids(self) -> list[int]:
@@ -135,7 +138,11 @@ class BulkForm(JobFilterForm):
             raise forms.ValidationError("not a report") from None
         if not isinstance(data, dict) or len(data) > MAX_REASONS:
             raise forms.ValidationError("not a report")
-        if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in data.items()):
+        # Bounded: Python reads integers of thousands of digits, and their sum could not even be
+        # printed on the progress (str() refuses past 4,300 digits). True is no count either.
+        if not all(
+            isinstance(k, str) and type(v) is int and 0 <= v <= MAX_COUNT for k, v in data.items()
+        ):
             raise forms.ValidationError("not a report")
         return Counter({k[:300]: v for k, v in data.items()})
 

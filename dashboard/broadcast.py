@@ -6,6 +6,7 @@ changes -- the same `template#partial` and the same screens.* context the page a
 use. Never: queries of its own (screens and selectors do that) or writes.
 """
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -61,13 +62,12 @@ class Screen:
     query: str = ""
     first_page: bool = True
     visible: set[int] = field(default_factory=set)
-    # The jobs list's validated filters, parsed once per screen (set by `jobs_filters`).
-    parsed: dict[str, Any] | None = None
 
-    def jobs_filters(self) -> dict[str, Any]:
-        if self.parsed is None:
-            self.parsed = screens.filters_from(QueryDict(self.query))[1]
-        return self.parsed
+    @functools.cached_property
+    def jobs_filters(self) -> dict[str, Any] | None:
+        """The jobs list's validated filters, parsed once per screen; None when they are
+        invalid: such a list shows no rows, however jobs change."""
+        return screens.filters_from(QueryDict(self.query))[1]
 
 
 @dataclass
@@ -147,7 +147,9 @@ def affects(screen: Screen, pending: Pending) -> bool | None:
         return True  # a row it shows changed (or left the filter)
     if not screen.first_page:
         return False
-    filters = screen.jobs_filters()
+    filters = screen.jobs_filters
+    if filters is None:
+        return False  # an invalid filter shows no rows, however jobs change
     # A job without facts was deleted: on the page only if visible, handled above.
     candidates = [f for i, f in pending.facts.items() if i in pending.job_ids]
     if not any(matches(filters, f) for f in candidates):
@@ -169,9 +171,10 @@ def leases_for(screen: Screen, leases: list[Lease]) -> list[Lease]:
 
 def _jobs_swaps(screen: Screen, pending: Pending) -> list[Swap]:
     if screen.first_page:  # new jobs appear at the top: the whole first page
-        filters = screen.jobs_filters()
+        filters = screen.jobs_filters
         if (
-            filters.get("q")
+            filters is not None
+            and filters.get("q")
             and not pending.everything
             and not (screen.visible & pending.job_ids)
             and not selectors.any_on_list(filters, sorted(pending.job_ids))

@@ -97,7 +97,10 @@ def screen_from(values: dict[str, Any]) -> broadcast.Screen:
 
     def one(name: str, default: str = "") -> str:
         value = values.get(name, default)
-        return str(value[0] if isinstance(value, list) and value else value)[:MAX_QUERY]
+        text = str(value[0] if isinstance(value, list) and value else value)[:MAX_QUERY]
+        # A message is JSON, whose "\\ud800" is a lone surrogate: no text PostgreSQL or a URL
+        # can carry (rendering the screen raised). Read as "?", as a browser would send it.
+        return text.encode(errors="replace").decode()
 
     page = one("page")
     ids = (row_id(i) for i in one("ids").split(",")[:MAX_VISIBLE])

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard import cron, queues
 from dashboard.access import can_act, can_view, viewer
+from dashboard.views import kept_apart, swaps_a_part
 from jobs.models import Schedule
 from jobs.models.queue import LIMIT_RANGE
 from jobs.ops import cron_controls
@@ -31,14 +32,15 @@ POLL_SECONDS = 5  # the pages refresh their numbers by an htmx poll, not the web
 
 
 def _render(request: HttpRequest, template: str, partial: str, context: dict) -> HttpResponse:
-    if request.htmx and not request.htmx.boosted:  # type: ignore[attr-defined]
-        return render(request, f"{template}#{partial}", context)
+    """The page, or the partial its poll asks for at the same URL (views.kept_apart)."""
+    if swaps_a_part(request):
+        return kept_apart(render(request, f"{template}#{partial}", context), partial=True)
     context |= {
         "poll_seconds": POLL_SECONDS,
         "can_act": can_act(request.user),  # the header's drill button
         "server_now_ms": int(time.time() * 1000),  # relative times correct for skew
     }
-    return render(request, template, context)
+    return kept_apart(render(request, template, context), partial=False)
 
 
 @viewer

@@ -21,9 +21,11 @@ from jobs.core.registry import Handler, get_handler
 from jobs.models import Job
 
 
-def filters_from(params: QueryDict) -> tuple[JobFilterForm, dict[str, Any]]:
+def filters_from(params: QueryDict) -> tuple[JobFilterForm, dict[str, Any] | None]:
+    """The form and its validated filters; None when it is invalid: such a list shows no rows
+    and the form's errors (jobs.html#table), never the unfiltered list."""
     form = JobFilterForm(params)
-    return form, (form.cleaned_data if form.is_valid() else {})
+    return form, (form.cleaned_data if form.is_valid() else None)
 
 
 OVERVIEW_SHARED_SECONDS = 1.0
@@ -55,7 +57,8 @@ def _with_charts(o: selectors.Overview) -> dict[str, Any]:
 
 def jobs_context(params: QueryDict) -> dict[str, Any]:
     form, filters = filters_from(params)
-    page = selectors.job_page(filters)
+    page = selectors.job_page(filters) if filters is not None else selectors.JobPage([], None)
+    filters = filters or {}
     following = params.copy()
     if page.next_before:
         following["before"] = str(page.next_before)

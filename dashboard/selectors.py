@@ -60,19 +60,28 @@ SPARK_MINUTES = 30
 
 
 def _storable_json(value: Any) -> bool:
-    """Whether `jsonb` can hold `value`: no NaN or infinity, no NUL in a key or a string."""
+    """Whether `jsonb` can hold `value`: no NaN or infinity, no NUL in a key or a string, no
+    key or string UTF-8 cannot encode (a lone surrogate, which JSON's "\\ud800" escape makes)."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             return False
-        if isinstance(item, str) and "\x00" in item:
+        if isinstance(item, str) and ("\x00" in item or not _utf8(item)):
             return False
         if isinstance(item, dict):
             stack.extend(item)
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
+    return True
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
     return True
 
 
@@ -97,7 +106,7 @@ def _searched(qs: QuerySet[Job], q: str, before: int | None) -> tuple[QuerySet[J
         except (ValueError, RecursionError):
             wanted = None
         if isinstance(wanted, dict):
-            if not _storable_json(wanted):  # NaN, 1e999, a NUL: no stored payload holds one
+            if not _storable_json(wanted):  # NaN, 1e999, a NUL, "\ud800": no payload holds one
                 return qs.none(), floor
             return qs.filter(pk__gt=floor, payload__contains=wanted), floor
     if connection.vendor == "postgresql" and q.isascii():

@@ -13,7 +13,7 @@ percent of the axis, so a job with thousands of beats still draws a readable tim
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Model
@@ -23,6 +23,13 @@ from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 
 MINOR_TYPES = frozenset({"heartbeat", "checkpoint", "progress"})
 AXIS_TICKS = 5
+LATEST = datetime.max.replace(tzinfo=UTC)  # the last instant a datetime can hold
+
+
+def _later(at: datetime, by: timedelta) -> datetime:
+    """`at + by`, held at LATEST: a row written by raw SQL may sit in the year 9999, where the
+    sum would overflow and the job's page could not open."""
+    return at + min(by, LATEST - at)
 
 
 def iso_ms(at: datetime | None) -> str:
@@ -137,8 +144,9 @@ def bounds(
     minor_last: datetime | None = None,
 ) -> tuple[datetime, datetime] | None:
     """The axis: from the first claim to the last thing drawn (an end, an event, a rejected
-    write, the newest minor mark `minor_last`), plus 2 % of room. None without attempts.
-    selectors.minor_marks bins heartbeats on this same axis before build() draws it."""
+    write, the newest minor mark `minor_last`), plus 2 % of room (less at the end of the
+    calendar: `_later`). None without attempts. selectors.minor_marks bins heartbeats on this
+    same axis before build() draws it."""
     if not attempts:
         return None
     stamps = [a.claimed_at for a in attempts] + [e.at for e in events if e.type != "rejected"]
@@ -147,7 +155,7 @@ def bounds(
         stamps.append(minor_last)
     start = min(a.claimed_at for a in attempts)
     end = max(stamps)
-    return start, end + max((end - start) * 0.02, timedelta(milliseconds=5))
+    return start, _later(end, max((end - start) * 0.02, timedelta(milliseconds=5)))
 
 
 def build(
@@ -230,7 +238,7 @@ def _mark_lease_deadline(bar: Bar, lease_seconds: float, axis: _Axis) -> None:
     expiry = next((m for m in bar.markers if m.kind == "expired"), None)
     if expiry is None:
         return
-    deadline = (a.heartbeat_at or a.claimed_at) + timedelta(seconds=lease_seconds)
+    deadline = _later(a.heartbeat_at or a.claimed_at, timedelta(seconds=lease_seconds))
     if deadline <= expiry.at:
         label = f"Lease of attempt {a.number} ran out about {iso_ms(deadline)} (last beat + lease)"
         bar.markers.append(Marker(axis.pos(deadline), "lease-deadline", label, deadline))

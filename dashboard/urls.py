@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from dashboard import actions, operate, views
+from dashboard.forms import LoginForm
 
 app_name = "dashboard"
 
@@ -23,7 +24,9 @@ urlpatterns = [
     path("jobs/act/", actions.bulk, name="bulk"),
     path(
         "login/",
-        auth_views.LoginView.as_view(template_name="dashboard/login.html"),
+        auth_views.LoginView.as_view(
+            template_name="dashboard/login.html", authentication_form=LoginForm
+        ),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(next_page="dashboard:login"), name="logout"),

@@ -1,4 +1,11 @@
-"""Thin views: check access, ask screens for a context, render the page or (htmx) its partial."""
+"""Thin views: check access, ask screens for a context, render the page or (htmx) its partial.
+
+One URL answers both (the full page, and the partial an htmx swap or poll asks for), so every
+such answer says `Vary: HX-Request` and a partial is never stored (`kept_apart`): the browser's
+cache gave the last poll's fragment, unstyled, for the page when the operator pressed Back. A
+history restore (htmx re-fetching a page it did not keep) gets the full page: htmx puts it in
+place of the whole body.
+"""
 
 import time
 
@@ -6,6 +13,7 @@ from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.cache import patch_cache_control, patch_vary_headers
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
@@ -16,20 +24,35 @@ from dashboard.access import actor, can_act, viewer
 def _page(
     request: HttpRequest, template: str, partial: str, context: dict, live: str
 ) -> HttpResponse:
-    if _htmx(request) and not _htmx(request).boosted:
-        return render(request, f"{template}#{partial}", context)
+    if swaps_a_part(request):
+        return kept_apart(render(request, f"{template}#{partial}", context), partial=True)
     context |= {
         "live_page": live,
         "last_event_id": selectors.latest_event_id(),
         "can_act": can_act(request.user),
         "server_now_ms": int(time.time() * 1000),  # the client's countdowns correct for skew
     }
-    return render(request, template, context)
+    return kept_apart(render(request, template, context), partial=False)
 
 
 def _htmx(request: HttpRequest) -> HtmxDetails:
     """The attribute django-htmx's HtmxMiddleware sets on every request."""
     return request.htmx  # type: ignore[attr-defined]
+
+
+def swaps_a_part(request: HttpRequest) -> bool:
+    """Whether to answer with the partial: an htmx request for part of the page -- not a boosted
+    link, nor a history restore, whose answer htmx puts in place of the whole body."""
+    htmx = _htmx(request)
+    return bool(htmx) and not htmx.boosted and not htmx.history_restore_request
+
+
+def kept_apart(response: HttpResponse, partial: bool) -> HttpResponse:
+    """The page and its partial share a URL: caches must never give one for the other."""
+    patch_vary_headers(response, ["HX-Request", "HX-History-Restore-Request"])
+    if partial:
+        patch_cache_control(response, no_store=True)
+    return response
 
 
 @viewer

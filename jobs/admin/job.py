@@ -21,6 +21,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from jobs.admin.common import (
+    CheckedLookups,
     EstimatedCountPaginator,
     KindFilter,
     QueueFilter,
@@ -204,7 +205,7 @@ def _action(name: str, label: str) -> Any:
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(CheckedLookups, admin.ModelAdmin):
     list_display = (
         "id",
         "kind",

@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs.admin.common import time_column
+from jobs.admin.common import CheckedLookups, time_column
 from jobs.models import QueueControl
 from jobs.ops import actions, queues
 
@@ -41,7 +41,7 @@ class QueueControlForm(forms.ModelForm):
 
 
 @admin.register(QueueControl)
-class QueueControlAdmin(admin.ModelAdmin):
+class QueueControlAdmin(CheckedLookups, admin.ModelAdmin):
     form = QueueControlForm
     list_display = ("queue", "paused", "concurrency_limit", "changed", "changed_by")
     list_filter = ("paused",)

@@ -17,11 +17,12 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from jobs.admin.common import CheckedLookups
 from jobs.ops import intents
 
 
 def _read_only(base: type[admin.ModelAdmin]) -> type[admin.ModelAdmin]:
-    class ReadOnlyTransport(base):  # type: ignore[valid-type,misc]
+    class ReadOnlyTransport(CheckedLookups, base):  # type: ignore[valid-type,misc]
         actions: list[Any] = []
 
         def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -303,6 +303,9 @@ def test_selected_rows_are_acted_on_alone(presser_client: Client, make_job) -> N
         ({"scope": "selected", "ids": ",".join(["1"] * 1001)}, "at most 1000 selected rows"),
         ({"scope": "matching", "q": "order"}, "a search cannot be acted on as a whole"),
         ({"scope": "matching", "skipped": json.dumps(["x"])}, "not a report"),
+        ({"scope": "matching", "skipped": json.dumps({"x": 2**63})}, "not a report"),
+        ({"scope": "matching", "skipped": json.dumps({"x": -1})}, "not a report"),
+        ({"scope": "matching", "skipped": json.dumps({"x": True})}, "not a report"),
         ({"scope": "matching", "after": "-1"}, "greater than or equal to 0"),
     ],
 )
@@ -313,6 +316,27 @@ def test_bad_bulk_input_gets_a_clear_error_and_changes_nothing(
     text = bulk(presser_client, action="cancel", step="run", upto=10**6, **fields)
     assert error in text
     assert not Job.objects.filter(state=JobState.CANCELLED).exists()
+
+
+def test_skip_counts_too_large_to_print_summed_are_refused_not_a_500(
+    presser_client: Client, make_job: Callable[..., Job]
+) -> None:
+    """Each count is a number Python prints (4,300 digits); their sum is not: the progress
+    could not be rendered. A count past a bigint is no report."""
+    job = make_job()
+    huge = int("9" * 4300)
+    text = bulk(
+        presser_client,
+        action="cancel",
+        scope="selected",
+        ids=str(job.pk),
+        step="run",
+        upto=job.pk,
+        total=3,
+        skipped=json.dumps({"a": huge, "b": huge, "c": huge}),
+    )
+    assert "not a report" in text
+    assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
 
 
 def test_hostile_skip_reasons_and_filters_render_as_text(

@@ -8,6 +8,7 @@ import json
 import re
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import pytest_asyncio
@@ -98,6 +99,36 @@ async def test_reconnecting_browser_catches_up_on_what_it_missed(operator: User)
     message = await communicator.receive_json_from(timeout=5)
     assert swapped("job-live")(message)
     assert message["last_event_id"] > before
+    await communicator.disconnect()
+
+
+async def test_a_jobs_screen_searching_json_no_payload_can_hold_connects_and_shows_none(
+    operator: User,
+) -> None:
+    """A lone surrogate (JSON's "\\ud800") in the search: the catch-up push renders the list
+    with no rows; before, psycopg could not encode the query and connect() raised."""
+    await sync_to_async(jobs.enqueue)("test.echo", {"a": 1})
+    for q in ('{"a": "\\ud800"}', '{"\\ud800": 1}'):
+        query = urlencode({"page": "jobs", "query": urlencode({"q": q}), "since": "0"})
+        communicator = live(operator, query)
+        assert (await communicator.connect())[0]
+        message = await receive_until(communicator, swapped("jobs-table"))
+        table = next(s["html"] for s in message["swaps"] if s["id"] == "jobs-table")
+        assert 'id="job-row-' not in table and "No jobs match." in table
+        await communicator.disconnect()
+
+
+async def test_a_jobs_screen_with_an_invalid_filter_is_pushed_no_rows(operator: User) -> None:
+    """Before: the socket dropped an invalid filter, so its pushes listed every job."""
+    await sync_to_async(jobs.enqueue)("test.echo", {"a": 1})
+    query = urlencode({"page": "jobs", "query": urlencode({"q": "x" * 501}), "since": "0"})
+    communicator = live(operator, query)
+    assert (await communicator.connect())[0]
+    message = await receive_until(communicator, swapped("jobs-table"))
+    table = next(s["html"] for s in message["swaps"] if s["id"] == "jobs-table")
+    assert 'id="job-row-' not in table and "at most 500 characters" in table
+    await sync_to_async(jobs.enqueue)("test.echo", {"a": 2})  # nothing it shows can change
+    assert await communicator.receive_nothing(timeout=1.0)
     await communicator.disconnect()
 
 

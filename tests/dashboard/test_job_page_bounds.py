@@ -2,7 +2,7 @@
 log shows the newest LOG_ROWS with "older" pages, and the number of queries does not grow with
 the events (docs/dashboard.md, "the dashboard at a million jobs")."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import selectors, timeline
-from jobs.models import Attempt, Job, JobEvent
+from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from tests.dashboard.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -167,3 +167,26 @@ def test_the_timeline_escapes_worker_names_and_event_types(
     assert "<script>lane()" not in html and "&lt;script&gt;lane()&lt;/script&gt;&quot;" in html
     assert 'onmouseover="mark()' not in timeline_html and "x&quot; onmouseover=" in timeline_html
     assert "<i>" not in timeline_html and "mark-claimed&quot;&gt;&lt;i&gt;" in timeline_html
+
+
+def test_a_job_with_times_at_the_ends_of_the_calendar_still_opens(operator_client: Client) -> None:
+    """Rows written by hand (SQL, a restore) can hold any timestamp PostgreSQL takes: the axis
+    ends at the last instant a datetime holds instead of overflowing past the year 9999."""
+    first, last = datetime(1, 1, 2, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    job = Job.objects.create(
+        kind="test.echo", state="running", attempt=2, lease_expires_at=last, heartbeat_at=first
+    )
+    Attempt.objects.create(
+        job=job, number=1, worker="w", claimed_at=last, ended_at=first, outcome="expired",
+        heartbeat_at=last,
+    )  # fmt: skip
+    Attempt.objects.create(job=job, number=2, worker="w", claimed_at=first, heartbeat_at=last)
+    for type_, when in [("claimed", first), ("expired", last), ("heartbeat", last)]:
+        JobEvent.objects.create(job=job, attempt=1, type=type_, worker="w", at=when)
+    RejectedWrite.objects.create(
+        job=job, attempt_presented=1, attempt_current=2, state_current="running", worker="w",
+        write="commit", at=first,
+    )  # fmt: skip
+    response = operator_client.get(reverse("dashboard:job", args=[job.pk]))
+    assert response.status_code == 200
+    assert 'id="timeline"' in response.content.decode()

@@ -50,12 +50,22 @@ def test_search_finds_a_job_by_id_unique_key_and_payload(
 
 
 @pytest.mark.parametrize(
-    "q", ['{"a": "\\u0000"}', '{"a": NaN}', '{"a": 1e999}', '{"a": -Infinity}']
+    "q",
+    [
+        '{"a": "\\u0000"}',
+        '{"a": NaN}',
+        '{"a": 1e999}',
+        '{"a": -Infinity}',
+        '{"a": "\\ud800"}',  # a lone surrogate: no UTF-8 text holds one
+        '{"\\udfff": 1}',
+        '{"a": [{"b": "x\\ud800"}]}',
+    ],
 )
 def test_a_json_search_no_payload_can_hold_matches_nothing_and_errs_nowhere(
     operator_client: Client, make_job: Callable[..., Job], q: str
 ) -> None:
-    # Before: PostgreSQL refused the containment query (a NUL, NaN or an infinity in jsonb): 500.
+    # Before: PostgreSQL refused the containment query (a NUL, NaN or an infinity in jsonb), or
+    # psycopg could not encode it (a lone surrogate): a 500.
     make_job(payload={"a": 1})
     assert ids_in(operator_client, q=q) == []
 
@@ -73,6 +83,42 @@ def test_invalid_filter_values_are_reported_not_queried(operator_client: Client)
     response = operator_client.get(reverse("dashboard:jobs"), {"state": "bogus"})
     assert response.status_code == 200
     assert "Select a valid choice" in response.content.decode()
+
+
+def table_of(html: str) -> str:
+    return html[html.index('<div id="jobs-table"') :]
+
+
+@pytest.mark.parametrize(
+    "params, error",
+    [
+        ({"q": "x" * 501}, "at most 500 characters"),
+        ({"state": "bogus"}, "Select a valid choice"),
+        ({"kind": "a\x00b"}, "Null characters are not allowed"),
+        ({"since": "yesterday"}, "Enter a valid date/time"),
+    ],
+)
+@pytest.mark.parametrize("htmx", [False, True])
+def test_an_invalid_filter_shows_no_jobs_and_its_error_in_the_table(
+    operator_client: Client, make_job: Callable[..., Job], params: dict, error: str, htmx: bool
+) -> None:
+    """Before: an invalid filter was dropped and every job listed; an htmx swap (the table
+    alone) did not even show why, the errors being in the form outside it."""
+    make_job(kind="test.echo")
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    response = operator_client.get(
+        reverse("dashboard:jobs"), {"kind": "test.echo", **params}, **headers
+    )
+    assert response.status_code == 200
+    assert list(response.context["page"].jobs) == []
+    table = table_of(response.content.decode())
+    assert 'id="job-row-' not in table
+    assert 'id="jobs-filter-errors"' in table and error in table
+
+
+def test_the_search_input_is_bounded_like_the_form(operator_client: Client) -> None:
+    html = operator_client.get(reverse("dashboard:jobs")).content.decode()
+    assert 'name="q" id="id_q"' in html and 'maxlength="500"' in html.split('id="id_q"')[1][:400]
 
 
 @pytest.mark.parametrize("q", ["²", "٣", "9" * 30, "1" * 19])

@@ -94,6 +94,30 @@ def test_the_admin_login_is_throttled_too(staff: User) -> None:
     assert "_auth_user_id" not in client.session
 
 
+@pytest.mark.parametrize("login", ["dashboard:login", "admin:login"])
+@pytest.mark.parametrize("length", [151, 256, 5000])
+def test_a_username_longer_than_any_users_gets_the_forms_error_and_reaches_no_table(
+    login: str, length: int
+) -> None:
+    """Before: the name went on to authenticate(), and django-axes' record of the failure did
+    not fit its varchar(255) column -- a 500 for anyone, logged in or not."""
+    from axes.models import AccessAttempt, AccessFailureLog
+
+    response = Client().post(reverse(login), {"username": "u" * length, "password": "x"})
+    assert response.status_code == 200
+    assert "Ensure this value has at most 150 characters" in response.content.decode()
+    assert not AccessAttempt.objects.exists() and not AccessFailureLog.objects.exists()
+
+
+def test_a_username_of_150_characters_is_still_checked_and_counted(db: None) -> None:
+    from axes.models import AccessAttempt
+
+    response = Client().post(reverse("dashboard:login"), {"username": "u" * 150, "password": "x"})
+    assert response.status_code == 200
+    assert "Please enter a correct username and password" in response.content.decode()
+    assert AccessAttempt.objects.get().username == "u" * 150
+
+
 def test_the_lockout_is_per_username_and_address(operator: User) -> None:
     for _ in range(settings.AXES_FAILURE_LIMIT):
         log_in(Client(), "wrong")

@@ -4,10 +4,12 @@ import re
 from collections.abc import Callable
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
 from jobs.models import Job
+from tests.dashboard.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -35,6 +37,61 @@ def test_htmx_request_gets_only_the_partial(operator_client: Client, make_job) -
     html = response.content.decode()
     assert html.lstrip().startswith('<div id="jobs-table"')
     assert "<html" not in html
+
+
+# Every page whose URL also answers an htmx swap or poll with a partial.
+SHARED_URLS = ["overview", "jobs", "job", "rejected", "workers", "queues", "cron"]
+
+
+def url_of(name: str, job: Job) -> str:
+    return reverse(f"dashboard:{name}", args=[job.pk] if name == "job" else [])
+
+
+def varies(response, *headers: str) -> bool:  # type: ignore[no-untyped-def]
+    vary = {h.strip().lower() for h in response.get("Vary", "").split(",")}
+    return {h.lower() for h in headers} <= vary
+
+
+@pytest.mark.parametrize("name", SHARED_URLS)
+def test_the_page_and_its_partial_are_never_cached_one_for_the_other(
+    operator_client: Client, zombie_story: Job, name: str
+) -> None:
+    """Before: both answers said only `Vary: Cookie`, so after a poll or a filter swap the
+    browser's cache gave the fragment, unstyled, for the page when the operator pressed Back."""
+    url = url_of(name, zombie_story)
+    page = operator_client.get(url)
+    assert "<header" in page.content.decode()
+    assert varies(page, "HX-Request", "HX-History-Restore-Request", "Cookie")
+    assert "no-store" not in page.get("Cache-Control", "")
+    part = operator_client.get(url, headers={"HX-Request": "true"})
+    assert "<header" not in part.content.decode()
+    assert varies(part, "HX-Request", "HX-History-Restore-Request", "Cookie")
+    assert "no-store" in part["Cache-Control"]
+
+
+@pytest.mark.parametrize("name", SHARED_URLS)
+def test_a_history_restore_gets_the_full_page(
+    operator_client: Client, zombie_story: Job, name: str
+) -> None:
+    """htmx re-fetches a page it did not keep with both headers and puts the answer in place of
+    the whole body: a partial there left the page without its header, filters and styles."""
+    headers = {"HX-Request": "true", "HX-History-Restore-Request": "true"}
+    response = operator_client.get(url_of(name, zombie_story), headers=headers)
+    html = response.content.decode()
+    assert "<header" in html and "dashboard.css" in html
+    assert varies(response, "HX-Request")
+
+
+def test_the_action_confirmation_and_its_partial_are_kept_apart(
+    staff: User, zombie_story: Job
+) -> None:
+    staff.user_permissions.add(Permission.objects.get(codename="change_job"))
+    client = client_for(staff)
+    url = reverse("dashboard:job_action", args=[zombie_story.pk, "requeue"])
+    page, part = client.get(url), client.get(url, headers={"HX-Request": "true"})
+    assert "<header" in page.content.decode() and "<header" not in part.content.decode()
+    assert varies(page, "HX-Request") and varies(part, "HX-Request")
+    assert "no-store" in part["Cache-Control"]
 
 
 def test_htmx_is_served_from_static_never_a_cdn(operator_client: Client) -> None:

@@ -99,3 +99,20 @@ def test_an_expired_attempt_shows_where_its_lease_ran_out_before_the_reclaim() -
     assert kinds.index("lease-deadline") < kinds.index("expired")
     deadline = next(m for m in line.bars[0].markers if m.kind == "lease-deadline")
     assert deadline.at == at(3)
+
+
+def test_a_lease_deadline_past_the_end_of_the_calendar_is_held_at_its_last_instant() -> None:
+    job = Job(pk=1, state="running", attempt=2)
+    last = timeline.LATEST - timedelta(seconds=1)
+    attempts = [
+        Attempt(
+            job_id=1, number=1, worker="a:1", claimed_at=last, heartbeat_at=last,
+            ended_at=last, outcome="expired",
+        ),
+        Attempt(job_id=1, number=2, worker="b:2", claimed_at=last, outcome="running"),
+    ]  # fmt: skip
+    events = [JobEvent(job_id=1, attempt=1, type="expired", at=timeline.LATEST)]
+    line = timeline.build(job, attempts, events, [], now=last, lease_seconds=30)
+    assert line is not None and line.end == timeline.LATEST
+    deadline = next(m for m in line.bars[0].markers if m.kind == "lease-deadline")
+    assert deadline.at == timeline.LATEST
