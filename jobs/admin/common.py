@@ -10,6 +10,7 @@ jobs screen uses it (`CheckedLookups`).
 
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
@@ -125,6 +126,21 @@ class CheckedLookups:
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return CheckedChangeList
+
+
+def check_every_list(site: admin.AdminSite) -> None:
+    """Every list of `site` -- Django's own (users, groups) and the libraries' (axes) too, not
+    only ours -- is a CheckedChangeList, unless its admin brings a ChangeList of its own."""
+    for model in apps.get_models():
+        if not site.is_registered(model):
+            continue
+        model_admin = site.get_model_admin(model)
+        if type(model_admin).get_changelist is admin.ModelAdmin.get_changelist:
+            model_admin.get_changelist = _checked_changelist  # type: ignore[method-assign]
+
+
+def _checked_changelist(request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+    return CheckedChangeList
 
 
 class ViewOnlyAdmin(CheckedLookups, admin.ModelAdmin):
