@@ -11,15 +11,15 @@ import time
 MASK = b"\x5a\x13\xc7\x08"
 
 
-def frame(payload: bytes, opcode: int = 0x1) -> bytes:
-    """One final client frame (masked, as RFC 6455 requires of a client)."""
-    n = len(payload)
+def frame(payload: bytes, opcode: int = 0x1, fin: bool = True) -> bytes:
+    """One client frame (masked, as RFC 6455 requires of a client); `fin=False`: a fragment."""
+    n, first = len(payload), (0x80 if fin else 0) | opcode
     if n < 126:
-        head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+        head = struct.pack("!BB", first, 0x80 | n)
     elif n < 65536:
-        head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+        head = struct.pack("!BBH", first, 0x80 | 126, n)
     else:
-        head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+        head = struct.pack("!BBQ", first, 0x80 | 127, n)
     masked = bytes(b ^ MASK[i % 4] for i, b in enumerate(payload))
     return head + MASK + masked
 
@@ -32,15 +32,19 @@ def close_frame(code: int = 1000) -> bytes:
     return frame(struct.pack("!H", code), opcode=0x8)
 
 
-def handshake(port: int, cookie: str, timeout: float = 10.0) -> tuple[socket.socket, bytes]:
-    """Open /ws/live/ as the session `cookie`; returns the socket and any bytes past the 101."""
+def handshake(
+    port: int, cookie: str, timeout: float = 10.0, headers: str = ""
+) -> tuple[socket.socket, bytes]:
+    """Open /ws/live/ as the session `cookie` (`headers`: more request header lines, each
+    ending in CRLF); returns the socket and any bytes past the 101's head (`last_head` holds
+    the head)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     key = base64.b64encode(os.urandom(16)).decode()
     sock.sendall(
         (
             f"GET /ws/live/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-            f"Origin: http://127.0.0.1:{port}\r\nCookie: sessionid={cookie}\r\n\r\n"
+            f"Origin: http://127.0.0.1:{port}\r\nCookie: sessionid={cookie}\r\n{headers}\r\n"
         ).encode()
     )
     head = b""
@@ -52,7 +56,12 @@ def handshake(port: int, cookie: str, timeout: float = 10.0) -> tuple[socket.soc
     head, rest = head.split(b"\r\n\r\n", 1)
     if not head.startswith(b"HTTP/1.1 101"):
         raise ConnectionError(f"handshake refused: {head!r}")
+    global last_head
+    last_head = head
     return sock, rest
+
+
+last_head = b""  # the head of the last 101 `handshake` read
 
 
 class Reader:
