@@ -9,9 +9,9 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 
-    from config.startup import require_secret_key
+    from config.startup import require_settings
 
-    require_secret_key()
+    require_settings()
     execute_from_command_line(sys.argv)
 
 

@@ -6,9 +6,9 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from config.startup import require_secret_key  # noqa: E402
+from config.startup import require_settings  # noqa: E402
 
-require_secret_key()
+require_settings()
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

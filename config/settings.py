@@ -9,6 +9,7 @@ Local development also reads the checkout's git-ignored `.env` (`bin/setup --dev
 DJANGO_DEBUG=1 and a generated SECRET_KEY); see `read_env_file`. Production has no `.env`.
 """
 
+import math
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 import dj_database_url
 import environ
+
+from config.startup import SettingError
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -39,9 +42,7 @@ def read_env_file() -> Path | None:
     except FileNotFoundError:
         if name is None:
             return None  # no .env: only the real environment counts (production)
-        # Not ImproperlyConfigured: config.startup reads that as "no SECRET_KEY" and would hide
-        # this message behind its own.
-        raise FileNotFoundError(
+        raise SettingError(
             f"PALISADE_ENV_FILE={name} names no file (empty or 'none' reads no file)"
         ) from None
     return path
@@ -50,20 +51,71 @@ def read_env_file() -> Path | None:
 ENV_FILE = read_env_file()  # before anything below reads os.environ
 
 
+# Reading the environment: every flag, number and list below goes through one of these. A value
+# they cannot use stops every entry point with SettingError, whose message config.startup prints:
+# the variable, its value and the form expected (a typo must become neither a silent default nor
+# a bare traceback). Unset or blank means the default, except for a list, where blank means none.
+
+
+def bad_value(name: str, value: str, expected: str) -> SettingError:
+    shown = repr(value) if len(value) <= 60 else repr(value[:60]) + "..."
+    return SettingError(f"{name}={shown}: expected {expected}")
+
+
 def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
+    """1/true/yes/on or 0/false/no/off, in any case."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise bad_value(name, raw, f"1/true/yes/on or 0/false/no/off (unset: {int(default)})")
+
+
+def env_int(name: str, default: int, low: int, high: int) -> int:
+    """A whole number in [low, high]."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value: int | None = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise bad_value(name, raw, f"a whole number from {low} to {high} (unset: {default})")
+    return value
+
+
+def env_float(name: str, default: float, low: float, high: float) -> float:
+    """A finite number in [low, high]."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value: float | None = float(raw)
+    except ValueError:
+        value = None
+    if value is None or not (math.isfinite(value) and low <= value <= high):
+        raise bad_value(name, raw, f"a number from {low:g} to {high:g} (unset: {default:g})")
+    return value
+
+
+def env_list(name: str, default: str) -> list[str]:
+    """Comma-separated; each item stripped, empty items dropped."""
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY and DEBUG:
-    SECRET_KEY = "palisade-insecure-development-key-change-me"  # noqa: S105
+if not SECRET_KEY.strip():  # unset, empty or only whitespace: no key
+    SECRET_KEY = "palisade-insecure-development-key-change-me" if DEBUG else ""  # noqa: S105
 # DEBUG off and no key: SECRET_KEY stays empty and every entry point refuses to start
 # (config/startup.py) -- never the public development key in production.
-ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+# `a.example.com, 127.0.0.1` is two hosts: a host with a space matches no request (400 for all).
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 
 INSTALLED_APPS = [
     "daphne",  # first: makes `runserver` the ASGI server (HTTP + websockets)
@@ -122,7 +174,7 @@ SQLITE_PATH = Path(os.environ.get("PALISADE_SQLITE_PATH", BASE_DIR / "var" / "pa
 
 
 PG_NETWORK_OPTIONS = {
-    "connect_timeout": int(os.environ.get("PG_CONNECT_TIMEOUT", "5")),  # seconds (libpq min 2)
+    "connect_timeout": env_int("PG_CONNECT_TIMEOUT", 5, 2, 3600),  # seconds (libpq: min 2)
     "keepalives": 1,
     "keepalives_idle": 10,  # an idle connection (LISTEN) is probed after 10 s of silence,
     "keepalives_interval": 3,  # every 3 s,
@@ -215,12 +267,10 @@ SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", HTTPS)
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", HTTPS)
 CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", HTTPS)
 # HSTS starts at an hour: raise it (and opt into subdomains/preload) once HTTPS is known good.
-SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "3600" if HTTPS else "0"))
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 3600 if HTTPS else 0, 0, 10 * 365 * 86400)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", False)
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
-]
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
 
 
 def proxy_ssl_header(value: str) -> tuple[str, str] | None:
@@ -229,9 +279,10 @@ def proxy_ssl_header(value: str) -> tuple[str, str] | None:
         return None
     parts = [p.strip() for p in value.split(",")]
     if len(parts) != 2 or not all(parts) or not parts[0].startswith("HTTP_"):
-        raise ValueError(
-            f"DJANGO_SECURE_PROXY_SSL_HEADER={value!r}: expected 'HTTP_<HEADER>,<value>', "
-            "e.g. HTTP_X_FORWARDED_PROTO,https"
+        raise bad_value(
+            "DJANGO_SECURE_PROXY_SSL_HEADER",
+            value,
+            "'HTTP_<HEADER>,<value>', e.g. HTTP_X_FORWARDED_PROTO,https",
         )
     return parts[0], parts[1]
 
@@ -244,20 +295,35 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login unhashed
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
-AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("LOGIN_COOLOFF_MINUTES", "15")))
+# A limit of 0 or less would lock every login out before its first try (axes compares the
+# failures so far, 0, with the limit); a cool-off of 0 would never lock anyone out.
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, 1, 1_000_000)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("LOGIN_COOLOFF_MINUTES", 15, 0.1, 525_600))
+
+
+def lockout_parameters(name: str, default: str) -> list[list[str]]:
+    """`username+ip_address, ip_address` -> [["username", "ip_address"], ["ip_address"]]; a name
+    axes does not know would be a 500 on every login attempt, so it is refused here."""
+    known = {"username", "ip_address", "user_agent"}
+    groups = [[p.strip() for p in item.split("+")] for item in env_list(name, default)]
+    if not groups or any(not set(group) <= known for group in groups):
+        raise bad_value(
+            name,
+            os.environ.get(name, default),
+            "comma-separated alternatives, each of username, ip_address and user_agent joined "
+            "by +, e.g. username+ip_address",
+        )
+    return groups
+
+
 # "username+ip_address" (the default: one account from one address), or e.g. "ip_address",
 # comma-separated alternatives; see django-axes' AXES_LOCKOUT_PARAMETERS.
-AXES_LOCKOUT_PARAMETERS = [
-    part.strip().split("+")
-    for part in os.environ.get("LOGIN_LOCKOUT_BY", "username+ip_address").split(",")
-    if part.strip()
-]
+AXES_LOCKOUT_PARAMETERS = lockout_parameters("LOGIN_LOCKOUT_BY", "username+ip_address")
 AXES_LOCKOUT_TEMPLATE = "dashboard/locked.html"
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
 
-JOBS_WORKERS = int(os.environ.get("JOBS_WORKERS", "2"))
+JOBS_WORKERS = env_int("JOBS_WORKERS", 2, 1, 256)
 
 # Job-platform settings; every key can be overridden by the environment variable JOBS_<KEY>.
 # jobs.core.conf validates and types them; `manage.py check` reports bad combinations.
@@ -291,11 +357,11 @@ Q_CLUSTER = {
     "orm": "default",
     # django-q2's ORM broker, made to ride out a database outage (see jobs/worker/bridge.py).
     "broker_class": "jobs.worker.bridge.ResilientORMBroker",
-    "poll": float(os.environ.get("Q_POLL", "0.05")),
+    "poll": env_float("Q_POLL", 0.05, 0.001, 60),
     # `timeout`: the execution timeout of an attempt whose kind sets none (jobs.worker.watchdog;
     # django-q2's own timer is off for drains); `retry` must stay above it (checked: jobs.E002).
-    "timeout": int(os.environ.get("Q_TIMEOUT", "1800")),
-    "retry": int(os.environ.get("Q_RETRY", "1860")),
+    "timeout": env_int("Q_TIMEOUT", 1800, 1, 31 * 86400),
+    "retry": env_int("Q_RETRY", 1860, 1, 31 * 86400),
     "ack_failures": True,
     "max_attempts": 1,  # retries live in jobs.Job.run_at, never in django-q2
     "save_limit": -1,  # keep no success rows: our tables are the audit trail

@@ -1,17 +1,27 @@
 """Refusals at start-up, before any entry point (manage.py, ASGI, WSGI) serves or works.
 
-With DEBUG off and no SECRET_KEY in the environment, config.settings leaves SECRET_KEY empty --
-never the public development key, which would let anyone forge sessions, CSRF tokens and
-django-q2's signed tasks. Django itself refuses an empty key only when something first uses it
-(the first login, the first task); `require_secret_key` refuses at once, with what to do.
-Settings stay importable without a key so that tools which only read them (mypy's Django plugin)
-keep working.
+Two refusals, each a message on stderr and exit status 2, never a traceback:
+
+- A bad value in the environment (`JOBS_WORKERS=two`, `LOGIN_FAILURE_LIMIT=-1`): config.settings
+  raises SettingError naming the variable, the value and what it expects.
+- DEBUG off and no SECRET_KEY (unset, empty or only whitespace): config.settings leaves SECRET_KEY
+  empty -- never the public development key, which would let anyone forge sessions, CSRF tokens
+  and django-q2's signed tasks. Django itself refuses an empty key only when something first uses
+  it (the first login, the first task); `require_settings` refuses at once, with what to do.
+  Settings stay importable without a key so that tools which only read them (mypy's Django
+  plugin) keep working.
 """
 
 import sys
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+
+class SettingError(ImproperlyConfigured):
+    """An environment value config.settings cannot use; the message names the variable, the
+    value and the form expected."""
+
 
 MISSING_SECRET_KEY = """\
 Palisade refuses to start: SECRET_KEY is not set and DEBUG is off.
@@ -22,12 +32,16 @@ Palisade refuses to start: SECRET_KEY is not set and DEBUG is off.
 """
 
 
-def require_secret_key() -> None:
-    """Exit with MISSING_SECRET_KEY (status 2) when the settings carry no SECRET_KEY."""
+def require_settings() -> None:
+    """Exit with status 2 and a message when a setting cannot be read from the environment
+    (SettingError) or the settings carry no SECRET_KEY (MISSING_SECRET_KEY)."""
     try:
-        key = settings.SECRET_KEY  # Django raises for an empty key
+        key = settings.SECRET_KEY  # loads config.settings; Django raises for an empty key
+    except SettingError as exc:
+        sys.stderr.write(f"Palisade refuses to start: {exc}\n")
+        raise SystemExit(2) from None
     except ImproperlyConfigured:
         key = ""
-    if not key:
+    if not key.strip():
         sys.stderr.write(MISSING_SECRET_KEY)
         raise SystemExit(2)

@@ -4,7 +4,7 @@ from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from config.startup import require_secret_key  # noqa: E402
+from config.startup import require_settings  # noqa: E402
 
-require_secret_key()
+require_settings()
 application = get_wsgi_application()

@@ -55,7 +55,8 @@ class JobsSettings:
     UNRESOLVED_DIR: str = ""  # spool of writes given up on; "" = <project>/var/unresolved
 
 
-def _coerce(name: str, raw: object, default: object) -> object:
+def _coerce(name: str, raw: object, default: object, label: str) -> object:
+    """`raw` as the type of `default`; `label` names where it came from in an error."""
     if name == "QUEUES":
         if raw is None or raw == "":
             return None
@@ -66,13 +67,13 @@ def _coerce(name: str, raw: object, default: object) -> object:
             return True
         if raw.strip().lower() in {"0", "false", "no", "off"}:
             return False
-        raise InvalidOption(f"JOBS_{name} must be true or false (1/0), not {raw!r}")
+        raise InvalidOption(f"{label} must be true or false (1/0), not {raw!r}")
     if isinstance(default, bool) or default is None:
         return raw
     try:
         return type(default)(raw)  # type: ignore[call-arg]
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"JOBS[{name!r}] = {raw!r} is not a {type(default).__name__}") from exc
+        raise ValueError(f"{label} = {raw!r} is not a {type(default).__name__}") from exc
 
 
 @cache
@@ -82,15 +83,20 @@ def jobs_settings() -> JobsSettings:
     if unknown:
         raise ValueError(f"unknown JOBS settings: {sorted(unknown)}")
     values = {}
+    labels = {}  # an error names the environment variable when the value came from there
     for f in fields(JobsSettings):
-        raw = os.environ.get(f"JOBS_{f.name}", configured.get(f.name, f.default))
-        values[f.name] = _coerce(f.name, raw, f.default)
+        variable = f"JOBS_{f.name}"
+        if variable in os.environ:
+            raw, labels[f.name] = os.environ[variable], variable
+        else:
+            raw, labels[f.name] = configured.get(f.name, f.default), f"JOBS[{f.name!r}]"
+        values[f.name] = _coerce(f.name, raw, f.default, labels[f.name])
     cfg = JobsSettings(**values)  # type: ignore[arg-type]
-    _check_ranges(cfg)
+    _check_ranges(cfg, labels)
     return cfg
 
 
-def _check_ranges(cfg: JobsSettings) -> None:
+def _check_ranges(cfg: JobsSettings, labels: dict[str, str]) -> None:
     """Refuse settings that would overflow a statement or starve the platform (jobs.core.bounds)."""
     checks = [
         ("LEASE_SECONDS", bounds.LEASE_SECONDS, False),
@@ -113,7 +119,7 @@ def _check_ranges(cfg: JobsSettings) -> None:
     ]
     for name, limits, integer in checks:
         try:
-            bounds.number_in(f"JOBS[{name!r}]", getattr(cfg, name), limits, integer=integer)
+            bounds.number_in(labels[name], getattr(cfg, name), limits, integer=integer)
         except InvalidOption as exc:
             raise ValueError(str(exc)) from None
 

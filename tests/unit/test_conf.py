@@ -73,3 +73,23 @@ def test_the_documented_defaults():
             10.0,
             1,
         )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("LEASE_SECONDS", "30s", "JOBS_LEASE_SECONDS = '30s' is not a float"),
+        ("LEASE_SECONDS", "nan", "JOBS_LEASE_SECONDS = nan is outside"),
+        ("CLAIM_BATCH", "0", "JOBS_CLAIM_BATCH = 0 is outside [1, 1000]"),
+    ],
+)
+def test_a_bad_environment_override_is_named_by_its_variable(monkeypatch, name, value, message):
+    """The operator set JOBS_<KEY>, not JOBS[<KEY>]: jobs.E001 names what to change."""
+    monkeypatch.setenv(f"JOBS_{name}", value)
+    jobs_settings.cache_clear()
+    try:
+        errors = [m.msg for m in run_checks() if m.id == "jobs.E001"]
+    finally:
+        monkeypatch.delenv(f"JOBS_{name}")
+        jobs_settings.cache_clear()
+    assert errors and errors[0].startswith(message), errors
