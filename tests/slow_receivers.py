@@ -11,8 +11,11 @@
   hangs past the relay's deadline after doing the work).
 - `trickling_server()`: answers every request one byte at a time, for ever (a target a
   per-read timeout never cuts); counts its connections.
+- `blackholed_address()`: a local address whose SYNs go unanswered (a listening socket whose
+  accept queue is full: the kernel drops every further SYN), so a connect() to it hangs.
 """
 
+import socket
 import socketserver
 import threading
 import time
@@ -148,6 +151,31 @@ def trickling_server(byte_every: float = 0.2) -> Iterator[Trickle]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@contextmanager
+def blackholed_address() -> Iterator[tuple[str, int]]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    address = server.getsockname()
+    held: list[socket.socket] = [server]
+    try:
+        for _ in range(16):  # fill the accept queue until a connect goes unanswered
+            probe = socket.socket()
+            probe.settimeout(0.2)
+            try:
+                probe.connect(address)
+            except TimeoutError:
+                probe.close()
+                break
+            held.append(probe)
+        else:
+            raise AssertionError("the accept queue never filled")
+        yield address
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def wait_for(condition: Any, seconds: float, what: str) -> None:

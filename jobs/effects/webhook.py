@@ -10,81 +10,23 @@ Owns: what an answer means to the relay (jobs/effects/outbox.py), as the receive
   deciding"), cannot tell yet (`OutcomeUnknown`), so a receiver that is still deciding never
   gets its intent closed unperformed.
 
-Never: waits longer than `timeout` for one call in all (connect, send, headers, body): a timer
-shuts the socket down at the deadline, so a target that trickles bytes cannot hold a relay thread
-for ever. Reads at most MAX_ANSWER bytes of an answer.
+Never: waits longer than `timeout` for one call in all -- resolving, connecting, TLS, sending,
+the answer (jobs/effects/exchange.py) -- so a target that drops SYNs or trickles bytes cannot
+hold a relay thread for ever. Reads at most MAX_ANSWER bytes of an answer.
 
 Hazards: the URL comes from the handler's code: never build it from a job's payload without an
 allow-list.
 """
 
-import http.client
 import json
-import socket
-import threading
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from jobs.core.exceptions import InvalidOption
+from jobs.effects.exchange import Call, OutcomeUnknown, Refused
 
-MAX_ANSWER = 64 * 1024
 TOKEN_HEADER = "X-Relay-Token"
 KEY_HEADER = "Idempotency-Key"
-
-
-class OutcomeUnknown(Exception):
-    """The call may or may not have reached the target: reconcile before calling again."""
-
-
-class Refused(Exception):
-    """The target did not perform the call (it said so, or nothing was sent): safe to retry."""
-
-
-class _Call:
-    """One HTTP exchange with a total deadline (a timer cuts the socket when it passes)."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidOption(f"webhook: {url!r:.200} is not an http(s) URL")
-        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.conn = cls(parts.hostname, parts.port, timeout=timeout)
-        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.timeout = timeout
-        self.cut = False
-
-    def _cut(self) -> None:
-        self.cut = True
-        sock = self.conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def run(self, method: str, body: bytes | None, headers: dict[str, str]) -> int:
-        timer = threading.Timer(self.timeout, self._cut)
-        timer.daemon = True
-        timer.start()
-        try:
-            try:
-                self.conn.connect()
-            except OSError as exc:  # nothing was sent: known not performed
-                raise Refused(f"webhook: could not connect: {exc}") from exc
-            try:
-                self.conn.request(method, self.path, body=body, headers=headers)
-                response = self.conn.getresponse()
-                response.read(MAX_ANSWER)
-                return int(response.status)
-            except (OSError, http.client.HTTPException) as exc:
-                # Cut by the timer, or the socket's own timeout (the same length) fired first:
-                # either way nothing came back in time, and the message says so alike.
-                late = self.cut or isinstance(exc, TimeoutError)
-                why = f"no answer within {self.timeout:g} s" if late else repr(exc)[:300]
-                raise OutcomeUnknown(f"webhook {method}: {why}") from exc
-        finally:
-            timer.cancel()
-            self.conn.close()
 
 
 class WebhookTarget:
@@ -119,7 +61,7 @@ class WebhookTarget:
     def perform(self, key: str, data: Any, token: int = 0) -> None:
         body = json.dumps(data.get("json") if isinstance(data, dict) else None).encode()
         headers = {"Content-Type": "application/json", KEY_HEADER: key, TOKEN_HEADER: str(token)}
-        status = _Call(self._url(data, "url"), self.timeout).run("POST", body, headers)
+        status = Call(self._url(data, "url"), self.timeout).run("POST", body, headers)
         if 200 <= status < 300:
             return
         if 400 <= status < 500 or status == 503:
@@ -131,7 +73,7 @@ class WebhookTarget:
             return None
         url = f"{self._url(data, 'check_url')}?key={quote(key)}&token={int(token)}"
         headers = {KEY_HEADER: key, TOKEN_HEADER: str(token)}
-        status = _Call(url, self.timeout).run("GET", None, headers)
+        status = Call(url, self.timeout).run("GET", None, headers)
         if status == 200:  # the contract's only "performed": a 202 or 204 cannot tell yet
             return True
         if status == 404:
