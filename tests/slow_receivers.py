@@ -8,7 +8,8 @@
   work until the test sets `release` (a target slower than the relay's deadline). With `delay`
   it answers every call that many seconds after deciding it (a slow target); with `hang` it
   decides the first call of each key and then answers nothing for `hang` seconds (a target that
-  hangs past the relay's deadline after doing the work).
+  hangs past the relay's deadline after doing the work). `checks` holds each check's path and
+  query as sent.
 - `trickling_server()`: answers every request one byte at a time, for ever (a target a
   per-read timeout never cuts); counts its connections.
 - `blackholed_address()`: a local address whose SYNs go unanswered (a listening socket whose
@@ -45,6 +46,7 @@ class Fencing:
     hung: int = 0  # calls left unanswered (`hang`)
     stop: threading.Event = field(default_factory=threading.Event)
     performed_at: list[float] = field(default_factory=list)  # time.time() of each perform
+    checks: list[str] = field(default_factory=list)  # each check's path and query, as sent
 
     def performs(self, key: str) -> list[int]:
         with self.lock:
@@ -94,6 +96,7 @@ def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
             key = query.get("key", [""])[0]
             token = int(query.get("token", ["0"])[0] or 0)
             with r.lock:
+                r.checks.append(self.path)
                 r.highest[key] = max(r.highest.get(key, 0), token)
                 done = any(k == key for k, _ in r.performed)
             self._answer(200 if done else 404, {"key": key})

@@ -14,26 +14,31 @@ Never: waits longer than `timeout` for one call in all -- resolving, connecting,
 the answer (jobs/effects/exchange.py) -- so a target that drops SYNs or trickles bytes cannot
 hold a relay thread for ever. Reads at most MAX_ANSWER bytes of an answer.
 
+A check's URL is `check_url` with `key` and `token` added to its own query (which is kept as
+written; its fragment, never sent, is dropped), so a receiver reads the key it is asked about;
+a `check_url` already holding either parameter is refused at `ctx.intent()`.
+
 Hazards: the URL comes from the handler's code: never build it from a job's payload without an
 allow-list.
 """
 
 import json
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from jobs.core.exceptions import InvalidOption
 from jobs.effects.exchange import Call, OutcomeUnknown, Refused
 
 TOKEN_HEADER = "X-Relay-Token"
 KEY_HEADER = "Idempotency-Key"
+CHECK_PARAMETERS = ("key", "token")  # what the relay adds to a check_url's query
 
 
 class WebhookTarget:
     """POSTs `data["json"]` to `data["url"]` with the key (`Idempotency-Key`) and the relay's
     fencing token (`X-Relay-Token`). Reconciliation (optional): with `data["check_url"]`, a GET
-    of `?key=<key>&token=<token>`: 200 has it, 404 has not (and fences lower tokens out), any
-    other answer cannot tell yet."""
+    of that URL with `key=<key>&token=<token>` added to its query: 200 has it, 404 has not (and
+    fences lower tokens out), any other answer cannot tell yet."""
 
     def __init__(self, timeout: float = 10.0) -> None:
         self.timeout = timeout
@@ -51,29 +56,53 @@ class WebhookTarget:
             raise InvalidOption(f"webhook: data[{name!r}] must be an http(s) URL with a host")
         return url
 
+    @classmethod
+    def _check_url(cls, data: Any) -> str:
+        url = cls._url(data, "check_url")
+        names = {k for k, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
+        if clash := sorted(names.intersection(CHECK_PARAMETERS)):
+            raise InvalidOption(
+                f"webhook: data['check_url'] already has {', '.join(clash)} in its query: "
+                "the relay adds key and token there"
+            )
+        return url
+
     def validate(self, data: Any) -> None:
         """At `ctx.intent()`: the URLs the relay will call, so a bad one is the handler's clear
         error rather than an intent the relay can only park."""
         self._url(data, "url")
         if isinstance(data, dict) and "check_url" in data:
-            self._url(data, "check_url")
+            self._check_url(data)
 
     def perform(self, key: str, data: Any, token: int = 0) -> None:
+        url = self._url(data, "url")
         body = json.dumps(data.get("json") if isinstance(data, dict) else None).encode()
         headers = {"Content-Type": "application/json", KEY_HEADER: key, TOKEN_HEADER: str(token)}
-        status = Call(self._url(data, "url"), self.timeout).run("POST", body, headers)
+        status = Call(url, self.timeout).run("POST", body, headers)
         if 200 <= status < 300:
             return
         if 400 <= status < 500 or status == 503:
             raise Refused(f"webhook refused the call: {status}")
         raise OutcomeUnknown(f"webhook answered {status}")
 
+    @staticmethod
+    def check(check_url: str, key: str, token: int) -> str:
+        """The check's URL: `check_url` with key and token added to its query (kept as written),
+        without its fragment (never sent: a query written after it would not be either)."""
+        parts = urlsplit(check_url)
+        ours = urlencode({"key": key, "token": int(token)})
+        query = f"{parts.query}&{ours}" if parts.query else ours
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+
     def reconcile(self, key: str, data: Any, token: int = 0) -> bool | None:
         if not isinstance(data, dict) or "check_url" not in data:
             return None
-        url = f"{self._url(data, 'check_url')}?key={quote(key)}&token={int(token)}"
+        try:
+            check_url = self._check_url(data)
+        except InvalidOption:  # a row stored before the check: it can never answer for this key
+            return None
         headers = {KEY_HEADER: key, TOKEN_HEADER: str(token)}
-        status = Call(url, self.timeout).run("GET", None, headers)
+        status = Call(self.check(check_url, key, token), self.timeout).run("GET", None, headers)
         if status == 200:  # the contract's only "performed": a 202 or 204 cannot tell yet
             return True
         if status == 404:
