@@ -12,7 +12,9 @@ Owns: what an answer means to the relay (jobs/effects/outbox.py), as the receive
 
 Never: waits longer than `timeout` for one call in all -- resolving, connecting, TLS, sending,
 the answer (jobs/effects/exchange.py) -- so a target that drops SYNs or trickles bytes cannot
-hold a relay thread for ever. Reads at most MAX_ANSWER bytes of an answer.
+hold a relay thread for ever; calls what http.client would not write (`validate` refuses a
+space, a control character, a non-ASCII path or query); records as unknown a call that failed
+before its first byte left (`Refused`). Reads at most MAX_ANSWER bytes of an answer.
 
 A check's URL is `check_url` with `key` and `token` added to its own query (which is kept as
 written; its fragment, never sent, is dropped), so a receiver reads the key it is asked about;
@@ -23,15 +25,18 @@ allow-list.
 """
 
 import json
+import re
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from jobs.core import lanes
 from jobs.core.exceptions import InvalidOption
 from jobs.effects.exchange import Call, OutcomeUnknown, Refused
 
 TOKEN_HEADER = "X-Relay-Token"
 KEY_HEADER = "Idempotency-Key"
 CHECK_PARAMETERS = ("key", "token")  # what the relay adds to a check_url's query
+_UNWRITABLE = re.compile(r"[\x00-\x20\x7f]")  # what http.client refuses in a request line
 
 
 class WebhookTarget:
@@ -45,6 +50,7 @@ class WebhookTarget:
 
     @staticmethod
     def _url(data: Any, name: str) -> str:
+        """`data[name]` if the relay can call it, else InvalidOption saying why."""
         url = data.get(name) if isinstance(data, dict) else None
         try:
             parts = urlsplit(url) if isinstance(url, str) else None
@@ -52,8 +58,24 @@ class WebhookTarget:
             ok = ok and (parts is None or parts.port is None or parts.port > 0)
         except ValueError:  # a port out of range or not a number, a bad IPv6 literal
             ok = False
-        if not ok or not isinstance(url, str):
+        if not ok or not isinstance(url, str) or parts is None:
             raise InvalidOption(f"webhook: data[{name!r}] must be an http(s) URL with a host")
+        if (bad := _UNWRITABLE.search(url)) is not None:
+            raise InvalidOption(
+                f"webhook: data[{name!r}] holds {bad.group()!r} at {bad.start()}: a URL is sent "
+                "without spaces or control characters (percent-encode them)"
+            )
+        if not (parts.path + parts.query).isascii():
+            raise InvalidOption(
+                f"webhook: data[{name!r}] holds a non-ASCII character in its path or query: "
+                "percent-encode it (urllib.parse.quote)"
+            )
+        if len(url) > lanes.MAX_URL:
+            raise InvalidOption(
+                f"webhook: data[{name!r}] is longer than {lanes.MAX_URL} characters"
+            )
+        if lanes.origin(url) is None:  # a host neither a name nor an address (or not IDNA)
+            raise InvalidOption(f"webhook: data[{name!r}] has a host the relay cannot call")
         return url
 
     @classmethod
@@ -75,7 +97,10 @@ class WebhookTarget:
             self._check_url(data)
 
     def perform(self, key: str, data: Any, token: int = 0) -> None:
-        url = self._url(data, "url")
+        try:
+            url = self._url(data, "url")  # a row stored before a check: never sent, not unknown
+        except InvalidOption as exc:
+            raise Refused(str(exc)) from exc
         body = json.dumps(data.get("json") if isinstance(data, dict) else None).encode()
         headers = {"Content-Type": "application/json", KEY_HEADER: key, TOKEN_HEADER: str(token)}
         status = Call(url, self.timeout).run("POST", body, headers)
