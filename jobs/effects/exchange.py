@@ -13,7 +13,8 @@ between "nothing was sent" (`Refused`: safe to call again) and "the request may 
   call until the deadline, not for ever.
 - Anything that fails before the first byte of the request is handed to the socket (no address,
   no connection in time, a TLS failure, a URL http.client will not write) is `Refused`; anything
-  from then on is `OutcomeUnknown`.
+  from then on is `OutcomeUnknown` -- an answer the cut ended too: http.client reads the cut as
+  an end of file, which can end the headers after a status line, and that status is no answer.
 
 Never: waits longer than the deadline for one exchange (plus the moment a cut socket takes to
 fail its read); reads more than MAX_ANSWER bytes of an answer.
@@ -147,6 +148,10 @@ class Call:
                 self.conn.endheaders(body)  # the first byte of the request leaves here
                 response = self.conn.getresponse()
                 response.read(MAX_ANSWER)
+                with self._lock:
+                    cut = self.cut
+                if cut:  # what was read ended at the cut (an end of file): it is no answer
+                    raise TimeoutError("the answer was cut at the deadline")
                 return int(response.status)
             except (OSError, http.client.HTTPException) as exc:
                 # Cut by the timer, or the socket's own timeout (the time left) fired first:

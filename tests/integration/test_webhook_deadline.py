@@ -170,3 +170,16 @@ def test_names_that_drop_syns_then_trickle_hold_the_relays_threads_only_until_th
         finally:
             t.stop.set()
             wait_for(lambda: not pool.in_flight(), 10, "a call outlived its deadline")
+
+
+@pytest.mark.parametrize("method", ["perform", "reconcile"])
+def test_an_answer_cut_after_its_status_line_is_no_answer(method):
+    # The trickler's "HTTP/1.1 200 OK\r\n" arrives within the deadline, its headers never end.
+    # Before: the cut read as an end of file, which ended the headers, and the 200 was taken
+    # for an answer -- a call "performed", a check "found it performed" (the intent closed
+    # reconciled on the word of a receiver that never answered).
+    with trickling_server(byte_every=0.05) as t:
+        data = {"url": f"{t.url}/hook", "check_url": f"{t.url}/check", "json": {}}
+        target = WebhookTarget(timeout=DEADLINE)
+        with pytest.raises(OutcomeUnknown, match=f"no answer within {DEADLINE:g} s"):
+            getattr(target, method)("1:s", data, 2)
