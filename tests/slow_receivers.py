@@ -8,11 +8,15 @@
   work until the test sets `release` (a target slower than the relay's deadline). With `delay`
   it answers every call that many seconds after deciding it (a slow target); with `hang` it
   decides the first call of each key and then answers nothing for `hang` seconds (a target that
-  hangs past the relay's deadline after doing the work).
+  hangs past the relay's deadline after doing the work). `checks` holds each check's path and
+  query as sent.
 - `trickling_server()`: answers every request one byte at a time, for ever (a target a
   per-read timeout never cuts); counts its connections.
+- `blackholed_address()`: a local address whose SYNs go unanswered (a listening socket whose
+  accept queue is full: the kernel drops every further SYN), so a connect() to it hangs.
 """
 
+import socket
 import socketserver
 import threading
 import time
@@ -42,6 +46,7 @@ class Fencing:
     hung: int = 0  # calls left unanswered (`hang`)
     stop: threading.Event = field(default_factory=threading.Event)
     performed_at: list[float] = field(default_factory=list)  # time.time() of each perform
+    checks: list[str] = field(default_factory=list)  # each check's path and query, as sent
 
     def performs(self, key: str) -> list[int]:
         with self.lock:
@@ -91,6 +96,7 @@ def _fencing_handler(r: Fencing) -> type[BaseHTTPRequestHandler]:
             key = query.get("key", [""])[0]
             token = int(query.get("token", ["0"])[0] or 0)
             with r.lock:
+                r.checks.append(self.path)
                 r.highest[key] = max(r.highest.get(key, 0), token)
                 done = any(k == key for k, _ in r.performed)
             self._answer(200 if done else 404, {"key": key})
@@ -148,6 +154,31 @@ def trickling_server(byte_every: float = 0.2) -> Iterator[Trickle]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@contextmanager
+def blackholed_address() -> Iterator[tuple[str, int]]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    address = server.getsockname()
+    held: list[socket.socket] = [server]
+    try:
+        for _ in range(16):  # fill the accept queue until a connect goes unanswered
+            probe = socket.socket()
+            probe.settimeout(0.2)
+            try:
+                probe.connect(address)
+            except TimeoutError:
+                probe.close()
+                break
+            held.append(probe)
+        else:
+            raise AssertionError("the accept queue never filled")
+        yield address
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def wait_for(condition: Any, seconds: float, what: str) -> None:

@@ -131,10 +131,11 @@ def intent(step: str, target: str, data: Any, job_id: int) -> IntentRow:
         raise InvalidOption(f"intent(): no outbox target is registered as {target!r:.100}")
     limit = min(MAX_INTENT_BYTES, jobs_settings().MAX_PAYLOAD_BYTES)
     text = bounds.json_text(data, limit, "intent")
+    stored = json.loads(text)  # the data as stored: what names the lane, what the target checks
+    lane = lanes.lane(target, stored)  # never raises: a bad URL is a lane too
     if (validate := getattr(found, "validate", None)) is not None:
-        validate(json.loads(text))  # the target's own check, of the data as stored
-    # The lane, named now from the data just encoded (it never raises: a bad URL is a lane too).
-    return IntentRow(step, key_for(job_id, step), target, JSONText(text), lanes.lane(target, data))
+        validate(stored)
+    return IntentRow(step, key_for(job_id, step), target, JSONText(text), lane)
 
 
 # -- the relay ----------------------------------------------------------------------------------

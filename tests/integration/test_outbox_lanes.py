@@ -153,6 +153,32 @@ def test_a_row_planted_through_the_orm_gets_its_lane():
     assert set(Intent.objects.values_list("lane", flat=True)) == {DEAD_LANE}
 
 
+class _Decoy(dict):
+    """A handler's dict whose items() -- what json encodes, so what is stored and called --
+    name one receiver, while its own storage names another origin for every intent."""
+
+    def __init__(self, real: str, n: int) -> None:
+        super().__init__(url=f"http://decoy-{n}.example/", json={})
+        self.real = real
+
+    def items(self):  # type: ignore[override]
+        return [("url", self.real), ("json", {})]
+
+
+def test_the_lane_is_named_from_the_data_as_stored_not_from_the_handlers_object():
+    # Before, the lane was read from the live object while its JSON text was stored: each of
+    # these intents got a decoy lane of its own, so one hanging receiver, called by all of
+    # them, could take every slot of the relay.
+    jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    for n in range(3):
+        running.ctx.intent(f"s{n}", "webhook", _Decoy(DEAD[n], n))
+    running.commit(None)
+    rows = list(Intent.objects.values_list("data", "lane"))
+    assert {data["url"] for data, _ in rows} == {DEAD[0], DEAD[1], DEAD[2]}
+    assert {lane for _, lane in rows} == {DEAD_LANE}
+
+
 def _intent_columns() -> set[str]:
     with connection.cursor() as cur:
         return {c.name for c in connection.introspection.get_table_description(cur, "jobs_intent")}

@@ -1,0 +1,169 @@
+"""One HTTP exchange under one total deadline: resolving, connecting, TLS, sending, the answer.
+
+Owns: how the built-in webhook (jobs/effects/webhook.py) talks to a receiver, and the line
+between "nothing was sent" (`Refused`: safe to call again) and "the request may have arrived"
+(`OutcomeUnknown`: reconcile first).
+- The name is resolved on a helper thread (getaddrinfo cannot be interrupted), waited for no
+  longer than the time left; a resolver that answers later is left to finish on its own.
+- Each address is tried with a share of the time left (the time left over the addresses not yet
+  tried), so a receiver whose first address drops SYNs is still reached, and a name with many
+  blackholed addresses costs the deadline, never the deadline once per address.
+- Once a socket is connected, a timer shuts it down at the deadline (through a duplicate of it,
+  so the TLS handshake is cut too): a receiver trickling its answer a byte at a time holds the
+  call until the deadline, not for ever.
+- Anything that fails before the first byte of the request is handed to the socket (no address,
+  no connection in time, a TLS failure, a URL http.client will not write) is `Refused`; anything
+  from then on is `OutcomeUnknown` -- an answer the cut ended too: http.client reads the cut as
+  an end of file, which can end the headers after a status line, and that status is no answer.
+
+Never: waits longer than the deadline for one exchange (plus the moment a cut socket takes to
+fail its read); reads more than MAX_ANSWER bytes of an answer.
+
+Hazards: a resolver that hangs keeps its helper thread until the system resolver gives up (its
+own timeouts, resolv.conf): at most one such thread per call the relay started.
+"""
+
+import http.client
+import socket
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+MAX_ANSWER = 64 * 1024
+
+
+class OutcomeUnknown(Exception):
+    """The call may or may not have reached the target: reconcile before calling again."""
+
+
+class Refused(Exception):
+    """The target did not perform the call (it said so, or nothing was sent): safe to retry."""
+
+
+def resolve(host: str, port: int, seconds: float) -> list[Any]:
+    """getaddrinfo(host, port) for a TCP stream, waited for at most `seconds` (TimeoutError)."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["infos"] = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        except BaseException as exc:  # noqa: BLE001  handed to the caller, who decides
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="jobs-webhook-resolve", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        raise TimeoutError(f"{host!r:.100} not resolved within {seconds:.3g} s")
+    if "error" in box:
+        raise box["error"]
+    return list(box["infos"])
+
+
+class Call:
+    """One exchange with `url` (http or https, already checked by the caller) under `timeout`."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        parts = urlsplit(url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.conn = cls(parts.hostname or "", parts.port, timeout=timeout)
+        # Its connect() opens the socket through open(), bounded by the deadline (HTTPS then
+        # wraps it as usual); http.client sets this per connection, in __init__.
+        self.conn._create_connection = self._create  # type: ignore[attr-defined]
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.timeout = timeout
+        self.deadline = 0.0
+        self.cut = False
+        self._cutter: socket.socket | None = None  # a duplicate of the connected socket
+        self._lock = threading.Lock()
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _create(self, address: tuple[str, int], *_: Any) -> socket.socket:
+        return self.open(address[0], address[1])
+
+    def open(self, host: str, port: int) -> socket.socket:
+        """Resolve and connect within the time left; the connected socket, armed for the cut."""
+        infos = resolve(host, port, self.left())
+        error: OSError | None = None if infos else OSError(f"{host!r:.100} has no address")
+        for n, (family, kind, proto, _, address) in enumerate(infos):
+            left = self.left()
+            if left <= 0:
+                break
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(left / (len(infos) - n))  # a share of the time left
+                sock.connect(address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            sock.settimeout(max(self.left(), 0.001))  # each read; the timer cuts at the deadline
+            try:
+                cutter = sock.dup()  # the timer shuts the connection down through it
+            except OSError:
+                sock.close()
+                raise
+            with self._lock:
+                if not self.cut:
+                    self._cutter = cutter
+                    return sock
+            cutter.close()
+            sock.close()
+            break
+        if error is not None and self.left() > 0:
+            raise error
+        raise TimeoutError(f"no connection within {self.timeout:g} s") from error
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.cut = True
+            if self._cutter is not None:
+                try:
+                    self._cutter.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def run(self, method: str, body: bytes | None, headers: dict[str, str]) -> int:
+        self.deadline = time.monotonic() + self.timeout
+        timer = threading.Timer(self.timeout, self._cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            try:
+                self.conn.putrequest(method, self.path)  # refuses a URL it cannot write
+                for name, value in headers.items():
+                    self.conn.putheader(name, value)
+                if body is not None:
+                    self.conn.putheader("Content-Length", str(len(body)))
+                self.conn.connect()
+            except Exception as exc:  # noqa: BLE001  nothing was sent: known not performed
+                why = f"{type(exc).__name__}: {exc}"[:300]
+                within = f" within {self.timeout:g} s" if self.cut else ""
+                raise Refused(f"webhook {method}: nothing sent{within}: {why}") from exc
+            try:
+                self.conn.endheaders(body)  # the first byte of the request leaves here
+                response = self.conn.getresponse()
+                response.read(MAX_ANSWER)
+                with self._lock:
+                    cut = self.cut
+                if cut:  # what was read ended at the cut (an end of file): it is no answer
+                    raise TimeoutError("the answer was cut at the deadline")
+                return int(response.status)
+            except (OSError, http.client.HTTPException) as exc:
+                # Cut by the timer, or the socket's own timeout (the time left) fired first:
+                # either way nothing came back in time, and the message says so alike.
+                late = self.cut or isinstance(exc, TimeoutError)
+                why = f"no answer within {self.timeout:g} s" if late else repr(exc)[:300]
+                raise OutcomeUnknown(f"webhook {method}: {why}") from exc
+        finally:
+            timer.cancel()
+            self.conn.close()
+            with self._lock:
+                self.cut = True  # a timer still running finds nothing to cut
+                if self._cutter is not None:
+                    self._cutter.close()
+                    self._cutter = None
