@@ -183,36 +183,30 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
     # -- frames the application never sees -----------------------------------------------------
 
     def handle_ping(self) -> None:
-        if self.dropped:
-            return
-        if not self.controls.take(1):
-            self.drop()
-            return
-        super().handle_ping()
+        if self._control_allowed():
+            super().handle_ping()
 
     def handle_pong(self, event: Any) -> None:
-        if self.dropped:
-            return
-        if not self.controls.take(1):
+        if self._control_allowed():
+            super().handle_pong(event)
+
+    def _control_allowed(self) -> bool:
+        if not self.dropped and not self.controls.take(1):
             self.drop()
-            return
-        super().handle_pong(event)
+        return not self.dropped
 
     def handle_text(self, event: Any) -> None:
-        if self.dropped:
-            return
-        if not event.fin:
-            self.drop()  # a fragmented message: never the dashboard's client
-            return
-        super().handle_text(event)
+        if self._whole(event):
+            super().handle_text(event)
 
     def handle_bytes(self, event: Any) -> None:
-        if self.dropped:
-            return
-        if not event.fin:
-            self.drop()
-            return
-        super().handle_bytes(event)
+        if self._whole(event):
+            super().handle_bytes(event)
+
+    def _whole(self, event: Any) -> bool:
+        if not self.dropped and not event.fin:
+            self.drop()  # a fragmented message: never the dashboard's client
+        return not self.dropped
 
     def handle_cont(self, event: Any) -> None:
         self.drop()

@@ -39,7 +39,6 @@ class Plan:
     limit: int
     per_lane: int
     busy: dict[str, int] = field(default_factory=dict)
-    reserved: bool = False
 
 
 @dataclass
@@ -106,7 +105,6 @@ class Slots:
                 self.reserved - sum(in_reserve.values()),
                 1,  # one call of a lane at a time in the reserved threads
                 dict.fromkeys(sorted(shut | slow), 1),
-                reserved=True,
             )
 
     def _mark(self, lane: str, now: float) -> None:

@@ -21,13 +21,13 @@ def _slots(clock: Clock, threads: int = 8, reserved: int = 2) -> Slots:
 def test_the_open_threads_are_the_threads_less_the_reserved_ones():
     s = _slots(Clock())
     assert s.plan(reserved=False) == Plan(6, 2, {})
-    assert s.plan(reserved=True) == Plan(2, 1, {}, reserved=True)
+    assert s.plan(reserved=True) == Plan(2, 1, {})
     for lane in ("a", "a", "b"):
         s.start(lane)
     assert s.plan(reserved=False) == Plan(3, 2, {"a": 2, "b": 1})
     # A full lane and a lane already in a reserved thread are shut out of the reserved ones.
     s.start("c", reserved=True)
-    assert s.plan(reserved=True) == Plan(1, 1, {"a": 1, "c": 1}, reserved=True)
+    assert s.plan(reserved=True) == Plan(1, 1, {"a": 1, "c": 1})
     assert s.plan(reserved=False).limit == 3  # a reserved call takes no open thread
     assert s.in_flight() == {"a": 2, "b": 1, "c": 1}
 

@@ -3,15 +3,13 @@ value the settings cannot use stops every entry point with a message naming the 
 value and the form expected -- never a bare traceback, a silent default or a server that answers
 400 to every request. Real subprocesses, as an operator starts them."""
 
-import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+from tests.unit import test_startup as startup
+
 KEY = "settings-env-test-key-" + "k" * 40
 # Every variable these tests set, unset unless a test gives it (the runner's own must not leak).
 OURS = {
@@ -33,32 +31,10 @@ OURS = {
 
 
 def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """`python *args` in a session of its own on an embedded SQLite file of this test's own, as
-    production (no `.env`); stopped with its process group if it has not ended after a minute."""
-    base = {k: v for k, v in os.environ.items() if k not in OURS}
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=PROJECT_DIR,
-        env={
-            **base,
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "DATABASE_URL": "",
-            "PALISADE_SQLITE_PATH": str(tmp_path / "db.sqlite3"),
-            "PALISADE_ENV_FILE": "none",
-            "SECRET_KEY": KEY,
-            **env,
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=10)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """`python *args` as tests/unit/test_startup.py runs it (an embedded SQLite file of this
+    test's own, no `.env`), with none of OURS but those the test gives, and KEY unless it gives
+    one."""
+    return startup.run(args, tmp_path, unset=frozenset(OURS), **{"SECRET_KEY": KEY, **env})
 
 
 def printed(tmp_path: Path, script: str, **env: str) -> str:

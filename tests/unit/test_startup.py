@@ -12,10 +12,16 @@ import pytest
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
-def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run an entry point in a session of its own; a start that does not refuse (a qcluster
-    that starts) is stopped with its whole process group after the deadline."""
-    base = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DJANGO_DEBUG"}}
+def run(
+    args: list[str],
+    tmp_path: Path,
+    unset: frozenset[str] = frozenset({"SECRET_KEY", "DJANGO_DEBUG"}),
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """Run an entry point in a session of its own, the runner's `unset` variables taken out of
+    its environment; a start that does not refuse (a qcluster that starts) is stopped with its
+    whole process group after the deadline."""
+    base = {k: v for k, v in os.environ.items() if k not in unset}
     proc = subprocess.Popen(
         [sys.executable, *args],
         cwd=PROJECT_DIR,
