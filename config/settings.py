@@ -103,6 +103,20 @@ def env_float(name: str, default: float, low: float, high: float) -> float:
     return value
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`, in any case (returned as spelled in `choices`)."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    for choice in choices:
+        if raw.strip().lower() == choice.lower():
+            return choice
+    raise bad_value(name, raw, f"one of {', '.join(choices)} (unset: {default})")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def env_list(name: str, default: str) -> list[str]:
     """Comma-separated; each item stripped, empty items dropped."""
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
@@ -368,9 +382,10 @@ Q_CLUSTER = {
     "queue_limit": JOBS_WORKERS,
     "catch_up": False,
     "label": "Transport (django-q2)",
-    "log_level": os.environ.get("Q_LOG_LEVEL", "WARNING"),  # django-q2 logs to "django-q"
+    "log_level": env_choice("Q_LOG_LEVEL", "WARNING", LOG_LEVELS),  # django-q2 logs to "django-q"
 }
 
+JOBS_LOG_LEVEL = env_choice("JOBS_LOG_LEVEL", "INFO", LOG_LEVELS)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -381,12 +396,14 @@ LOGGING = {
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "json" if os.environ.get("JOBS_LOG_FORMAT") == "json" else "line",
+            "formatter": "json"
+            if env_choice("JOBS_LOG_FORMAT", "text", ("text", "json")) == "json"
+            else "line",
         }
     },
     "loggers": {
-        "jobs": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
-        "dashboard": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
-        "demo": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
+        "jobs": {"handlers": ["console"], "level": JOBS_LOG_LEVEL},
+        "dashboard": {"handlers": ["console"], "level": JOBS_LOG_LEVEL},
+        "demo": {"handlers": ["console"], "level": JOBS_LOG_LEVEL},
     },
 }

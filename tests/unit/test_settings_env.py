@@ -3,6 +3,7 @@ value the settings cannot use stops every entry point with a message naming the 
 value and the form expected -- never a bare traceback, a silent default or a server that answers
 400 to every request. Real subprocesses, as an operator starts them."""
 
+import logging
 import subprocess
 from pathlib import Path
 
@@ -27,6 +28,9 @@ OURS = {
     "Q_POLL",
     "Q_TIMEOUT",
     "Q_RETRY",
+    "Q_LOG_LEVEL",
+    "JOBS_LOG_LEVEL",
+    "JOBS_LOG_FORMAT",
 }
 
 
@@ -111,6 +115,9 @@ BAD_VALUES = [
     ("Q_RETRY", "-1"),
     ("DJANGO_HTTPS", "ture"),  # was False: a production without HTTPS settings, silently
     ("DJANGO_DEBUG", "maybe"),
+    ("JOBS_LOG_LEVEL", "verbose"),  # was logging's ValueError traceback at start
+    ("Q_LOG_LEVEL", "WARN "),
+    ("JOBS_LOG_FORMAT", "jsn"),  # was text lines, silently
 ]
 
 
@@ -132,6 +139,19 @@ def test_every_entry_point_refuses_a_bad_value(tmp_path, entry):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "JOBS_WORKERS='two': expected a whole number from 1 to 256" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_log_levels_and_format_are_read_in_any_case(tmp_path):
+    script = (
+        "import logging; from django.conf import settings; "
+        "print(logging.getLogger('jobs').level, settings.Q_CLUSTER['log_level'], "
+        "settings.LOGGING['handlers']['console']['formatter'])"
+    )
+    out = printed(
+        tmp_path, script, JOBS_LOG_LEVEL="warning", Q_LOG_LEVEL=" Error ", JOBS_LOG_FORMAT="JSON"
+    )
+    assert out == f"{logging.WARNING} ERROR json"
+    assert printed(tmp_path, script) == f"{logging.INFO} WARNING line"
 
 
 def test_a_long_bad_value_is_shown_cut(tmp_path):
