@@ -25,7 +25,8 @@ or, with --reuse, the one a previous run seeded):
            served by this checkout and by DIR (say, `git archive` of the commit before a
            change, with this file copied in) in two processes, one request each in turn: a
            before/after on a shared machine where both sides meet the same load.
-  latency  daphne + Debian chromium (Playwright) showing the jobs list's first page; Python
+  latency  uvicorn (the production server, config.websocket's protocol) + Debian chromium
+           (Playwright) showing the jobs list's first page; Python
            enqueues one job at a time (a transition writing an event) and notes the wall clock
            after COMMIT; the page notes the wall clock after applying the push that carries an
            event id >= that event's ("palisade:applied"). Same machine, same clock. Measured
@@ -36,7 +37,7 @@ or, with --reuse, the one a previous run seeded):
            with no dashboard open, then with the --narrow sockets open (--drain-with narrow) or
            five screens (overview, jobs, a job, rejected, workers) -- alternating, --repeat
            times each; rate = N / (last finish - first claim), database clock. Browsers,
-           daphne and the workers share the two cores.
+           the web server and the workers share the two cores.
 
 The load average at each phase goes into the JSON: on a shared machine, read the figures beside it.
 
@@ -390,13 +391,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_daphne() -> tuple[subprocess.Popen[bytes], str]:
+def start_server() -> tuple[subprocess.Popen[bytes], str]:
+    """The production web server (docs/operations.md): uvicorn with config.websocket's protocol."""
     port = _free_port()
     env = {**ENV, "DJANGO_DEBUG": "1"}
     proc = spawn(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "config.asgi:application"],
-        env, RESULTS_DIR / "logs" / "dashboard-daphne.log",
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--lifespan", "off", "--no-access-log",
+         "--ws", "config.websocket:BoundedWebSocketProtocol"],
+        env, RESULTS_DIR / "logs" / "dashboard-uvicorn.log",
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -404,7 +407,7 @@ def start_daphne() -> tuple[subprocess.Popen[bytes], str]:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return proc, f"http://127.0.0.1:{port}"
         time.sleep(0.05)
-    raise RuntimeError("daphne did not start")
+    raise RuntimeError("uvicorn did not start")
 
 
 def open_pages(browser: Any, base: str, paths: list[str]) -> list[Any]:
@@ -642,7 +645,7 @@ def main() -> int:
         path.write_text(json.dumps(out, indent=2, default=str))
         log(f"results: {path}")
         return 0
-    proc, base = start_daphne()
+    proc, base = start_server()
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
