@@ -77,17 +77,20 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
         return render(request, "dashboard/actions.html#outcome", context | {"text": "no such job"})
     form = JobActionForm(request.POST)
     confirmed = request.method == "POST" and form.is_valid()
-    shown = form.cleaned_data.get("attempt") if confirmed else None
-    if confirmed and shown is not None and shown != job["attempt"] and action != "copy":
-        context["changed"] = f"The job changed since you looked (now attempt {job['attempt']})."
-        confirmed = False
-    if not confirmed:
+    report: actions.Report | int | None = None
+    if confirmed:  # decided under the row lock: the job may move on while this request runs
+        shown = form.cleaned_data.get("attempt")
+        user: Any = request.user
+        report = actions.apply_confirmed(action, job_id, user=user, via="dashboard", attempt=shown)
+    if isinstance(report, int):
+        context["changed"] = f"The job changed since you looked (now attempt {report})."
+        job["attempt"] = report
+    if not isinstance(report, actions.Report):
         note = actions.fence_note(job_id, action)
         context |= {"note": note, "attempt": job["attempt"], "mode": "confirm"}
         partial = swaps_a_part(request)  # the same URL is the button's href: the page without JS
         template = "dashboard/actions.html" + ("#confirm" if partial else "")
         return kept_apart(render(request, template, context), partial=partial)
-    report = actions.apply(action, [job_id], user=request.user, via="dashboard")  # type: ignore[arg-type]
     done = report.changed[0] if report.changed else None
     if done is None:
         text = f"{LABELS[action]}: nothing changed ({next(iter(report.skipped), 'skipped')})"

@@ -325,7 +325,12 @@ def _outputs(job_id: int, outcomes: dict[int, str]) -> list[StagedOutput]:
 
 
 def rejected_feed(limit: int = 100) -> list[RejectedWrite]:
-    return list(RejectedWrite.objects.select_related("job").order_by("-id")[:limit])
+    """The newest rejected writes with their job's kind: the job's JSON columns are never read
+    (a raw-SQL row Python cannot decode must not take the feed down; they can be large)."""
+    rows = RejectedWrite.objects.select_related("job").defer(
+        "job__payload", "job__result", "job__progress", "job__error"
+    )
+    return list(rows.order_by("-id")[:limit])
 
 
 def lateness(rejected: RejectedWrite, expired_at: dict[tuple[int, int], datetime]) -> float | None:

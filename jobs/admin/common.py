@@ -143,8 +143,30 @@ def _checked_changelist(request: HttpRequest, **kwargs: Any) -> type[ChangeList]
     return CheckedChangeList
 
 
+JOB_JSON_COLUMNS = ("payload", "progress", "result")  # never decoded by a screen
+
+
+def without_job_json(qs: QuerySet[Any]) -> QuerySet[Any]:
+    """`qs` with each job it refers to (a foreign key to Job) joined without its JSON columns: a
+    raw-SQL job nested past Python's limit, or holding a number of more than 4,300 digits, would
+    make every list or page that shows one of its rows a 500 (and the columns can be large)."""
+    related = [
+        f.name
+        for f in qs.model._meta.get_fields()
+        if f.many_to_one and f.concrete and f.related_model is Job
+    ]
+    if not related:
+        return qs
+    return qs.select_related(*related).defer(
+        *(f"{name}__{column}" for name in related for column in JOB_JSON_COLUMNS)
+    )
+
+
 class ViewOnlyAdmin(CheckedLookups, admin.ModelAdmin):
     paginator = EstimatedCountPaginator
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return without_job_json(super().get_queryset(request))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

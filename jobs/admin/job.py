@@ -188,6 +188,12 @@ class EnqueueForm(forms.ModelForm):
         return data
 
 
+class ConfirmedAttempt(forms.Form):
+    """The attempt a job's confirmation named; the press is refused if the job moved on."""
+
+    attempt = forms.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+
+
 def _action(name: str, label: str) -> Any:
     def run(modeladmin: "JobAdmin", request: HttpRequest, queryset: QuerySet[Job]) -> None:
         try:
@@ -317,10 +323,17 @@ class JobAdmin(CheckedLookups, admin.ModelAdmin):
             raise PermissionDenied(f"needs staff and {actions.PERMISSION}")
         page = reverse("admin:jobs_job_change", args=[job_id])
         if request.method == "POST":
-            report = actions.apply(action, [job_id], user=request.user, via="admin")  # type: ignore[arg-type]
-            level = messages.SUCCESS if report.changed else messages.WARNING
-            self.message_user(request, report.summary(), level)
-            return redirect(page)
+            form = ConfirmedAttempt(request.POST)
+            shown = form.cleaned_data.get("attempt") if form.is_valid() else None
+            user: Any = request.user
+            report = actions.apply_confirmed(action, job_id, user=user, via="admin", attempt=shown)
+            if not isinstance(report, int):
+                level = messages.SUCCESS if report.changed else messages.WARNING
+                self.message_user(request, report.summary(), level)
+                return redirect(page)
+            # The job moved on to another attempt since the confirmation: ask again.
+            changed = f"The job changed since you looked (now attempt {report}): nothing was done."
+            self.message_user(request, changed, messages.WARNING)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -328,6 +341,7 @@ class JobAdmin(CheckedLookups, admin.ModelAdmin):
             "job_id": job_id,
             "action": action,
             "note": actions.fence_note(job_id, action),
+            "attempt": Job.objects.filter(pk=job_id).values_list("attempt", flat=True).first(),
             "back": page,
         }
         return TemplateResponse(request, "admin/jobs/job/act_confirm.html", context)

@@ -246,6 +246,29 @@ def apply(
     return report
 
 
+def apply_confirmed(
+    action: str, job_id: int, *, user: AbstractBaseUser, via: str, attempt: int | None
+) -> Report | int:
+    """Apply `action` to one job as a confirmation named it: at `attempt` (None: as it is now).
+    Decided under the job's row lock, held until the change commits: if the job has moved on to
+    another attempt (a claim, a reclaim), nothing is done and its attempt now is returned -- a
+    press confirmed for "attempt 3 is running on vm:1234" never takes attempt 4 away. A copy
+    changes no job: it is made whatever the attempt."""
+    _check(action, user)
+    if attempt is None or action == "copy" or not 0 < job_id <= LAST_ID:
+        return apply(action, [job_id], user=user, via=via)
+    with transaction.atomic():
+        now = (
+            Job.objects.select_for_update()
+            .filter(pk=job_id)
+            .values_list("attempt", flat=True)
+            .first()
+        )
+        if now is not None and now != attempt:
+            return int(now)
+        return apply(action, [job_id], user=user, via=via)
+
+
 def _audit(report: Report, user: AbstractBaseUser, via: str) -> None:
     if not report.changed:
         return
