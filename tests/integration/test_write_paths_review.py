@@ -1,0 +1,48 @@
+"""Write paths of a running attempt found wanting in review, each proved against PostgreSQL."""
+
+import time
+from pathlib import Path
+
+import pytest
+from django.core.files.storage import FileSystemStorage
+from django.db import transaction
+
+import jobs
+from jobs.models import StagedOutput
+from tests.integration.attempts import claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+A, B = "host-a:1", "host-b:2"
+
+# -- ctx.stage inside the handler's own transaction -----------------------------------------------
+
+STORAGE_LATENCY = 0.6  # seconds a write takes in SlowStorage: more than the deadline set below
+
+
+class SlowStorage(FileSystemStorage):
+    """A filesystem storage whose writes take as long as an upload of a large file to S3."""
+
+    def _save(self, name: str, content: object) -> str:
+        time.sleep(STORAGE_LATENCY)  # the latency under test, not a wait for a condition
+        return super()._save(name, content)  # type: ignore[arg-type]
+
+
+def test_a_stage_inside_the_handlers_transaction_may_take_longer_than_a_round_trips_deadline(
+    settings, tmp_path: Path
+):
+    # Outside a transaction ctx.stage was never cut by the database deadline (a file may rightly
+    # take longer to write); inside one, its side connection was cut mid-write and the stage
+    # failed with "no answer within 0.2 s", its file written and its row left behind.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "slow": {"BACKEND": f"{__name__}.SlowStorage", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    settings.JOBS = {**settings.JOBS, "STAGING_STORAGE": "slow", "DB_TIMEOUT_SECONDS": 0.2}
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    with transaction.atomic():
+        ref = owner.ctx.stage("out.txt", b"data")
+    assert ref == f"jobs/{job.pk}/attempt-1/out.txt"
+    assert (tmp_path / ref).read_bytes() == b"data"
+    assert StagedOutput.objects.get(job=job).status == StagedOutput.Status.STAGED
