@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pytest
 from django.core.files.storage import FileSystemStorage
-from django.db import transaction
+from django.db import connection, transaction
 
 import jobs
-from jobs.models import StagedOutput
+from jobs.models import Job, StagedOutput
+from jobs.worker import completer
+from jobs.worker.successes import Finished
 from tests.integration.attempts import claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,3 +48,33 @@ def test_a_stage_inside_the_handlers_transaction_may_take_longer_than_a_round_tr
     assert ref == f"jobs/{job.pk}/attempt-1/out.txt"
     assert (tmp_path / ref).read_bytes() == b"data"
     assert StagedOutput.objects.get(job=job).status == StagedOutput.Status.STAGED
+
+
+# -- a batch whose lost attempt cannot be ended --------------------------------------------------
+
+
+def test_a_lost_batch_mate_whose_end_cannot_be_written_does_not_drop_the_others_commit(
+    second_connection,
+):
+    # The batch's successes are committed together; an attempt among them found lost is first
+    # ended as lost. That end is one try: when the connection died under it (a restart, a
+    # terminated backend) it raised, and the successes after it were never presented -- their
+    # work dropped for the lease to decide -- though the commit itself re-reads and presents
+    # again on a fresh connection. Now the successes go first and each discard on its own.
+    first = jobs.enqueue("test.echo")
+    second = jobs.enqueue("test.echo")
+    lost, kept = claim(A), claim(A)
+    assert {lost.claimed.fence.job_id, kept.claimed.fence.job_id} == {first.pk, second.pk}
+    lost.held.lost.set()
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        (pid,) = cur.fetchone()
+    second_connection.execute("SELECT pg_terminate_backend(%s)", [pid])
+    completer.commit(
+        [
+            Finished(lost.held, lost.claimed, None, time.monotonic()),
+            Finished(kept.held, kept.claimed, {"ok": 1}, time.monotonic()),
+        ]
+    )
+    job = Job.objects.get(pk=kept.claimed.fence.job_id)
+    assert (job.state, job.result) == ("succeeded", {"ok": 1})
