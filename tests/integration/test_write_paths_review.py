@@ -8,6 +8,7 @@ from django.core.files.storage import FileSystemStorage
 from django.db import connection, transaction
 
 import jobs
+from demo.models import Report
 from jobs.models import Job, StagedOutput
 from jobs.worker import completer
 from jobs.worker.successes import Finished
@@ -78,3 +79,30 @@ def test_a_lost_batch_mate_whose_end_cannot_be_written_does_not_drop_the_others_
     )
     job = Job.objects.get(pk=kept.claimed.fence.job_id)
     assert (job.state, job.result) == ("succeeded", {"ok": 1})
+
+
+# -- ctx.fenced_write and the application's database routers --------------------------------------
+
+
+class ReadsFromAReplica:
+    """An application's router: reads go to a replica, writes to the primary (`default`)."""
+
+    def db_for_read(self, model: type, **hints: object) -> str:
+        return "replica"
+
+    def db_for_write(self, model: type, **hints: object) -> None:
+        return None
+
+
+def test_a_token_checked_write_goes_where_the_routers_send_writes(settings):
+    # Django's own update() writes through router.db_for_write; fenced_write took the queryset's
+    # read alias: behind a read-replica router it locked, checked the job and wrote on the
+    # replica (here an alias this install does not even have: ConnectionDoesNotExist).
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    report = Report.objects.create(name="routed")
+    settings.DATABASE_ROUTERS = [f"{__name__}.ReadsFromAReplica"]
+    assert owner.ctx.fenced_write(Report.objects.filter(name="routed"), body="primary") == 1
+    settings.DATABASE_ROUTERS = []
+    report.refresh_from_db()
+    assert (report.body, report.fence_job_id, report.fence_attempt) == ("primary", job.pk, 1)
