@@ -83,7 +83,8 @@ def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenD
         raise InvalidOption("fenced_write(): the fence columns are set by the write itself")
     # Where the application's routers send this queryset's writes, as Django's update() does
     # (`queryset.db` is its *read* alias: a replica behind a read-replica router).
-    db = queryset._db or router.db_for_write(model, **queryset._hints)
+    hints = getattr(queryset, "_hints", None) or {}
+    db = getattr(queryset, "_db", None) or router.db_for_write(model, **hints)
     rows = model._default_manager.using(db)
     current = Job.objects.using(db).filter(
         pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING
