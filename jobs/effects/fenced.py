@@ -106,20 +106,24 @@ def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenD
             if len(pks) > MAX_ROWS:
                 raise InvalidOption(f"fenced_write(): more than {MAX_ROWS} rows in one call")
             resource = f"{model._meta.label}:{','.join(str(pk) for pk in pks)}"[:200]
-            if postgres:  # the COMMIT checks again the rows this UPDATE changes
-                with conn.cursor() as cur:
-                    cur.execute(fenced_sql.MARK)
-            updated = (
-                rows.filter(pk__in=pks)
-                .filter(token_allows, Exists(current))
-                .update(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt)
-            )
-            if postgres:  # and no later UPDATE of the transaction
-                with conn.cursor() as cur:
-                    cur.execute(fenced_sql.UNMARK)
-            if updated == len(pks):
-                return TokenDecision(updated, False, resource)  # decided again at the COMMIT
-            # Refused (wholly or for some row): undo whatever this UPDATE changed.
+            if not pks:  # nothing to write: the job alone decides -- a zombie is told too
+                if current.exists():
+                    return TokenDecision(0, False, resource)
+            else:
+                if postgres:  # the COMMIT checks again the rows this UPDATE changes
+                    with conn.cursor() as cur:
+                        cur.execute(fenced_sql.MARK)
+                updated = (
+                    rows.filter(pk__in=pks)
+                    .filter(token_allows, Exists(current))
+                    .update(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt)
+                )
+                if postgres:  # and no later UPDATE of the transaction
+                    with conn.cursor() as cur:
+                        cur.execute(fenced_sql.UNMARK)
+                if updated == len(pks):
+                    return TokenDecision(updated, False, resource)  # decided again at the COMMIT
+            # Refused (wholly or for some row, or no row): undo whatever this UPDATE changed.
             transaction.set_rollback(True, using=db)
     except IntegrityError as exc:
         if refused_at_commit(exc) is None:  # no outer transaction: this COMMIT was the write's

@@ -9,10 +9,10 @@ from django.db import connection, transaction
 
 import jobs
 from demo.models import Report
-from jobs.models import Job, StagedOutput
+from jobs.models import Job, RejectedWrite, StagedOutput
 from jobs.worker import completer
 from jobs.worker.successes import Finished
-from tests.integration.attempts import claim
+from tests.integration.attempts import claim, expire_and_reap
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,3 +106,27 @@ def test_a_token_checked_write_goes_where_the_routers_send_writes(settings):
     settings.DATABASE_ROUTERS = []
     report.refresh_from_db()
     assert (report.body, report.fence_job_id, report.fence_attempt) == ("primary", job.pk, 1)
+
+
+# -- a token-checked write that matches no row --------------------------------------------------
+
+
+def test_a_zombies_write_that_matches_no_row_is_refused_not_accepted():
+    # A write matching no row was accepted whatever the job's state: a zombie was told 0 rows
+    # updated, never LeaseLost, and a handler's upsert ("if not fenced_write(...): create(...)")
+    # then created its stale row. The job check decides it alone now; the owner still gets 0.
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    expire_and_reap(job.pk)
+    current = claim(B)
+    nothing = Report.objects.filter(name="not there yet")
+    assert current.ctx.fenced_write(nothing, body="attempt 2") == 0
+    with pytest.raises(jobs.LeaseLost):
+        zombie.ctx.fenced_write(nothing, body="attempt 1")
+    assert zombie.held.lost.is_set()
+    rejected = RejectedWrite.objects.get(job=job)
+    assert (rejected.write, rejected.attempt_presented, rejected.attempt_current) == (
+        "token_write",
+        1,
+        2,
+    )
