@@ -95,6 +95,9 @@ def _outside_callers_transaction(
 
     def on_own_connection() -> None:
         connection.close_if_unusable_or_obsolete()
+        if not deadline:  # inside the handler's transaction as outside it (ctx.stage)
+            write()
+            return
         with bounded("a handler's fenced write"):
             write()
 

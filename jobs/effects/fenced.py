@@ -42,6 +42,7 @@ from django.db import (
     OperationalError,
     connections,
     models,
+    router,
     transaction,
 )
 from django.db.models import Exists, Q
@@ -80,8 +81,12 @@ def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenD
         )
     if {"fence_job_id", "fence_attempt"} & set(values):
         raise InvalidOption("fenced_write(): the fence columns are set by the write itself")
-    rows = model._default_manager.using(queryset.db)
-    current = Job.objects.using(queryset.db).filter(
+    # Where the application's routers send this queryset's writes, as Django's update() does
+    # (`queryset.db` is its *read* alias: a replica behind a read-replica router).
+    hints = getattr(queryset, "_hints", None) or {}
+    db = getattr(queryset, "_db", None) or router.db_for_write(model, **hints)
+    rows = model._default_manager.using(db)
+    current = Job.objects.using(db).filter(
         pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING
     )
     token_allows = (
@@ -89,37 +94,41 @@ def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenD
         | ~Q(fence_job_id=fence.job_id)
         | Q(fence_attempt__lte=fence.attempt)
     )
-    conn = connections[queryset.db]
+    conn = connections[db]
     postgres = conn.vendor == "postgresql"
-    if postgres and (missing := commit_check_missing(queryset.db, model)):
+    if postgres and (missing := commit_check_missing(db, model)):
         raise InvalidOption(missing)
     resource = model._meta.label
     try:
-        with transaction.atomic(using=queryset.db):
+        with transaction.atomic(using=db):
             targets = rows.filter(pk__in=queryset.values("pk")).order_by("pk")
             pks = list(targets.select_for_update().values_list("pk", flat=True)[: MAX_ROWS + 1])
             if len(pks) > MAX_ROWS:
                 raise InvalidOption(f"fenced_write(): more than {MAX_ROWS} rows in one call")
             resource = f"{model._meta.label}:{','.join(str(pk) for pk in pks)}"[:200]
-            if postgres:  # the COMMIT checks again the rows this UPDATE changes
-                with conn.cursor() as cur:
-                    cur.execute(fenced_sql.MARK)
-            updated = (
-                rows.filter(pk__in=pks)
-                .filter(token_allows, Exists(current))
-                .update(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt)
-            )
-            if postgres:  # and no later UPDATE of the transaction
-                with conn.cursor() as cur:
-                    cur.execute(fenced_sql.UNMARK)
-            if updated == len(pks):
-                return TokenDecision(updated, False, resource)  # decided again at the COMMIT
-            # Refused (wholly or for some row): undo whatever this UPDATE changed.
-            transaction.set_rollback(True, using=queryset.db)
+            if not pks:  # nothing to write: the job alone decides -- a zombie is told too
+                if current.exists():
+                    return TokenDecision(0, False, resource)
+            else:
+                if postgres:  # the COMMIT checks again the rows this UPDATE changes
+                    with conn.cursor() as cur:
+                        cur.execute(fenced_sql.MARK)
+                updated = (
+                    rows.filter(pk__in=pks)
+                    .filter(token_allows, Exists(current))
+                    .update(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt)
+                )
+                if postgres:  # and no later UPDATE of the transaction
+                    with conn.cursor() as cur:
+                        cur.execute(fenced_sql.UNMARK)
+                if updated == len(pks):
+                    return TokenDecision(updated, False, resource)  # decided again at the COMMIT
+            # Refused (wholly or for some row, or no row): undo whatever this UPDATE changed.
+            transaction.set_rollback(True, using=db)
     except IntegrityError as exc:
         if refused_at_commit(exc) is None:  # no outer transaction: this COMMIT was the write's
             raise
-    now = Job.objects.using(queryset.db).filter(pk=fence.job_id).values_list("attempt", "state")
+    now = Job.objects.using(db).filter(pk=fence.job_id).values_list("attempt", "state")
     attempt_current, state_current = now.first() or (None, "deleted")
     return TokenDecision(0, True, resource, attempt_current, state_current)
 

@@ -52,14 +52,21 @@ def _refused(exc: DatabaseError) -> bool:
 
 
 def commit(items: Sequence[Finished]) -> None:
-    """Commit finished successes; a lost lease discards, a refused row fails its own job."""
-    to_commit = []
-    for item in items:
-        if item.held.lost.is_set():
-            discard(item.held.fence)
-        else:
-            to_commit.append(item)
-    _commit_isolated(to_commit)
+    """Commit finished successes; a lost lease discards, a refused row fails its own job.
+
+    The successes first: a lost attempt's end is one try, and its error (a connection that died
+    under it) must not drop its batch-mates' commits, which re-read and present again. Each
+    discard is tried whatever happened to the others and to the commit; one that fails is logged
+    (its attempt was already ended by whoever took the job over, or is left to the janitor)."""
+    lost = [i.held.fence for i in items if i.held.lost.is_set()]
+    try:
+        _commit_isolated([i for i in items if not i.held.lost.is_set()])
+    finally:
+        for fence in lost:
+            try:
+                discard(fence)
+            except Exception:  # noqa: BLE001  this attempt's own clean-up; the others go on
+                logger.exception("job %s attempt %s: could not end its lost attempt", *_ids(fence))
 
 
 def _commit_isolated(items: Sequence[Finished]) -> None:
