@@ -14,6 +14,7 @@ import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.utils import timezone
@@ -34,6 +35,11 @@ KIND_CHARS = 100  # Job.kind is varchar(100)
 # json.dumps escapes NUL as \u0000 (PostgreSQL's jsonb refuses it); an escaped backslash
 # before it ("\\u0000" in the text) is a literal backslash, not NUL, hence the even-run prefix.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# PostgreSQL keeps a JSON number as `numeric` and writes it back in plain notation: the 6
+# characters of 1e+308 come back as 309, those of 5e-324 as 326. Python writes a float with an
+# exponent as <digit>e<sign><digit>; strings are matched whole so that text in them is skipped.
+_EXPONENT = re.compile(r"[0-9]e[-+][0-9]")
+_STRING_OR_EXPONENT = re.compile(r'"(?:[^"\\]++|\\.)*+"|-?[0-9]+(?:\.[0-9]+)?e[-+][0-9]+')
 
 
 def _is_number(value: object) -> bool:
@@ -133,7 +139,8 @@ def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
     """Refuse what is not plain JSON the database can store; return its encoded size in bytes.
 
     Refused: non-JSON types, NaN/Infinity, nesting deeper than JSON_DEPTH, strings holding NUL or
-    lone surrogates (PostgreSQL's jsonb stores neither), and more than `limit_bytes` of UTF-8.
+    lone surrogates (PostgreSQL's jsonb stores neither), and more than `limit_bytes` of UTF-8 --
+    a number counted as the database writes it back, in plain notation (1e+308: 309 bytes).
     """
     if value is None or isinstance(value, bool):
         return 5  # the common result of a no-op ("null", "true", "false"): nothing to inspect
@@ -176,11 +183,24 @@ def _checked_json(value: Any, limit_bytes: int, what: str) -> tuple[str, int]:
         raise InvalidPayload(
             f"{what} holds a lone surrogate, which JSON text cannot store"
         ) from None
+    if _EXPONENT.search(encoded):  # numbers the database writes back longer (1e+308)
+        size += _plain_growth(encoded)
     if size > limit_bytes:
         raise PayloadTooLarge(f"{what} is {size} bytes encoded; the limit is {limit_bytes}")
     if "\\u0000" in encoded and _ESCAPED_NUL.search(encoded):
         raise InvalidPayload(f"{what} holds a NUL character, which the database cannot store")
     return encoded, size
+
+
+def _plain_growth(encoded: str) -> int:
+    """How many bytes longer the database's text of `encoded` is: each number written with an
+    exponent comes back in plain notation (as Decimal's "f" format writes it, digit for digit)."""
+    growth = 0
+    for match in _STRING_OR_EXPONENT.finditer(encoded):
+        token = match.group()
+        if token[0] != '"':
+            growth += len(format(Decimal(token), "f")) - len(token)
+    return growth
 
 
 def storable_error(text: str) -> str:

@@ -19,7 +19,10 @@ from jobs.core.exceptions import InvalidOption, InvalidQueue
 from jobs.core.registry import get_handler
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" allows a final "\n"
-UNIQUE_KEY_TRIES = 5
+# The savepoint path's tries: under READ COMMITTED each one that fails met a holder that ended
+# before it was read (fast jobs under one key, many producers), so a try is progress; five
+# such in a row raised DuplicateJob. Under REPEATABLE READ a try costs a savepoint, ~1 ms.
+UNIQUE_KEY_TRIES = 50
 UNIQUE_KEY_CONSTRAINT = "jobs_job_unique_key_live"
 
 

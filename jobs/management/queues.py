@@ -15,6 +15,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser, OutputWrapper
 from django.db import connection
 
+from jobs.core import bounds
+from jobs.core.exceptions import InvalidOption
 from jobs.core.sql import driver_for
 from jobs.core.sql import metrics as sql_metrics
 from jobs.ops import queues
@@ -81,11 +83,22 @@ def _parse_limit(text: str) -> int | None:
         raise CommandError(f"limit must be a whole number or 'none', not {text!r}") from None
 
 
+def storable(name: str, value: str, limit: int = 200) -> str:
+    """An argument the database can be asked about (a filter, a user name): a lone surrogate --
+    what an argument's invalid UTF-8 bytes become -- or a NUL is a CommandError, not psycopg's
+    UnicodeEncodeError or ValueError out of the query."""
+    try:
+        bounds.storable_text(name, value, limit)
+    except InvalidOption as exc:
+        raise CommandError(str(exc)) from None
+    return value
+
+
 def _actor(username: str | None) -> Any:
     username = username or os.environ.get("JOBS_OPERATOR")
     if not username:
         return None
-    user = get_user_model().objects.filter(username=username).first()
+    user = get_user_model().objects.filter(username=storable("user", username)).first()
     if user is None:
         raise CommandError(f"no Django user {username!r}: pass --user (a staff operator)")
     return user

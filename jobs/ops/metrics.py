@@ -58,6 +58,7 @@ logger = logging.getLogger("jobs.metrics")
 
 SETTLE_SECONDS = 10.0  # the first scrape of a process takes rows older than this as settled
 MAX_QUEUE_LABELS = 100  # more queues than this are summed under queue="_other"
+MAX_KIND_LABELS = 100  # jobs_lease_too_short: more kinds than this are one kind="_other"
 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 10)
 
@@ -180,6 +181,17 @@ def _queue_families(rows: list[tuple[str, int, float | None]]) -> list[Metric]:
     return [depth, age]
 
 
+def _lease_family() -> Metric:
+    """jobs_lease_too_short for at most MAX_KIND_LABELS kinds, those too short first: a kind is
+    whatever a row holds (raw SQL can plant thousands, each failed once), and one series per
+    kind of the last 10,000 attempts made a scrape as large as that. The rest: kind="_other"."""
+    hints = sorted(lease_hints(), key=lambda h: (not h.too_short, h.kind))
+    values = {h.kind: 1.0 if h.too_short else 0.0 for h in hints[:MAX_KIND_LABELS]}
+    if hints[MAX_KIND_LABELS:]:
+        values["_other"] = max(1.0 if h.too_short else 0.0 for h in hints[MAX_KIND_LABELS:])
+    return gauge_family("jobs_lease_too_short", CATALOGUE["jobs_lease_too_short"], values, "kind")
+
+
 def collect_families() -> list[Metric]:
     """Every metric family of one scrape (all from the database)."""
     started = time.perf_counter()
@@ -223,12 +235,7 @@ def collect_families() -> list[Metric]:
         _histogram(tally.starts, "jobs_enqueue_to_start_seconds", history.START_BUCKETS),
     ]
 
-    too_short = GaugeMetricFamily(
-        "jobs_lease_too_short", CATALOGUE["jobs_lease_too_short"], labels=["kind"]
-    )
-    for hint in lease_hints():
-        too_short.add_metric([hint.kind], 1.0 if hint.too_short else 0.0)
-    families.append(too_short)
+    families.append(_lease_family())
     for source in _sources:
         families.extend(source())
     families.append(_gauge("jobs_metrics_scrape_seconds", time.perf_counter() - started))

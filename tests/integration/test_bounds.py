@@ -74,6 +74,30 @@ def test_a_payload_with_astral_characters_is_stored():
 
 
 @pytest.mark.parametrize(
+    "number", [1e308, -1e308, 5e-324, 1.7976931348623157e308, 1.5e-07, 1e16, -1.25e-05, 2.5]
+)
+def test_a_number_is_sized_as_the_database_writes_it_back(number):
+    # jsonb keeps a number as numeric and writes it in plain notation: 1e+308 is 309 bytes.
+    with connection.cursor() as cur:
+        cur.execute("SELECT octet_length((%s)::jsonb::text)", [json.dumps(number)])
+        (stored,) = cur.fetchone()
+    assert bounds.json_value(number, 10_000) == bounds.json_value([number], 10_000) - 2 == stored
+
+
+def test_a_payload_of_numbers_the_database_writes_back_longer_is_too_large(settings):
+    settings.JOBS = {"MAX_PAYLOAD_BYTES": 4096}
+    payload = {"values": [1e308] * 100}  # 711 bytes as encoded, ~31 KB as PostgreSQL gives it back
+    assert len(json.dumps(payload, separators=(",", ":"))) < 4096
+    with pytest.raises(jobs.PayloadTooLarge):
+        jobs.enqueue("test.echo", payload)
+    assert not Job.objects.exists()
+    # Text that merely looks like such a number is a string, stored as it is: not counted so.
+    job = jobs.enqueue("test.echo", {"text": "1e+308 " * 400})
+    assert Job.objects.get(pk=job.pk).payload == {"text": "1e+308 " * 400}
+    jobs.enqueue("test.echo", {"values": [1e308] * 10, "quoted": '"1e+308\\"'})
+
+
+@pytest.mark.parametrize(
     "options", [{"lease_seconds": 1e13}, {"max_attempts": 0}, {"max_attempts": 10**6}]
 )
 def test_handler_registration_refuses_out_of_range_options(options):

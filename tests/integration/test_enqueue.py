@@ -130,3 +130,66 @@ def test_a_committed_enqueue_notifies_the_scheduler(second_connection):
         assert list(second_connection.notifies(timeout=0.2)) == []
     received = list(second_connection.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in received] == ["jobs_enqueued"]
+
+
+def test_a_key_whose_holders_keep_finishing_is_still_enqueued(second_connection):
+    # READ COMMITTED: each try of the savepoint path met a holder that had ended by the time it
+    # was read; five such holders in a row (fast jobs under one debounce key, many producers)
+    # raised DuplicateJob, "this transaction cannot see it (REPEATABLE READ ...)".
+    import threading
+    import time
+
+    from django.db import connection as django_connection
+
+    from tests.conftest import raw_connection
+
+    other = second_connection
+    first = raw_connection(autocommit=False)
+    insert = "INSERT INTO jobs_job (kind, unique_key) VALUES ('test.echo', 'K')"
+    finish = (
+        "UPDATE jobs_job SET state = 'cancelled', finished_at = now() "
+        "WHERE unique_key = 'K' AND state = 'queued'"
+    )
+    # Each try of the savepoint path: its INSERT meets a live holder, which ends before its
+    # SELECT looks for it; a new holder appears before the next INSERT -- 6 times in a row.
+    churns = {"left": 6, "ended": False}
+
+    def churn(execute, sql, params, many, context):
+        if sql.startswith('INSERT INTO "jobs_job" (') and churns["ended"] and churns["left"]:
+            other.execute(insert)
+            churns["left"] -= 1
+            churns["ended"] = False
+        elif 'FROM "jobs_job" WHERE' in sql and '"unique_key" =' in sql:
+            other.execute(finish)
+            churns["ended"] = True
+        return execute(sql, params, many, context)
+
+    outcome: list = []
+
+    def enqueue() -> None:
+        try:
+            with django_connection.execute_wrapper(churn):
+                outcome.append(jobs.enqueue("test.echo", unique_key="K"))
+        except Exception as exc:  # noqa: BLE001  reported below
+            outcome.append(exc)
+        finally:
+            django_connection.close()
+
+    try:
+        first.execute(insert)  # a holder committed while the one statement waits on it
+        thread = threading.Thread(target=enqueue)
+        thread.start()
+        deadline = time.monotonic() + 10
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        while other.execute(waiting).fetchone()[0] == 0:
+            assert time.monotonic() < deadline, "the enqueue never waited on the first holder"
+            time.sleep(0.01)
+        first.commit()
+        thread.join(30)
+    finally:
+        first.close()
+    assert not thread.is_alive()
+    (job,) = outcome
+    assert isinstance(job, Job) and not job.duplicate, job
+    assert Job.objects.filter(unique_key="K", state=JobState.QUEUED).get().pk == job.pk
+    assert churns["left"] == 0  # every holder was met

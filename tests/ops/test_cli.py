@@ -109,3 +109,19 @@ def test_an_id_no_bigint_holds_is_no_such_job_and_the_others_are_done(make_job, 
     assert "cancel: 1 changed, 1 skipped (1 no such job)" in text
     job.refresh_from_db()
     assert job.state == JobState.CANCELLED
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list", "--kind", "bad\udcff"),  # invalid UTF-8 in argv becomes a lone surrogate
+        ("list", "--queue", "bad\udcff"),
+        ("list", "--kind", "nul\x00"),  # call_command can pass what argv cannot
+        ("cancel", "1", "--user", "bad\udcff"),
+        ("cancel", "--all-matching", "--kind", "bad\udcff", "--user", "root"),
+        ("queues", "pause", "default", "--user", "bad\udcff"),
+    ],
+)
+def test_an_argument_the_database_cannot_read_is_a_command_error(admin_user, args):
+    with pytest.raises(CommandError, match="lone surrogates|NUL"):
+        run(*args)

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import os
 import secrets
 import subprocess
@@ -132,3 +133,30 @@ def test_jobs_log_format_json_prints_one_json_object_a_line():
         7,
         "operator cancel",
     )
+
+
+def _strict(text: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    text.encode()  # what a UTF-8 stream (a file, a pipe) must be able to carry
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_json_formatter_writes_json_whatever_the_fields_hold():
+    cycle: list = []
+    cycle.append(cycle)
+    fields = {
+        "gap": math.nan,
+        "lateness": math.inf,
+        "by_pair": {(1, 2): 3},
+        "cycle": cycle,
+        "text": "lone \ud800",
+        "job_id": 7,
+    }
+    record = logging.LogRecord("jobs.x", logging.WARNING, __file__, 1, "m %s", ("\udcff",), None)
+    record.fields = fields
+    line = _strict(JsonFormatter().format(record))
+    assert line["job_id"] == 7 and line["gap"] == "nan" and line["lateness"] == "inf"
+    assert line["by_pair"] == "{(1, 2): 3}" and line["cycle"] == "[[...]]"
+    assert line["text"] == "lone \ud800" and line["message"] == "m \udcff"

@@ -1,5 +1,7 @@
 """/metrics: names, values derived from the tables, incremental counting, protection."""
 
+import time
+
 import pytest
 from django.contrib.auth.models import User
 from prometheus_client.parser import text_string_to_metric_families
@@ -10,6 +12,7 @@ from jobs.core.states import JobState
 from jobs.core.transitions import Fence
 from jobs.models import Job, JobEvent
 from jobs.ops import history, metrics
+from jobs.worker.bridge import drain
 
 TOKEN = "s3cret-token"
 
@@ -169,3 +172,23 @@ def test_the_outbox_figures_come_from_the_intent_rows(client, make_job):
     assert got["jobs_outbox_relay_reperforms_total"] == 2
     assert got["jobs_outbox_reconciliation_mismatches_total"] == 1
     assert got["jobs_outbox_failed_intents"] == 1
+
+
+@pytest.mark.django_db
+def test_kinds_planted_by_raw_rows_are_capped_in_labels(client, monkeypatch):
+    # A kind is whatever a row holds: each planted kind is claimed and failed once, and each
+    # was one jobs_lease_too_short series (up to the 10,000 attempts the hint reads).
+    monkeypatch.setattr(metrics, "MAX_KIND_LABELS", 3, raising=False)
+    Job.objects.bulk_create([Job(kind=f"planted.k{i}", max_attempts=1) for i in range(8)])
+    deadline = time.monotonic() + 60
+    while Job.objects.filter(state=JobState.QUEUED).exists():
+        assert time.monotonic() < deadline, "the planted jobs were not failed in time"
+        drain()
+    assert Job.objects.filter(state=JobState.FAILED).count() == 8
+    kinds = [k for k in scrape(client) if k.startswith("jobs_lease_too_short{")]
+    assert sorted(kinds) == [
+        "jobs_lease_too_short{kind=_other}",
+        "jobs_lease_too_short{kind=planted.k0}",
+        "jobs_lease_too_short{kind=planted.k1}",
+        "jobs_lease_too_short{kind=planted.k2}",
+    ]

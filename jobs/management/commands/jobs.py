@@ -197,11 +197,12 @@ class Command(BaseCommand):
         jobs = Job.objects.all()
         for name in ("state", "queue", "kind"):
             if options.get(name):
-                jobs = jobs.filter(**{name: options[name]})
+                jobs = jobs.filter(**{name: queues_command.storable(f"--{name}", options[name])})
         return jobs
 
     def act(self, action: str, options: dict[str, Any]) -> None:
         username = options["user"] or os.environ.get("JOBS_OPERATOR") or getpass.getuser()
+        username = queues_command.storable("user", username)
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no Django user {username!r}: pass --user (a staff operator)")
