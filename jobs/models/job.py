@@ -93,10 +93,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 return existing  # type: ignore[no-any-return]
             # The holder became terminal between our insert and our read: try the insert again.
         # Under REPEATABLE READ or SERIALIZABLE the holder can be committed yet invisible to this
-        # transaction's snapshot, so neither the insert nor the read can ever succeed here.
+        # transaction's snapshot, so neither the insert nor the read can ever succeed here; under
+        # READ COMMITTED only holders that kept finishing between our insert and our read get here.
         raise DuplicateJob(
-            f"a live job holds unique_key {unique_key!r} but this transaction cannot see it "
-            "(REPEATABLE READ or SERIALIZABLE snapshot); retry in a new transaction"
+            f"a live job holds unique_key {unique_key!r} but this transaction did not see it in "
+            f"{enqueue_rules.UNIQUE_KEY_TRIES} tries (a REPEATABLE READ or SERIALIZABLE snapshot "
+            "that cannot see it, or holders that kept finishing); retry in a new transaction"
         )
 
 
