@@ -208,10 +208,7 @@ class PalisadeBackend(BaseTaskBackend):
     def get_result(self, result_id: Any) -> TaskResult:
         """The task's result as the job tables say now; TaskResultDoesNotExist otherwise (its
         subclass jobs.tasks.MalformedTask for a task's row whose payload is not a task's)."""
-        try:
-            job_id = int(result_id)
-        except (TypeError, ValueError):
-            raise TaskResultDoesNotExist(result_id) from None
+        job_id = result_job_id(result_id)
         read = results.read(job_id) if 0 < job_id < 2**63 else None
         if read is None:
             raise TaskResultDoesNotExist(result_id)
@@ -222,6 +219,16 @@ class PalisadeBackend(BaseTaskBackend):
         if task is None or results.task_payload(job).backend != self.alias:
             raise TaskResultDoesNotExist(f"job {job_id} is not a task of backend {self.alias!r}")
         return results.build(task, job, attempts)
+
+
+def result_job_id(result_id: Any) -> int:
+    """The job id a TaskResult.id names: the id itself, as an int or its decimal text (what
+    TaskResult.id holds); anything else -- 5.7, True, "5.0", " 5" -- names no result."""
+    if isinstance(result_id, int) and not isinstance(result_id, bool):
+        return result_id
+    if isinstance(result_id, str) and result_id.isascii() and result_id.isdecimal():
+        return int(result_id) if len(result_id) <= 20 else 0
+    raise TaskResultDoesNotExist(result_id)
 
 
 def stored_key(alias: str, task: Task, key: Any) -> str | None:

@@ -271,6 +271,17 @@ def test_get_result_of_an_unknown_id_raises_does_not_exist():
             default_task_backend.get_result(bad)
 
 
+def test_get_result_takes_an_id_only_as_an_int_or_its_decimal_text():
+    result = tasks.add.enqueue(2, 3)
+    job_id = int(result.id)
+    assert default_task_backend.get_result(job_id).id == result.id
+    assert default_task_backend.get_result(str(job_id)).id == result.id
+    # int() would read each of these as the job's id: another value is no result's id.
+    for other in (job_id + 0.7, float(job_id), f"{job_id}.0", f" {job_id}", f"+{job_id}", "٣"):
+        with pytest.raises(TaskResultDoesNotExist):
+            default_task_backend.get_result(other)
+
+
 def test_get_result_refuses_a_plain_job_that_is_not_a_task():
     job = jobs.enqueue("test.echo", {"n": 1})
     with pytest.raises(TaskResultDoesNotExist, match="not a task"):
