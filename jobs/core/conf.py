@@ -70,6 +70,10 @@ def _coerce(name: str, raw: object, default: object, label: str) -> object:
         raise InvalidOption(f"{label} must be true or false (1/0), not {raw!r}")
     if isinstance(default, bool) or default is None:
         return raw
+    if isinstance(default, int) and (
+        isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer())
+    ):  # int() would make 1.5 a silent 1, True a 1
+        raise ValueError(f"{label} = {raw!r} is not a whole number")
     try:
         return type(default)(raw)  # type: ignore[call-arg]
     except (TypeError, ValueError) as exc:

@@ -93,3 +93,18 @@ def test_a_bad_environment_override_is_named_by_its_variable(monkeypatch, name, 
         monkeypatch.delenv(f"JOBS_{name}")
         jobs_settings.cache_clear()
     assert errors and errors[0].startswith(message), errors
+
+
+@pytest.mark.parametrize("value", [1.5, True, 7.25])
+def test_a_whole_number_setting_refuses_a_fraction_or_a_flag(value):
+    # int() made CLAIM_BATCH 1.5 a silent 1 and True a 1.
+    with (
+        override_settings(JOBS={"CLAIM_BATCH": value}),
+        pytest.raises(ValueError, match=r"JOBS\['CLAIM_BATCH'\] = .* is not a whole number"),
+    ):
+        jobs_settings()
+
+
+def test_a_whole_number_setting_takes_an_integral_float():
+    with override_settings(JOBS={"CLAIM_BATCH": 8.0}):
+        assert jobs_settings().CLAIM_BATCH == 8
