@@ -18,16 +18,18 @@ with its lease run out, such an attempt may still commit (a late write before an
 accepted). Never holds a transaction open across a storage call. Never lists the storage
 bucket: it reads the StagedOutput table through partial indexes of unsettled rows, a bounded
 batch per tick, so its cost follows the number of outputs staged, not the size of the bucket.
+Deletes are tried in turn (after the last one this process tried, then from the oldest), so
+orphans whose delete keeps failing never hold the others back.
 
 Hazards: two schedulers may sweep at once; rows are decided `FOR UPDATE SKIP LOCKED`, so each is
 decided once, and only the janitor whose `settled_at` update changes the row reports it.
 """
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -75,13 +77,34 @@ def _decide(limit: int) -> None:
         StagedOutput.objects.filter(pk__in=orphaned).update(status=StagedOutput.Status.ORPHANED)
 
 
+_after: tuple[datetime, int] | None = None  # the last orphan this process tried to delete
+
+
+def _undeleted(limit: int) -> list[StagedOutput]:
+    """Up to `limit` decided orphans not yet deleted, taken in turn: those after the last one
+    tried, then from the oldest. So orphans whose delete keeps failing (a permission, a key the
+    storage refuses) never hold the others back: every one is tried within a few sweeps."""
+    global _after
+    rows = StagedOutput.objects.filter(
+        status=StagedOutput.Status.ORPHANED, settled_at__isnull=True
+    ).order_by("created_at", "id")
+    batch: list[StagedOutput] = []
+    if _after is not None:
+        at, pk = _after
+        after = rows.filter(Q(created_at__gt=at) | Q(pk__gt=pk), created_at__gte=at)
+        batch = list(after[:limit])
+    if len(batch) < limit:
+        taken = {row.pk for row in batch}
+        batch += [row for row in rows[: limit - len(batch)] if row.pk not in taken]
+    _after = (batch[-1].created_at, batch[-1].pk) if batch else None
+    return batch
+
+
 def sweep(identity: str, limit: int = BATCH) -> int:
     """Decide one batch of old unsettled outputs, then delete every decided orphan's file not
     yet deleted (this batch's and any an earlier sweep could not delete); how many were deleted."""
     _decide(limit)
-    undeleted = StagedOutput.objects.filter(
-        status=StagedOutput.Status.ORPHANED, settled_at__isnull=True
-    ).order_by("created_at", "id")[:limit]
+    undeleted = _undeleted(limit)
     st = staging.storage()
     orphans = 0
     for row in undeleted:

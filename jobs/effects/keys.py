@@ -218,16 +218,19 @@ def send_mail(
     page) and logged.
     """
 
+    def message(key: str, message_id: str) -> EmailMessage:
+        headers = {"Message-ID": message_id, "X-Idempotency-Key": key}
+        return EmailMessage(subject, body, from_email, to, headers=headers)
+
+    try:  # what the framework refuses (a line break in a header, `to` not a list) is refused
+        # before the ledger row: never a send started, so never recorded as sent again
+        message(key_for(ctx.job_id, checked_step(step)), f"<check@{mail_domain()}>").message()
+    except (TypeError, ValueError) as exc:
+        raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
+
     def send(key: str) -> dict[str, Any]:
         message_id = _mail_started(ctx, key)
-        message = EmailMessage(
-            subject,
-            body,
-            from_email,
-            to,
-            headers={"Message-ID": message_id, "X-Idempotency-Key": key},
-        )
-        sent = message.send()
+        sent = message(key, message_id).send()
         return {"sent": sent, "message_id": message_id}
 
     result: dict[str, Any] = ctx.effect(step, send)

@@ -21,10 +21,11 @@ The relay:
    (1 s doubling, capped at BACKOFF_CAP) until `JOBS["INTENT_RETRY_HOURS"]` after the commit
    (or the operator's retry), then marks it `failed`.
 
-Never: performs an intent without holding its current claim; trusts a relay's memory across a
-crash -- the rows decide; deletes an intent (retention keeps a job with an undelivered one).
-Hazards: a relay stalled past its lease may still call the target after the next relay's claim:
-the target tells them apart by the relay token (the receiver contract, docs/effects.md).
+Never: performs or checks an intent without holding its current claim, nor checks with the
+token of a call that may still be in flight (reclaim() takes a higher one); trusts a relay's
+memory across a crash -- the rows decide; deletes an intent. Hazards: a relay stalled past its
+lease may still call the target after the next relay's claim: the target tells them apart by
+the relay token (the receiver contract, docs/effects.md).
 """
 
 import inspect
@@ -33,7 +34,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -202,31 +203,25 @@ def claim(
             relay=relay[:200],
             lease_expires_at=_later(lease_seconds),
         )
-        return [
-            Claim(
-                r.pk,
-                r.job_id,
-                r.attempt,
-                r.key,
-                r.target,
-                r.data,
-                r.lane,
-                r.claims,
-                r.performs,
-                r.failures,
-                r.outcome_unknown,
-            )
-            for r in Intent.objects.filter(pk__in=ids).order_by("id")
-        ]
+        rows = Intent.objects.filter(pk__in=ids).annotate(token=F("claims")).order_by("id")
+        return [Claim(*r) for r in rows.values_list(*(f.name for f in fields(Claim)))]
 
 
 def _fenced(c: Claim) -> Any:
     return Intent.objects.filter(pk=c.id, claims=c.token, state=Intent.State.PERFORMING)
 
 
-def still_claimed(c: Claim) -> bool | None:
-    """The row's outcome_unknown while this claim still holds it (None: decided or taken over)."""
-    return _fenced(c).values_list("outcome_unknown", flat=True).first()
+def reclaim(c: Claim, relay: str, lease_seconds: float = RELAY_LEASE_SECONDS) -> Claim | None:
+    """Claim `c`'s intent again as the next relay would, with a higher token, so a check fences
+    out the call `c` may still have in flight there; None once decided or taken over."""
+    with transaction.atomic():
+        bumped = _fenced(c).update(
+            claims=F("claims") + 1, relay=relay[:200], lease_expires_at=_later(lease_seconds)
+        )
+        r = Intent.objects.get(pk=c.id) if bumped else None
+    if r is None:
+        return None
+    return replace(c, token=r.claims, outcome_unknown=r.outcome_unknown, failures=r.failures)
 
 
 def _event(c: Claim, type_: str, relay: str, **data: Any) -> None:

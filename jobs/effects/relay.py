@@ -20,7 +20,6 @@ Hazards: the call threads are daemons: a stopping process does not wait for call
 
 import logging
 import threading
-from dataclasses import replace
 
 from django.db import DatabaseError, connection
 
@@ -88,10 +87,10 @@ class Relay:
                 outbox.handle(c, self.identity, self.lease_seconds)
             except DatabaseError:  # the connection died while the call was out: the row decides
                 connection.close()  # ... read on a fresh one, while the claim is still ours
-                unknown = outbox.still_claimed(c)
-                if unknown is not None:  # as the next relay would: unknown -> reconciled
-                    outbox.handle(replace(c, outcome_unknown=unknown), self.identity,
-                                  self.lease_seconds)  # fmt: skip
+                again = outbox.reclaim(c, self.identity, self.lease_seconds)
+                if again is not None:  # as the next relay would: unknown -> reconciled, but
+                    # under a higher token, which fences out c's call if still in flight there
+                    outbox.handle(again, self.identity, self.lease_seconds)
         except DatabaseError as exc:  # the row keeps the truth: its lease runs out, reconciled
             logger.warning("relay: intent %s left to its lease (database error: %s)", c.key, exc)
         except Exception:  # noqa: BLE001  a bug in a target must not kill the relay

@@ -18,6 +18,9 @@ keeps its reserved thread until it ends: the webhook's total deadline). So a hea
 intent waits for a thread at most until such calls end, once per hanging lane per
 `slow_memory`, never for as long as they keep hanging.
 
+Hazards: past MAX_SLOW lanes hanging at once the oldest is forgotten, and with more than
+MAX_SLOW every hanging lane soon takes reserved threads again: the reserve holds up to MAX_SLOW.
+
 Never: blocks, or touches the database (a plain in-memory ledger behind one lock; the clock is
 injectable for tests).
 """

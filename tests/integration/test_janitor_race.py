@@ -121,3 +121,35 @@ def test_a_failed_delete_is_not_reported_and_is_retried_by_the_next_sweep(settin
     assert janitor.sweep("janitor:1") == 1
     assert not (tmp_path / row.path).exists()
     assert JobEvent.objects.filter(type="orphaned").count() == 1
+
+
+class StuckDeletes(FileSystemStorage):
+    """A storage that refuses, for good, to delete some outputs (a prefix it may not touch)."""
+
+    def delete(self, name: str) -> None:
+        if "/stuck" in name:
+            raise PermissionError(f"may not delete {name}")
+        super().delete(name)
+
+
+def test_outputs_whose_delete_keeps_failing_never_hold_back_the_other_orphans(settings, tmp_path):
+    """Before, every sweep retried the same oldest undeleted orphans first: a batch of them whose
+    delete kept failing (a permission, a key the storage refuses) meant no later orphan was ever
+    deleted, and the same errors logged at every sweep."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "stuck": {"BACKEND": f"{__name__}.StuckDeletes", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    settings.JOBS = {**settings.JOBS, "STAGING_STORAGE": "stuck", "ORPHAN_GRACE_SECONDS": 0.0}
+    job = jobs.enqueue("test.echo")
+    lost = claim("host-a:1")
+    for name in ("stuck-1.txt", "stuck-2.txt", "stuck-3.txt", "fine.txt"):
+        lost.ctx.stage(name, b"x")  # staged in this order: the stuck ones are the oldest
+    expire_and_reap(job.pk)
+    fine = StagedOutput.objects.get(name="fine.txt")
+
+    deleted = sum(janitor.sweep("janitor:1", limit=2) for _ in range(3))
+    assert deleted == 1
+    assert not (tmp_path / fine.path).exists()
+    assert StagedOutput.objects.get(pk=fine.pk).settled_at is not None
+    assert StagedOutput.objects.filter(settled_at__isnull=True).count() == 3  # retried, later

@@ -191,3 +191,31 @@ def test_the_ledger_row_is_on_disk_before_a_mail_leaves_first_send_and_resend(
     Job.objects.filter(pk=other.pk).update(run_at=Now())
     _send(claim("host-a:3").ctx)  # a first send
     assert _FLUSHED_AT_SEND == [True, True]
+
+
+@pytest.mark.parametrize(
+    "subject, to",
+    [
+        ("Ready\r\nBcc: victim@example.com", ["ops@example.com"]),  # a header injected
+        ("Ready", ["ops@example.com\r\nBcc: victim@example.com"]),
+        ("Ready", "ops@example.com"),  # a string, not a list of addresses
+    ],
+)
+def test_a_mail_the_framework_refuses_is_refused_before_its_ledger_row_never_a_duplicate(
+    settings, subject, to
+):
+    """Before, the ledger row was begun (a send started) and only then did the mail framework
+    refuse the header: every retry of the job recorded a `mail_resent`, a possible duplicate of a
+    mail that never left ("duplicate detected" on the job page, counted by /metrics)."""
+    with smtp_server() as box:
+        _use_smtp(settings, box.port)
+        job = jobs.enqueue("test.echo")
+        for worker in ("host-a:1", "host-b:2"):
+            running = claim(worker)
+            with pytest.raises(InvalidOption, match="send_mail"):
+                keys.send_mail(running.ctx, "notice", subject, "body", to)
+            running.fail("the handler's mail was refused")
+            Job.objects.filter(pk=job.pk).update(run_at=Now())  # its backoff, over
+        assert box.count() == 0  # nothing left, nothing injected
+    assert not IdempotencyKey.objects.exists()  # no send was started
+    assert not JobEvent.objects.filter(job_id=job.pk, type="mail_resent").exists()

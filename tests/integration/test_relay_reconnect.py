@@ -65,3 +65,29 @@ def test_an_intent_whose_relay_lost_its_connection_mid_call_is_decided_without_i
         row = Intent.objects.get()
         assert (row.reconciled, row.performs) == (True, 1)
         assert r.performs(key) == [1]  # performed once: reconciled, never re-sent
+
+
+def test_a_relay_that_lost_its_connection_never_checks_with_the_token_of_its_call_in_flight():
+    """The call timed out while the receiver was still working on it (its token is current
+    there), and the relay thread's connection died meanwhile. Reconciled under that same token,
+    the check fenced nothing: the receiver answered 404 (not performed yet), the relay called
+    again with the same token, and the held call performed too -- twice. The next relay's claim
+    presents a higher token; so must the relay that reconnects."""
+    with fencing_receiver(hold_first=True) as r:
+        key = _commit_intent({"url": f"{r.url}/hook", "check_url": f"{r.url}/check"})
+        relay = Relay("relay-a", lease_seconds=LEASE)
+        assert relay.pump() == 1
+        wait_for(lambda: r.calls == 1, 10, "the call never reached the receiver")
+        assert _terminate_other_backends() >= 1  # the relay thread's connection, mid-call
+
+        def checked() -> bool:
+            with r.lock:
+                return bool(r.checks)
+
+        wait_for(checked, 15, "the relay never reconciled its timed-out call")
+        wait_for(lambda: Intent.objects.get().state != Intent.State.PERFORMING, 15, "undecided")
+        r.release.set()  # the held first call's work now ends: it must be fenced out
+        wait_for(lambda: r.ended == r.calls, 10, "the receiver never decided its calls")
+        assert len(r.performs(key)) == 1, r.performed  # performed once, whoever performed it
+        row = Intent.objects.get()
+        assert row.state == Intent.State.DONE and row.claims >= 2
