@@ -17,6 +17,7 @@ from typing import Any
 
 import dj_database_url
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from config.startup import SettingError
 
@@ -242,6 +243,52 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+
+def mailer_from_env(name: str, timeout_name: str, debug: bool) -> dict[str, Any]:
+    """The default mailer (Django's MAILERS) from `name`, a URL as django-environ reads it:
+    smtp://user:password@host:port, smtp+tls://..., smtp+ssl://..., consolemail:// or
+    filemail:///path. Unset: SMTP on localhost:25 (the console under DJANGO_DEBUG: bin/run's demo
+    mail is printed by the worker). SMTP waits at most `timeout_name` seconds for each exchange:
+    without a timeout a mail server that stops answering held its handler until the execution
+    timeout (30 minutes). A URL it cannot read stops every entry point, named."""
+    timeout = env_float(timeout_name, 30.0, 0.1, 3600)
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        if debug:
+            return {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
+        raw = "smtp://localhost:25"
+    try:
+        parsed = environ.Env.email_url_config(raw)
+    except (ValueError, ImproperlyConfigured):
+        shown = raw if "@" not in raw else raw.split("://", 1)[0] + "://(hidden)"
+        raise bad_value(
+            name,
+            shown,
+            "smtp://user:password@host:port, smtp+tls://..., smtp+ssl://..., "
+            "consolemail:// or filemail:///path",
+        ) from None
+    backend = parsed["EMAIL_BACKEND"]
+    if backend.endswith(".filebased.EmailBackend"):
+        return {"BACKEND": backend, "OPTIONS": {"file_path": parsed["EMAIL_FILE_PATH"]}}
+    if not backend.endswith(".smtp.EmailBackend"):
+        return {"BACKEND": backend}
+    options = {
+        "host": parsed["EMAIL_HOST"] or "localhost",
+        "port": parsed["EMAIL_PORT"],
+        "username": parsed["EMAIL_HOST_USER"] or "",
+        "password": parsed["EMAIL_HOST_PASSWORD"] or "",
+        "use_tls": bool(parsed.get("EMAIL_USE_TLS")),
+        "use_ssl": bool(parsed.get("EMAIL_USE_SSL")),
+        "timeout": timeout,
+    }
+    return {"BACKEND": backend, "OPTIONS": options}
+
+
+# Mail: jobs.effects.send_mail in handlers.
+MAILERS = {"default": mailer_from_env("EMAIL_URL", "EMAIL_TIMEOUT", DEBUG)}
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "").strip() or "webmaster@localhost"
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -260,8 +307,6 @@ STORAGES = {
 if DEBUG:
     STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
 
-if DEBUG:  # bin/run: the demo's mail (jobs.effects.send_mail) is printed by the worker
-    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
 # The right part of every mail's Message-ID (jobs.effects.send_mail); "" = one derived from
 # SECRET_KEY, different per install. Set it if you rotate SECRET_KEY.
 JOBS_MAIL_DOMAIN = os.environ.get("JOBS_MAIL_DOMAIN", "")

@@ -31,6 +31,9 @@ OURS = {
     "Q_LOG_LEVEL",
     "JOBS_LOG_LEVEL",
     "JOBS_LOG_FORMAT",
+    "EMAIL_URL",
+    "EMAIL_TIMEOUT",
+    "DEFAULT_FROM_EMAIL",
 }
 
 
@@ -118,6 +121,10 @@ BAD_VALUES = [
     ("JOBS_LOG_LEVEL", "verbose"),  # was logging's ValueError traceback at start
     ("Q_LOG_LEVEL", "WARN "),
     ("JOBS_LOG_FORMAT", "jsn"),  # was text lines, silently
+    ("EMAIL_URL", "https://mail.example.com"),
+    ("EMAIL_URL", "smtp://mail.example.com:twentyfive"),
+    ("EMAIL_TIMEOUT", "0"),
+    ("EMAIL_TIMEOUT", "30s"),
 ]
 
 
@@ -152,6 +159,60 @@ def test_log_levels_and_format_are_read_in_any_case(tmp_path):
     )
     assert out == f"{logging.WARNING} ERROR json"
     assert printed(tmp_path, script) == f"{logging.INFO} WARNING line"
+
+
+MAILER = "from django.conf import settings; print(settings.MAILERS['default'])"
+
+
+def test_the_mailer_is_read_from_email_url_with_a_timeout(tmp_path):
+    out = printed(tmp_path, MAILER, EMAIL_URL="smtp+tls://ops%40x:s3cret@mail.example.com:2525")
+    assert eval(out) == {  # noqa: S307  our own repr of a dict of plain values
+        "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "OPTIONS": {
+            "host": "mail.example.com",
+            "port": 2525,
+            "username": "ops@x",
+            "password": "s3cret",
+            "use_tls": True,
+            "use_ssl": False,
+            "timeout": 30.0,
+        },
+    }
+    plain = eval(printed(tmp_path, MAILER, EMAIL_TIMEOUT="2.5"))  # noqa: S307
+    assert plain["OPTIONS"] | {"timeout": None} == {
+        "host": "localhost", "port": 25, "username": "", "password": "", "use_tls": False,
+        "use_ssl": False, "timeout": None,
+    }  # fmt: skip
+    assert plain["OPTIONS"]["timeout"] == 2.5
+    console = eval(printed(tmp_path, MAILER, DJANGO_DEBUG="1"))  # noqa: S307
+    assert console == {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
+
+
+def test_a_bad_email_url_is_named_without_its_password(tmp_path):
+    done = run(["manage.py", "check"], tmp_path, EMAIL_URL="https://ops:s3cret@mail.example.com")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "EMAIL_URL='https://(hidden)': expected smtp://" in done.stderr, done.stderr
+    assert "s3cret" not in done.stderr
+
+
+def test_a_mail_server_that_never_answers_fails_the_send_within_email_timeout(tmp_path):
+    # A listening socket that accepts (the kernel's backlog) and never sends SMTP's greeting:
+    # with no timeout the send waited for ever (a handler held until its execution timeout).
+    script = (
+        "import socket, time; from django.core import mail; "
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(8); "
+        "from django.conf import settings; "
+        "settings.MAILERS['default']['OPTIONS']['port'] = s.getsockname()[1]; "
+        "began = time.monotonic()\n"
+        "try:\n"
+        "    mail.send_mail('s', 'b', 'a@example.com', ['b@example.com'])\n"
+        "except OSError as exc:\n"
+        "    print(type(exc).__name__, round(time.monotonic() - began, 1))"
+    )
+    out = printed(tmp_path, script, EMAIL_URL="smtp://127.0.0.1:25", EMAIL_TIMEOUT="0.5")
+    name, seconds = out.split()
+    assert name in {"TimeoutError", "SMTPServerDisconnected"}, out
+    assert 0.4 <= float(seconds) < 5, out
 
 
 def test_a_long_bad_value_is_shown_cut(tmp_path):
