@@ -386,9 +386,15 @@ def _minutes(qs: QuerySet[Any], start: datetime, **match: Any) -> dict[datetime,
 
 
 def _window_since(qs: QuerySet[Any], start: datetime) -> datetime | None:
-    """When the newest HISTORY_EVENTS rows of `qs` begin, if after `start` (two pk lookups)."""
+    """When the newest HISTORY_EVENTS ids of `qs` begin, if a row the charts leave out (an older
+    id) falls after `start` (three pk lookups). Ids have gaps (a rolled-back insert still took
+    its id): the range alone holding rows only after `start` is no evidence of rows left out."""
     top = qs.aggregate(m=Max("id"))["m"] or 0
     if top <= HISTORY_EVENTS:
+        return None
+    left_out = qs.filter(id__lte=top - HISTORY_EVENTS).order_by("-id").values_list("at", flat=True)
+    newest_left_out = left_out.first()
+    if newest_left_out is None or newest_left_out < start:
         return None
     first = qs.filter(id__gt=top - HISTORY_EVENTS).order_by("id").values_list("at", flat=True)
     at = first.first()

@@ -116,3 +116,36 @@ def test_the_overview_says_when_its_charts_reach_back_less_than_their_minutes(
     assert sum(overview.succeeded_per_min) == 0  # the ten-minute-old successes are past it
     html = operator_client.get(reverse("dashboard:overview")).content.decode()
     assert 'id="history-since"' in html and "The charts count the newest 50 events" in html
+
+
+def test_ids_burnt_by_rolled_back_inserts_are_not_taken_for_events_left_out(
+    make_job: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rolled-back insert still takes its id, so the newest HISTORY_EVENTS ids can reach below
+    # the oldest event there is. The page said the charts reached back only to that event (ten
+    # minutes) when no event had been left out.
+    from django.db import connection, transaction
+
+    monkeypatch.setattr(selectors, "HISTORY_EVENTS", 50)
+    try:  # ids burnt the way an application burns them: a rolled-back transaction
+        with transaction.atomic():
+            job = make_job(state="succeeded", attempt=1)
+            _events(job, "claimed", 5, minutes_ago=1)
+            raise RuntimeError("roll back")
+    except RuntimeError:
+        pass
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT nextval(pg_get_serial_sequence('jobs_jobevent', 'id')) "
+            "FROM generate_series(1, 200)"
+        )
+    job = make_job(state="succeeded", attempt=1)
+    _events(job, "succeeded", 20, minutes_ago=10)
+    overview = selectors.overview()
+    assert overview.history_since is None
+    assert sum(overview.succeeded_per_min) == 20
+    # One event the window leaves out, inside the charts' minutes: the note is back.
+    _events(job, "claimed", 50, minutes_ago=1)
+    overview = selectors.overview()
+    assert overview.history_since is not None
+    assert sum(overview.succeeded_per_min) == 0
