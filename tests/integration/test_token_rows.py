@@ -164,18 +164,37 @@ def test_a_multi_table_child_is_deleted_with_its_parent_row_but_not_created():
     assert not Report.objects.exists()
 
 
-def test_inside_the_handlers_transaction_the_owner_writes_and_a_zombie_is_recorded():
-    job, zombie, winner = zombie_and_winner()
-    kept = Report.objects.create(name="kept")
+def _in_handlers_transaction(running, write) -> None:
+    """`write` refused inside the handler's own transaction: LeaseLost at the statement."""
     try:
         with pytest.raises(jobs.LeaseLost), transaction.atomic():
-            zombie.ctx.fenced_create(Report, name="zombie's")
+            write()
     finally:
         close_side_connection()  # PostgreSQL recorded it on the context's side connection
     if connection.vendor == "sqlite":  # recorded by the completer once the handler is over
-        completer.discard(zombie.claimed.fence)
-    assert only(job).resource == "demo.Report:insert"
+        completer.discard(running.claimed.fence)
+
+
+@pytest.mark.parametrize("write", ["create", "delete"])
+def test_inside_the_handlers_transaction_a_zombie_is_refused_at_its_statement(write):
+    job, zombie, _ = zombie_and_winner()
+    kept = Report.objects.create(name="kept")
+    if write == "create":
+        _in_handlers_transaction(zombie, lambda: zombie.ctx.fenced_create(Report, name="z"))
+    else:
+        rows = Report.objects.filter(pk=kept.pk)
+        _in_handlers_transaction(zombie, lambda: zombie.ctx.fenced_delete(rows))
+    assert list(Report.objects.values_list("name", flat=True)) == ["kept"]
+    assert only(job).resource.startswith(
+        f"demo.Report:{'insert' if write == 'create' else 'delete'}"
+    )
+
+
+def test_inside_the_handlers_transaction_the_owner_creates_and_deletes():
+    _, _, winner = zombie_and_winner()
+    kept = Report.objects.create(name="kept")
     with transaction.atomic():
         winner.ctx.fenced_create(Report, name="winner's")
         assert winner.ctx.fenced_delete(Report.objects.filter(pk=kept.pk)) == 1
     assert list(Report.objects.values_list("name", flat=True)) == ["winner's"]
+    assert not RejectedWrite.objects.exists()
