@@ -1,7 +1,8 @@
 """Token-checked writes to the application's own tables, and the record of any stale write
 that is not a job-row write (token writes, effect completions).
 
-Owns: `ctx.fenced_write(queryset, **values)` on models with the `jobs.models.FencedRow` mixin.
+Owns: `ctx.fenced_write(queryset, **values)` on models with the `jobs.models.FencedRow` mixin
+(its INSERTs and DELETEs: fenced_rows.py), and the installation of the COMMIT's check.
 A write is accepted only while the presenting attempt is the job's *current* attempt and the job
 is `running` -- an `EXISTS` on the job row inside the UPDATE itself -- and, beside it, only for
 rows whose own token allows it: last written by another job (or none), or by this job at an
