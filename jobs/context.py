@@ -17,6 +17,7 @@ transitions.joining_callers_transaction), and a rejection it meets is recorded b
 after the handler's transaction is over.
 """
 
+import itertools
 import logging
 import threading
 import time
@@ -267,7 +268,8 @@ class JobContext:
         """fenced_create() for each mapping of `rows`: all of them or none. At most
         fenced.MAX_ROWS rows per call."""
         self._raise_if_lost(Write.TOKEN)
-        created = fenced_rows.create(self._held.fence, model, list(rows))
+        rows = list(itertools.islice(rows, fenced.MAX_ROWS + 1))  # the bound, before memory
+        created = fenced_rows.create(self._held.fence, model, rows)
         self._decided(created.decision)
         return created.instances
 

@@ -133,6 +133,8 @@ def create(fence: Fence, model: Any, rows: Sequence[Mapping[str, Any]]) -> Creat
     objs = [
         model(**values, fence_job_id=fence.job_id, fence_attempt=fence.attempt) for values in rows
     ]
+    for obj in objs:  # an unsaved related object is refused, as by save() and bulk_create()
+        obj._prepare_related_fields_for_save(operation_name="fenced_create")
     conn, resource = connections[db], f"{model._meta.label}:insert"
     postgres = conn.vendor == "postgresql"
     current = Job.objects.using(db).filter(

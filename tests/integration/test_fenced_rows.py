@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection, transaction
 import jobs
 from demo.models import Report
 from jobs.core.registry import get_handler
+from jobs.core.sql import fenced as fenced_sql
 from jobs.effects import fenced, fenced_rows
 from jobs.models import Job, RejectedWrite
 from jobs.worker import runner
@@ -87,7 +88,7 @@ def test_a_marked_delete_with_no_deleter_named_is_refused_at_commit():
     report = Report.objects.create(name="a")
     with pytest.raises(IntegrityError) as refused:
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(fenced.fenced_sql.MARK)
+            cur.execute(fenced_sql.MARK)
             cur.execute("DELETE FROM demo_report WHERE id = %s", [report.pk])
     assert fenced.refused_at_commit(refused.value) == "demo.Report"
     assert Report.objects.filter(pk=report.pk).exists()
