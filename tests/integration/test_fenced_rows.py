@@ -183,3 +183,23 @@ def test_a_table_whose_check_is_an_older_versions_is_refused_until_migrate(monke
     assert tgtype & (4 | 8 | 16) == 4 | 8 | 16  # INSERT, DELETE and UPDATE
     assert owner.ctx.fenced_create(Report, name="checked").fence_attempt == 1
     assert Job.objects.filter(state="running").count() == 1
+
+
+def _function_source() -> str:
+    with connection.cursor() as cur:
+        cur.execute("SELECT prosrc FROM pg_proc WHERE proname = 'jobs_fence_at_commit'")
+        return str(cur.fetchone()[0])
+
+
+def test_migration_0025_teaches_the_check_deletes_and_goes_back():
+    from django.core.management import call_command
+
+    try:
+        call_command("migrate", "jobs", "0024", verbosity=0)
+        assert "fenced_deleters" not in _function_source()  # 0023's: UPDATEs by NEW's token
+    finally:
+        call_command("migrate", "jobs", verbosity=0)
+    assert "fenced_deleters" in _function_source()
+    assert fenced.commit_checks_missing() == []  # every FencedRow table: this version's trigger
+    labels = {meta.label for meta in fenced._fence_tables(connection)}
+    assert {"demo.Report", "tests_app.Ledger"} <= labels
