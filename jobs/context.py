@@ -17,6 +17,7 @@ transitions.joining_callers_transaction), and a rejection it meets is recorded b
 after the handler's transaction is over.
 """
 
+import itertools
 import logging
 import threading
 import time
@@ -34,7 +35,7 @@ from jobs.core.exceptions import LeaseLost
 from jobs.core.sql.rows import JSONText
 from jobs.core.states import Write
 from jobs.core.transitions import Fence
-from jobs.effects import fenced, outbox, pending, staging
+from jobs.effects import fenced, fenced_rows, outbox, pending, staging
 from jobs.effects import keys as effects
 
 logger = logging.getLogger("jobs.fencing")
@@ -248,10 +249,42 @@ class JobContext:
         raises LeaseLost. Returns the rows updated. At most fenced.MAX_ROWS rows per call.
         """
         self._raise_if_lost(Write.TOKEN)
-        fence = self._held.fence
-        decision = fenced.write(fence, queryset, **values)
+        return self._decided(fenced.write(self._held.fence, queryset, **values)).updated
+
+    def fenced_create(self, model: Any, **values: Any) -> Any:
+        """Insert one row of `model` (a FencedRow model) while this attempt owns the job, and
+        return the instance (like `Model.objects.create`, without `save()` or its signals).
+
+        Decided in the INSERT itself, like fenced_write: else nothing is inserted, the refusal
+        is recorded and LeaseLost raised. A duplicate of a unique value is the IntegrityError
+        it always is.
+        """
+        self._raise_if_lost(Write.TOKEN)
+        created = fenced_rows.create(self._held.fence, model, [values])
+        self._decided(created.decision)
+        return created.instances[0]
+
+    def fenced_bulk_create(self, model: Any, rows: Any) -> list[Any]:
+        """fenced_create() for each mapping of `rows`: all of them or none. At most
+        fenced.MAX_ROWS rows per call."""
+        self._raise_if_lost(Write.TOKEN)
+        rows = list(itertools.islice(rows, fenced.MAX_ROWS + 1))  # the bound, before memory
+        created = fenced_rows.create(self._held.fence, model, rows)
+        self._decided(created.decision)
+        return created.instances
+
+    def fenced_delete(self, queryset: Any) -> int:
+        """Delete every row of `queryset` (a FencedRow model) while this attempt owns the job,
+        and none last written by a higher attempt of it: all or nothing, like fenced_write.
+        Returns the rows deleted (the queryset's own; cascades go with them)."""
+        self._raise_if_lost(Write.TOKEN)
+        return self._decided(fenced_rows.delete(self._held.fence, queryset)).updated
+
+    def _decided(self, decision: fenced.TokenDecision) -> fenced.TokenDecision:
+        """`decision` if accepted; else it is recorded and LeaseLost raised."""
         if not decision.refused:
-            return decision.updated
+            return decision
+        fence = self._held.fence
         current = fence.attempt if decision.attempt_current is None else decision.attempt_current
 
         def record() -> None:

@@ -1,7 +1,8 @@
 """Token-checked writes to the application's own tables, and the record of any stale write
 that is not a job-row write (token writes, effect completions).
 
-Owns: `ctx.fenced_write(queryset, **values)` on models with the `jobs.models.FencedRow` mixin.
+Owns: `ctx.fenced_write(queryset, **values)` on models with the `jobs.models.FencedRow` mixin
+(its INSERTs and DELETEs: fenced_rows.py), and the installation of the COMMIT's check.
 A write is accepted only while the presenting attempt is the job's *current* attempt and the job
 is `running` -- an `EXISTS` on the job row inside the UPDATE itself -- and, beside it, only for
 rows whose own token allows it: last written by another job (or none), or by this job at an
@@ -171,25 +172,29 @@ def _fence_model(model: type[models.Model]) -> type[models.Model]:
 
 def commit_check_missing(using: str, model: type[models.Model]) -> str:
     """Why `model`'s table cannot take a token-checked write (its COMMIT's check is not
-    installed, or disabled: run `manage.py migrate`), or "" -- asked once per process and
-    table."""
-    table = _fence_model(model)._meta.db_table
-    if (using, table) in _CHECKED:
+    installed, is disabled or is an older version's: run `manage.py migrate`), or "" -- asked
+    once per process and table."""
+    meta = _fence_model(model)._meta
+    if (using, meta.db_table) in _CHECKED:
         return ""
-    with connections[using].cursor() as cur:
-        cur.execute(
-            fenced_sql.TRIGGER_EXISTS,
-            [connections[using].ops.quote_name(table), fenced_sql.TRIGGER],
-        )
-        (found,) = cur.fetchone()
-    if not found:
+    if not _trigger_current(connections[using], meta):
         return (
-            f"fenced_write(): {model._meta.label}'s table {table} has no enabled "
-            f"{fenced_sql.TRIGGER} trigger, the check its writes' COMMIT makes: run "
-            "`manage.py migrate` (which installs it on every FencedRow table that exists)"
+            f"fenced_write(): {model._meta.label}'s table {meta.db_table} has no enabled "
+            f"{fenced_sql.TRIGGER} trigger of this version, the check its writes' COMMIT makes: "
+            "run `manage.py migrate` (which installs it on every FencedRow table that exists)"
         )
-    _CHECKED.add((using, table))
+    _CHECKED.add((using, meta.db_table))
     return ""
+
+
+def _trigger_current(conn: Any, meta: Any) -> bool:
+    """Whether `meta`'s table carries this version's check, enabled (an older one checks
+    UPDATEs only)."""
+    table = conn.ops.quote_name(meta.db_table)
+    with conn.cursor() as cur:
+        cur.execute(fenced_sql.TRIGGER_STATE, [table, fenced_sql.TRIGGER])
+        state = cur.fetchone()
+    return state == (fenced_sql.install_trigger(table, meta.label, True)[1], True)
 
 
 def _fence_tables(conn: Any) -> list[Any]:
@@ -238,20 +243,13 @@ def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
 
 
 def commit_checks_missing(using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """The FencedRow tables of `using` whose COMMIT's check is missing or disabled (labels):
-    their token-checked writes are refused until `migrate` installs it (a system check)."""
+    """The FencedRow tables of `using` whose COMMIT's check is missing, disabled or an older
+    version's (labels): their token-checked writes are refused until `migrate` installs it (a
+    system check)."""
     conn = connections[using]
     if conn.vendor != "postgresql":
         return []
-    missing = []
-    for meta in _fence_tables(conn):
-        with conn.cursor() as cur:
-            cur.execute(
-                fenced_sql.TRIGGER_EXISTS, [conn.ops.quote_name(meta.db_table), fenced_sql.TRIGGER]
-            )
-            if not cur.fetchone()[0]:
-                missing.append(meta.label)
-    return missing
+    return [meta.label for meta in _fence_tables(conn) if not _trigger_current(conn, meta)]
 
 
 def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: int | None) -> None:

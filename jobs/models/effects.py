@@ -213,7 +213,8 @@ class Intent(models.Model):
 
 
 class FencedRow(models.Model):
-    """Mixin for an application's model written by handlers through ctx.fenced_write().
+    """Mixin for an application's model written by handlers through ctx.fenced_write(),
+    fenced_create() and fenced_delete().
 
     Each row keeps the job and the highest attempt whose write it accepted; a lower attempt of
     the same job is refused by the UPDATE's own filter (jobs/effects/fenced.py).

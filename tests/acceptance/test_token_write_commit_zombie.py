@@ -54,3 +54,29 @@ def test_a_zombie_stopped_before_its_transaction_commits_has_its_commit_refused(
         job_id=job.pk,
     )
     assert Job.objects.get(pk=job.pk).error == ""
+
+
+def test_a_zombie_stopped_before_its_transaction_commits_inserts_nothing(start_qcluster):
+    # Its handler only inserts (ctx.fenced_create), while attempt 1 still owns the job: nothing
+    # blocks attempt 2, and the resumed zombie's COMMIT is refused by the INSERT's deferred check.
+    # Without it the zombie's row would land: the INSERT's own check passed.
+    cluster = start_qcluster()
+    job = enqueue(
+        "test.token_write_in_transaction",
+        {
+            "report": "own",
+            "create_only": True,
+            "seconds_by_attempt": {"1": FIRST_SECONDS, "2": 0.1},
+        },
+    )
+    reclaimed = pause_first_attempt_until_reclaimed(cluster, job.pk)
+    after = wait_for_state(job.pk, "succeeded")
+    assert after.attempt == 2
+    wait_for_db_clock_past(job.pk, reclaimed.paused_at, FIRST_SECONDS)
+
+    cluster.resume(reclaimed.zombie)
+
+    rejected = wait_for_rejection(job.pk, 1, {"token_write"})
+    assert (rejected.attempt_current, rejected.resource) == (2, "demo.Report")
+    rows = Report.objects.values_list("name", "fence_attempt")
+    assert list(rows) == [("own by attempt 2", 2)]

@@ -53,8 +53,9 @@ def token_write(ctx: JobContext) -> dict[str, Any]:
 @handler("test.token_write_in_transaction")
 def token_write_in_transaction(ctx: JobContext) -> dict[str, Any]:
     """In one transaction of its own: writes "job <id> attempt <n>" to the demo.Report named
-    `payload["report"]` through ctx.fenced_write, creates the Report "<name> by attempt <n>",
-    then sleeps like test.sleep before the transaction commits."""
+    `payload["report"]` through ctx.fenced_write (unless `payload["create_only"]`), creates the
+    Report "<name> by attempt <n>" through ctx.fenced_create, then sleeps like test.sleep before
+    the transaction commits."""
     from django.db import transaction
 
     from demo.models import Report
@@ -62,8 +63,9 @@ def token_write_in_transaction(ctx: JobContext) -> dict[str, Any]:
     name = str(ctx.payload["report"])
     with transaction.atomic():
         body = f"job {ctx.job_id} attempt {ctx.attempt}"
-        ctx.fenced_write(Report.objects.filter(name=name), body=body)
-        Report.objects.create(name=f"{name} by attempt {ctx.attempt}")
+        if not ctx.payload.get("create_only"):
+            ctx.fenced_write(Report.objects.filter(name=name), body=body)
+        ctx.fenced_create(Report, name=f"{name} by attempt {ctx.attempt}", body=body)
         time.sleep(_duration(ctx))
     return {"attempt": ctx.attempt, "worker": ctx.worker}
 

@@ -1,10 +1,12 @@
 """The token-checked write's second check, made by its transaction's COMMIT (PostgreSQL).
 
-Owns: the SQL that marks a write as ctx.fenced_write()'s (`MARK`, a transaction-local setting),
-the constraint trigger each FencedRow table carries (`install_trigger`), and the names that say a
-COMMIT was refused (`CONSTRAINT`). The trigger's function, `jobs_fence_at_commit()`, is migration
-0023's. Never: decides (jobs/effects/fenced.py writes and installs), never on SQLite -- one
-writer there: nobody can take a job over while the handler's transaction is open.
+Owns: the SQL that marks a write as ctx.fenced_write()'s, fenced_create()'s or
+fenced_delete()'s (`MARK`, a transaction-local setting; `DELETER`, who deletes), the constraint
+trigger each FencedRow table carries (`install_trigger`), and the names that say a COMMIT was
+refused (`CONSTRAINT`). The trigger's function, `jobs_fence_at_commit()`, is migration 0023's,
+extended to INSERT and DELETE by 0025. Never: decides (jobs/effects/fenced.py and
+fenced_rows.py write, fenced.py installs), never on SQLite -- one writer there: nobody can take
+a job over while the handler's transaction is open.
 
 Why: the UPDATE decides against the job's attempt when it runs. Inside the handler's own
 transaction its rows become visible only at that transaction's COMMIT; a worker stalled in
@@ -32,6 +34,12 @@ import hashlib
 SETTING = "palisade.fenced_write"
 MARK = f"SELECT set_config('{SETTING}', 'on', true)"  # just before the write's UPDATE
 UNMARK = f"SELECT set_config('{SETTING}', '', true)"  # just after it
+DELETERS = "palisade.fenced_deleters"
+# Before a fenced DELETE: this fence joins the transaction's deleters ("<job>:<attempt> ...").
+DELETER = (
+    f"SELECT set_config('{DELETERS}', "
+    f"concat_ws(' ', nullif(current_setting('{DELETERS}', true), ''), %s::text), true)"
+)
 CONSTRAINT = "jobs_fence_at_commit"
 FUNCTION = "jobs_fence_at_commit"
 TRIGGER = "jobs_fence_at_commit"
@@ -39,10 +47,6 @@ TRIGGER = "jobs_fence_at_commit"
 COLUMNS = ("fence_job_id", "fence_attempt")
 
 FUNCTION_EXISTS = f"SELECT to_regproc('{FUNCTION}') IS NOT NULL"
-TRIGGER_EXISTS = (
-    "SELECT EXISTS (SELECT 1 FROM pg_trigger"
-    " WHERE tgrelid = %s::regclass AND tgname = %s AND tgenabled <> 'D')"
-)
 # An installed trigger's comment (the digest of the SQL that created it) and whether it is
 # enabled. `migrate` (re)creates a trigger only when it is missing, disabled or differs: DROP
 # TRIGGER takes an ACCESS EXCLUSIVE lock on the application's table, which a deploy's migrate must
@@ -59,7 +63,7 @@ def install_trigger(table: str, label: str, replace: bool) -> tuple[str, str]:
     carries."""
     literal = "'" + label.replace("'", "''") + "'"
     create = (
-        f"CREATE CONSTRAINT TRIGGER {TRIGGER} AFTER UPDATE ON {table} "
+        f"CREATE CONSTRAINT TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON {table} "
         "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
         f"WHEN (current_setting('{SETTING}', true) = 'on') "
         f"EXECUTE FUNCTION {FUNCTION}({literal})"
