@@ -66,8 +66,8 @@ def render(ctx: JobContext) -> dict[str, Any]:
 def report(ctx: JobContext) -> dict[str, Any]:
     """Writes a report row through the token-checked helper and posts an intent to a webhook.
 
-    A zombie of this job can neither overwrite the row (its attempt is lower than the row's
-    token) nor post (its intent only exists if its commit is accepted).
+    A zombie of this job can neither create nor overwrite the row (the job's attempt has moved
+    on) nor post (its intent only exists if its commit is accepted).
     """
     from django.conf import settings
 
@@ -75,10 +75,9 @@ def report(ctx: JobContext) -> dict[str, Any]:
 
     name = str(ctx.payload.get("name", f"report-{ctx.job_id}"))[:100]
     rows = int(ctx.payload.get("rows", 10))
-    Report.objects.get_or_create(name=name)
-    ctx.fenced_write(
-        Report.objects.filter(name=name), body=f"{rows} rows by attempt {ctx.attempt}", rows=rows
-    )
+    body = f"{rows} rows by attempt {ctx.attempt}"
+    if not ctx.fenced_write(Report.objects.filter(name=name), body=body, rows=rows):
+        ctx.fenced_create(Report, name=name, body=body, rows=rows)  # the INSERT is checked too
     url = settings.DEMO_WEBHOOK_URL
     check = url.rstrip("/") + "/check/"
     ctx.intent("publish", "webhook", {"url": url, "check_url": check, "json": {"report": name}})
