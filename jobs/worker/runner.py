@@ -49,7 +49,7 @@ from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
-from jobs.worker import completer, shutdown, watchdog
+from jobs.worker import completer, hygiene, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
 from jobs.worker.listener import IdleWait
 
@@ -83,8 +83,21 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     """Run the handler and classify what happened; writes nothing.
 
     A BaseException is not classified here: it propagates to run_batch, which ends this job
-    with it and hands the rest of the batch back before re-raising.
+    with it and hands the rest of the batch back before re-raising. A handler that leaves a
+    transaction open on the worker's connection fails, the connection reset (jobs.worker.hygiene).
     """
+    session = hygiene.before()
+    try:
+        outcome = _classify(handler, ctx)
+    finally:
+        left = hygiene.after(session)
+    if left and not outcome.lost:
+        error = f"{left}\n{outcome.error}" if outcome.error else left
+        return Outcome(succeeded=False, error=error)
+    return outcome
+
+
+def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     try:
         result = handler.fn(ctx)
     except LeaseLost:

@@ -146,11 +146,37 @@ def _base_exception(name: str) -> BaseException:
     }[name]
 
 
+def _leave(what: str) -> None:
+    """Leave the worker's connection as a careless handler would (jobs.worker.hygiene)."""
+    from django.db import connection, transaction
+
+    from jobs.models import Job
+
+    if what == "atomic":  # entered by hand, never left
+        transaction.atomic().__enter__()
+    elif what == "autocommit":
+        transaction.set_autocommit(False)
+    elif what in ("begin", "aborted"):
+        connection.cursor().execute("BEGIN")
+    elif what == "read_only":
+        connection.cursor().execute("SET default_transaction_read_only = on")
+        return
+    # A write of its own in the transaction left open: it must not outlive the attempt.
+    Job.objects.filter(unique_key="leftover-marker").update(priority=7)
+    if what == "aborted":
+        try:
+            connection.cursor().execute("SELECT 1/0")
+        except Exception:  # noqa: BLE001  the failed statement is the point: caught, left
+            pass
+
+
 @handler("test.script")
 def script(ctx: JobContext) -> Any:
     """Does what the payload says, so one batch can hold well-behaved and hostile jobs:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
     `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
+    `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
+    or a session parameter changed, on the worker's connection: `_leave`),
     `{"bad": ...}` for values no payload can carry (a NUL or a
     lone surrogate in the result, a NUL in the error text) and hostile ones (a result whose
     items() raises or recurses, or hides its depth from values(); an error whose cause's
@@ -168,6 +194,8 @@ def script(ctx: JobContext) -> Any:
         raise _Scripted("error text with a \x00 NUL")
     if bad is not None:
         return _hostile_result(bad)
+    if "leave" in p:
+        _leave(p["leave"])
     if "raise" in p:
         raise _Scripted(p["raise"])
     if "base" in p:

@@ -1,0 +1,108 @@
+"""What a handler leaves on the worker's database connection, and putting it right.
+
+Owns: looking, after each handler, at the state of the connection the handler shared with the
+drain (Django's connection of the drain's thread), and resetting it when the handler left it
+unfit for the next job. A handler that returned inside a `transaction.atomic()` it entered by
+hand, after a raw `BEGIN`, with autocommit turned off, or in a failed transaction left an open
+transaction behind: the drain's claims and the batch's writes would run inside it -- rows
+locked and never committed, or a `RuntimeError` for every later drain of this worker process
+(the next durable block), forever. A `SET` of a session parameter the server reports and the
+drain depends on (`default_transaction_read_only`, `TimeZone`, `DateStyle`, `SESSION
+AUTHORIZATION`) would likewise change every later statement of this worker.
+
+What it does then: the connection is closed (the server rolls the open transaction back) and
+Django's transaction state reset, so the next statement opens a clean session. A transaction
+left open fails the job with its own error (its writes there were rolled back: the work is not
+done); a session parameter left changed only costs the connection (a warning): the handler's
+work, committed in autocommit, stands.
+
+Never: a round trip. The looks are local (Django's flags, libpq's transaction status and the
+parameters the server reports on every change), so the drain's hot path pays microseconds.
+Parameters the server does not report (`statement_timeout`, `search_path` before PostgreSQL 18)
+are not seen here; a drain whose claim fails closes its connection anyway.
+"""
+
+import logging
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+logger = logging.getLogger("jobs.runner")
+
+# Session parameters PostgreSQL reports to the client whenever they change (ParameterStatus)
+# and that would change what the drain's own statements do or read.
+_READ_ONLY, _TIME_ZONE, _AUTHORIZATION, _DATE_STYLE = (
+    b"default_transaction_read_only",
+    b"TimeZone",
+    b"session_authorization",
+    b"DateStyle",
+)
+_IDLE, _INERROR = 0, 3  # libpq's PQTRANS_IDLE, PQTRANS_INERROR
+
+Session = tuple[Any, Any, tuple[bytes | None, ...]]  # Django's connection, the driver's, params
+
+
+def _params(raw: Any) -> tuple[bytes | None, ...]:
+    pgconn = getattr(raw, "pgconn", None)  # libpq itself: no object made per look
+    if pgconn is None:
+        return ()  # not psycopg (SQLite)
+    status = pgconn.parameter_status
+    return status(_READ_ONLY), status(_TIME_ZONE), status(_AUTHORIZATION), status(_DATE_STYLE)
+
+
+def before() -> Session:
+    """The connection as the handler finds it."""
+    conn = connections[DEFAULT_DB_ALIAS]  # the drain thread's, looked up once
+    raw = conn.connection
+    return conn, raw, (_params(raw) if raw is not None else ())
+
+
+def _open_transaction(conn: Any, raw: Any) -> str:
+    if conn.in_atomic_block:
+        return "inside a transaction.atomic() block it never left"
+    if not conn.autocommit:
+        return "with autocommit turned off"
+    if raw is None:
+        return ""
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is not None:  # psycopg: IDLE is the only state between statements in autocommit
+        status = int(pgconn.transaction_status)
+        if status == _INERROR:
+            return "with a failed transaction open"
+        return "with a transaction open" if status != _IDLE else ""
+    return "with a transaction open" if getattr(raw, "in_transaction", False) else ""
+
+
+def after(session: Session) -> str:
+    """Look at what the handler left; reset the connection if it is unfit. Returns why the job
+    must fail ("" if it need not): a transaction it left open, whose writes are rolled back."""
+    conn, was, params = session
+    raw = conn.connection
+    try:
+        left = _open_transaction(conn, raw)
+    except Exception:  # noqa: BLE001  a connection too broken to look at is reset all the same
+        left = "with the connection in an unknown state"
+    changed = not left and raw is not None and raw is was and params and _params(raw) != params
+    if not left and not changed:
+        return ""
+    _reset(conn)
+    if changed:
+        logger.warning(
+            "a handler changed session parameters of the worker's connection; it was closed so "
+            "the next job starts on a fresh one (use SET LOCAL inside a transaction instead)"
+        )
+        return ""
+    logger.warning("a handler returned %s; rolled back and the connection closed", left)
+    return f"the handler returned {left}: its writes there were rolled back"
+
+
+def _reset(conn: Any) -> None:
+    """Close the connection whatever Django thinks of it; the next use opens a clean one."""
+    conn.in_atomic_block = False  # else close() keeps it "closed in transaction"
+    conn.closed_in_transaction = False
+    conn.needs_rollback = False
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001  closing a broken connection may raise; it is gone anyway
+        logger.debug("closing the handler's connection raised", exc_info=True)
+    conn.connection = None
