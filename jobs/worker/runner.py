@@ -249,8 +249,7 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
             return False
         held.confirmed = True
     beats.running(held, seconds, lambda: watchdog.time_out(beats, claimed, held, seconds or 0.0))
-    if seconds is not None:
-        watchdog.started(claimed.fence.job_id, claimed.fence.attempt, seconds)
+    watchdog.started(claimed.fence.job_id, claimed.fence.attempt, seconds, held.lease_seconds)
     try:
         outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
     finally:

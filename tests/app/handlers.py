@@ -297,7 +297,7 @@ def _stuck_in_c(seconds: float, *, holding_the_gil: bool = False) -> None:
 
 @handler("test.stuck_in_c", max_attempts=3)
 def stuck_in_c(ctx: JobContext) -> dict[str, Any]:
-    _stuck_in_c(_duration(ctx))
+    _stuck_in_c(_duration(ctx), holding_the_gil=bool(ctx.payload.get("holding_the_gil")))
     return {"attempt": ctx.attempt}
 
 
