@@ -176,7 +176,8 @@ def script(ctx: JobContext) -> Any:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
     `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
     `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
-    or a session parameter changed, on the worker's connection: `_leave`),
+    or a session parameter changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
+    (a non-daemon thread left running forever),
     `{"bad": ...}` for values no payload can carry (a NUL or a
     lone surrogate in the result, a NUL in the error text) and hostile ones (a result whose
     items() raises or recurses, or hides its depth from values(); an error whose cause's
@@ -196,6 +197,10 @@ def script(ctx: JobContext) -> Any:
         return _hostile_result(bad)
     if "leave" in p:
         _leave(p["leave"])
+    if p.get("leak_thread"):  # a non-daemon thread that never ends
+        import threading
+
+        threading.Thread(target=threading.Event().wait, name="leaked-by-handler").start()
     if "raise" in p:
         raise _Scripted(p["raise"])
     if "base" in p:
