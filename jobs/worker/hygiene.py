@@ -39,7 +39,9 @@ _READ_ONLY, _TIME_ZONE, _AUTHORIZATION, _DATE_STYLE = (
 )
 _IDLE, _INERROR = 0, 3  # libpq's PQTRANS_IDLE, PQTRANS_INERROR
 
-Session = tuple[Any, Any, tuple[bytes | None, ...]]  # Django's connection, the driver's, params
+# The driver's connection last seen before a handler, and its parameters then: read once per
+# connection (the drain's connection lives for many jobs), compared after each handler.
+_seen: list[Any] = [None, ()]
 
 
 def _params(raw: Any) -> tuple[bytes | None, ...]:
@@ -50,11 +52,13 @@ def _params(raw: Any) -> tuple[bytes | None, ...]:
     return status(_READ_ONLY), status(_TIME_ZONE), status(_AUTHORIZATION), status(_DATE_STYLE)
 
 
-def before() -> Session:
-    """The connection as the handler finds it."""
-    conn = connections[DEFAULT_DB_ALIAS]  # the drain thread's, looked up once
+def before() -> Any:
+    """The connection as the handler finds it (Django's connection of the drain's thread)."""
+    conn = connections[DEFAULT_DB_ALIAS]  # looked up once for both looks
     raw = conn.connection
-    return conn, raw, (_params(raw) if raw is not None else ())
+    if raw is not None and raw is not _seen[0]:
+        _seen[:] = [raw, _params(raw)]
+    return conn
 
 
 def _open_transaction(conn: Any, raw: Any) -> str:
@@ -73,16 +77,15 @@ def _open_transaction(conn: Any, raw: Any) -> str:
     return "with a transaction open" if getattr(raw, "in_transaction", False) else ""
 
 
-def after(session: Session) -> str:
+def after(conn: Any) -> str:
     """Look at what the handler left; reset the connection if it is unfit. Returns why the job
     must fail ("" if it need not): a transaction it left open, whose writes are rolled back."""
-    conn, was, params = session
     raw = conn.connection
     try:
         left = _open_transaction(conn, raw)
     except Exception:  # noqa: BLE001  a connection too broken to look at is reset all the same
         left = "with the connection in an unknown state"
-    changed = not left and raw is not None and raw is was and params and _params(raw) != params
+    changed = not left and raw is not None and raw is _seen[0] and _params(raw) != _seen[1]
     if not left and not changed:
         return ""
     _reset(conn)

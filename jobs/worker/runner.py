@@ -86,11 +86,11 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     with it and hands the rest of the batch back before re-raising. A handler that leaves a
     transaction open on the worker's connection fails, the connection reset (jobs.worker.hygiene).
     """
-    session = hygiene.before()
+    conn = hygiene.before()
     try:
         outcome = _classify(handler, ctx)
     finally:
-        left = hygiene.after(session)
+        left = hygiene.after(conn)
     if left and not outcome.lost:
         error = f"{left}\n{outcome.error}" if outcome.error else left
         return Outcome(succeeded=False, error=error)
