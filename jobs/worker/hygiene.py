@@ -16,6 +16,10 @@ left open fails the job with its own error (its writes there were rolled back: t
 done); a session parameter left changed only costs the connection (a warning): the handler's
 work, committed in autocommit, stands.
 
+A process the handler forked that comes back into the drain (it returned, or raised, where it
+should have called `os._exit`) shares the worker's sockets and jobs: it exits at once
+(`leave_forked_child`), before it could touch either.
+
 Never: a round trip. The looks are local (Django's flags, libpq's transaction status and the
 parameters the server reports on every change), so the drain's hot path pays microseconds.
 Parameters the server does not report (`statement_timeout`, `search_path` before PostgreSQL 18)
@@ -23,7 +27,9 @@ are not seen here; a drain whose claim fails closes its connection anyway.
 """
 
 import logging
-from typing import Any
+import os
+import sys
+from typing import Any, NoReturn
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
@@ -109,3 +115,26 @@ def _reset(conn: Any) -> None:
     except Exception:  # noqa: BLE001  closing a broken connection may raise; it is gone anyway
         logger.debug("closing the handler's connection raised", exc_info=True)
     conn.connection = None
+
+
+def leave_forked_child(job_id: int, attempt: int, succeeded: bool) -> NoReturn:
+    """In a process the handler forked that returned, or raised, into the drain it inherited:
+    it shares the worker's database connections (the same sockets) and its jobs, and went on to
+    fail or commit the parent's attempt, release its batch and claim more. It exits at once,
+    as `os._exit` would have (no cleanup of what it shares), with the status sys.exit() asked."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    else:
+        code = 1 if exc is not None or not succeeded else 0
+    logger.warning(
+        "job %s attempt %s: process %s, forked by its handler, came back into the drain; it "
+        "exits (status %s) and acts for no job (end a forked child with os._exit)",
+        job_id,
+        attempt,
+        os.getpid(),
+        code,
+    )
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

@@ -86,10 +86,14 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     with it and hands the rest of the batch back before re-raising. A handler that leaves a
     transaction open on the worker's connection fails, the connection reset (jobs.worker.hygiene).
     """
-    conn = hygiene.before()
+    pid, conn, outcome = os.getpid(), hygiene.before(), None
     try:
         outcome = _classify(handler, ctx)
     finally:
+        if os.getpid() != pid:  # a child the handler forked, back in its drain: never go on
+            hygiene.leave_forked_child(
+                ctx.job_id, ctx.attempt, outcome is not None and outcome.succeeded
+            )
         left = hygiene.after(conn)
     if left and not outcome.lost:
         error = f"{left}\n{outcome.error}" if outcome.error else left

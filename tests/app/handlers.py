@@ -177,7 +177,8 @@ def script(ctx: JobContext) -> Any:
     `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
     `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
     or a session parameter changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
-    (a non-daemon thread left running forever),
+    (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
+    forked by the handler that leaves by SystemExit or returns),
     `{"bad": ...}` for values no payload can carry (a NUL or a
     lone surrogate in the result, a NUL in the error text) and hostile ones (a result whose
     items() raises or recurses, or hides its depth from values(); an error whose cause's
@@ -197,6 +198,12 @@ def script(ctx: JobContext) -> Any:
         return _hostile_result(bad)
     if "leave" in p:
         _leave(p["leave"])
+    if "fork_child" in p:
+        if os.fork() == 0:  # the child: leaves as the payload says
+            if p["fork_child"] == "exit":
+                raise SystemExit(0)  # sys.exit() where os._exit() was meant
+            return {"child": os.getpid()}  # returns into the drain it was forked from
+        time.sleep(float(p.get("after_fork", 0.0)))  # the parent goes on meanwhile
     if p.get("leak_thread"):  # a non-daemon thread that never ends
         import threading
 
