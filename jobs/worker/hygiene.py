@@ -70,10 +70,10 @@ def before() -> Any:
 def _open_transaction(conn: Any, raw: Any) -> str:
     if conn.in_atomic_block:
         return "inside a transaction.atomic() block it never left"
+    if raw is None:
+        return ""  # not connected (Django's autocommit flag means nothing until it connects)
     if not conn.autocommit:
         return "with autocommit turned off"
-    if raw is None:
-        return ""
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is not None:  # psycopg: IDLE is the only state between statements in autocommit
         status = int(pgconn.transaction_status)

@@ -75,3 +75,29 @@ def test_a_session_parameter_left_changed_costs_the_connection_not_the_job():
     with connection.cursor() as cursor:
         cursor.execute("SHOW default_transaction_read_only")
         assert cursor.fetchone()[0] == "off"
+
+
+def test_a_handler_run_on_a_thread_never_connected_is_not_taken_for_a_leftover():
+    """Django's connection of a thread that has not connected yet reads autocommit=False."""
+    import threading
+
+    from django.db import connections
+
+    from jobs.core import transitions
+    from jobs.worker.heartbeat import Heartbeater
+
+    job = jobs.enqueue("test.echo")
+    batch = transitions.claim(runner.worker_identity(), limit=1, lease_seconds=30)
+
+    def run() -> None:
+        try:
+            with Heartbeater(1.0, runner.completer.commit) as beats:
+                runner.run_batch(batch, beats)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=30)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED, job.error
