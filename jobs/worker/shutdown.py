@@ -39,8 +39,9 @@ from jobs.core.conf import jobs_settings
 logger = logging.getLogger("jobs.runner")
 
 # When a worker process exits (django-q2 recycles it, a stop), how long it waits for the
-# non-daemon threads its handlers left running before it leaves without them.
-EXIT_THREADS_SECONDS = 3.0
+# non-daemon threads its handlers left running before it leaves without them: more than the
+# platform's own exit work takes (jobs.core.registry.EXIT_HOOK_SECONDS).
+EXIT_THREADS_SECONDS = 5.0
 
 # 0.0: no stop requested; otherwise the time.monotonic() at which the grace period ends.
 _grace_ends_at = multiprocessing.RawValue("d", 0.0)
@@ -127,16 +128,15 @@ def _exit_without_leaked_threads() -> None:
     """A worker process is exiting: a non-daemon thread a handler left running would hold it
     alive forever (Python's exit joins them), and django-q2 replaces a worker only once it is
     gone -- a recycled worker stayed alive and idle for good, the cluster one worker short.
-    Give such threads EXIT_THREADS_SECONDS, then leave without them (what they owed belongs to
-    attempts already ended)."""
-    me = threading.current_thread()
-    deadline = time.monotonic() + EXIT_THREADS_SECONDS
-    for thread in threading.enumerate():
-        if thread is not me and not thread.daemon:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    left = [t.name for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
-    if not left:
-        return  # the ordinary exit goes on
+    The exit goes on as usual (the platform's own non-daemon thread, jobs.tasks' notices sent at
+    exit, finishes within its bound); a daemonic thread ends the process EXIT_THREADS_SECONDS
+    later if it is still there (what such threads owed belongs to attempts already ended)."""
+    threading.Thread(target=_leave_later, name="jobs-exit-guard", daemon=True).start()
+
+
+def _leave_later() -> None:
+    time.sleep(EXIT_THREADS_SECONDS)  # the process normally ends meanwhile, and this with it
+    left = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
     logger.warning(
         "worker process %s exits without %s thread(s) a handler left running: %s",
         os.getpid(),
