@@ -207,24 +207,16 @@ def _ours(pid: int) -> bool:
 
 def live_workers() -> set[int]:
     """In the main process: the worker processes (with a slot) still running, zombies not."""
-    return {slot.pid for slot in _slots if slot.pid and _ours(slot.pid) and not _zombie(slot.pid)}
+    return {slot.pid for slot in _slots if slot.pid and _ours(slot.pid) and _state(slot.pid) != "Z"}
 
 
-def _zombie(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The process's state letter in /proc ("R", "S", "D", "T" stopped, "Z" exited), or ""."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
-
-
-def _stopped(pid: int) -> bool:
-    """SIGSTOPped (or traced): not running anything, not holding anything."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+        return ""
 
 
 _seen_stopped: dict[int, float] = {}  # pid -> when the main process last saw it stopped
@@ -235,9 +227,12 @@ def _frozen(pid: int, slot: _Slot, now: float) -> bool:
     the margin): its lease is gone, no write of it can land, and it holds a worker. A stopped
     process is left alone (a zombie drill resumes it), and counts from when it was last seen
     stopped (its pulse needs a moment after a SIGCONT)."""
-    if _stopped(pid):
+    state = _state(pid)
+    if state in ("T", "t"):  # SIGSTOPped (or traced): not running anything, not holding anything
         _seen_stopped[pid] = now
         return False
+    if state in ("Z", ""):
+        return False  # exited: the sentinel replaces it
     alive = max(slot.pulse, _seen_stopped.get(pid, 0.0))
     return slot.lease > 0 and now - alive > slot.lease + KILL_MARGIN_SECONDS
 
