@@ -8,7 +8,8 @@ transaction behind: the drain's claims and the batch's writes would run inside i
 locked and never committed, or a `RuntimeError` for every later drain of this worker process
 (the next durable block), forever. A `SET` of a session parameter the server reports and the
 drain depends on (`default_transaction_read_only`, `TimeZone`, `DateStyle`, `SESSION
-AUTHORIZATION`) would likewise change every later statement of this worker.
+AUTHORIZATION`) would likewise change every later statement of this worker, and an alarm
+(SIGALRM) it left pending would go off in a later job: it is cancelled.
 
 What it does then: the connection is closed (the server rolls the open transaction back) and
 Django's transaction state reset, so the next statement opens a clean session. A transaction
@@ -28,6 +29,7 @@ are not seen here; a drain whose claim fails closes its connection anyway.
 
 import logging
 import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -58,13 +60,16 @@ def _params(raw: Any) -> tuple[bytes | None, ...]:
     return status(_READ_ONLY), status(_TIME_ZONE), status(_AUTHORIZATION), status(_DATE_STYLE)
 
 
-def before() -> Any:
-    """The connection as the handler finds it (Django's connection of the drain's thread)."""
+Before = tuple[Any, bool]  # Django's connection of the drain's thread, an alarm was pending
+
+
+def before() -> Before:
+    """The connection and the process's alarm as the handler finds them."""
     conn = connections[DEFAULT_DB_ALIAS]  # looked up once for both looks
     raw = conn.connection
     if raw is not None and raw is not _seen[0]:
         _seen[:] = [raw, _params(raw)]
-    return conn
+    return conn, signal.getitimer(signal.ITIMER_REAL)[0] > 0
 
 
 def _open_transaction(conn: Any, raw: Any) -> str:
@@ -83,9 +88,12 @@ def _open_transaction(conn: Any, raw: Any) -> str:
     return "with a transaction open" if getattr(raw, "in_transaction", False) else ""
 
 
-def after(conn: Any) -> str:
+def after(found: Before) -> str:
     """Look at what the handler left; reset the connection if it is unfit. Returns why the job
     must fail ("" if it need not): a transaction it left open, whose writes are rolled back."""
+    conn, alarm_pending = found
+    if not alarm_pending:
+        _cancel_alarm()
     raw = conn.connection
     try:
         left = _open_transaction(conn, raw)
@@ -103,6 +111,20 @@ def after(conn: Any) -> str:
         return ""
     logger.warning("a handler returned %s; rolled back and the connection closed", left)
     return f"the handler returned {left}: its writes there were rolled back"
+
+
+def _cancel_alarm() -> None:
+    """An alarm the handler set and left pending (signal.alarm / setitimer as a deadline of its
+    own, not cancelled because it raised first) would go off in a later job -- its SIGALRM
+    handler's exception failing that job -- or kill the worker mid-drain (no handler). One the
+    handler found pending (not its own: pytest-timeout's, say) is left alone."""
+    delay = signal.setitimer(signal.ITIMER_REAL, 0)[0]
+    if delay > 0:
+        logger.warning(
+            "a handler left an alarm (SIGALRM) pending for %.1f s: cancelled, so that it cannot "
+            "go off in another job",
+            delay,
+        )
 
 
 def _reset(conn: Any) -> None:

@@ -86,7 +86,7 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     with it and hands the rest of the batch back before re-raising. A handler that leaves a
     transaction open on the worker's connection fails, the connection reset (jobs.worker.hygiene).
     """
-    pid, conn, outcome = os.getpid(), hygiene.before(), None
+    pid, found, outcome = os.getpid(), hygiene.before(), None
     try:
         outcome = _classify(handler, ctx)
     finally:
@@ -94,7 +94,7 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
             hygiene.leave_forked_child(
                 ctx.job_id, ctx.attempt, outcome is not None and outcome.succeeded
             )
-        left = hygiene.after(conn)
+        left = hygiene.after(found)
     if left and not outcome.lost:
         error = f"{left}\n{outcome.error}" if outcome.error else left
         return Outcome(succeeded=False, error=error)

@@ -178,7 +178,8 @@ def script(ctx: JobContext) -> Any:
     `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
     or a session parameter changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
     (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
-    forked by the handler that leaves by SystemExit or returns),
+    forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM
+    deadline of its own, raising, left pending if the handler raises first),
     `{"bad": ...}` for values no payload can carry (a NUL or a
     lone surrogate in the result, a NUL in the error text) and hostile ones (a result whose
     items() raises or recurses, or hides its depth from values(); an error whose cause's
@@ -198,6 +199,13 @@ def script(ctx: JobContext) -> Any:
         return _hostile_result(bad)
     if "leave" in p:
         _leave(p["leave"])
+    if "alarm" in p:  # a deadline of its own, left pending when it raises first
+
+        def deadline(signum: int, frame: Any) -> None:
+            raise _Scripted(f"job {ctx.job_id}'s own alarm")
+
+        signal.signal(signal.SIGALRM, deadline)
+        signal.setitimer(signal.ITIMER_REAL, float(p["alarm"]))
     if "fork_child" in p:
         if os.fork() == 0:  # the child: leaves as the payload says
             if p["fork_child"] == "exit":

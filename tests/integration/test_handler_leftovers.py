@@ -101,3 +101,43 @@ def test_a_handler_run_on_a_thread_never_connected_is_not_taken_for_a_leftover()
     thread.join(timeout=30)
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED, job.error
+
+
+def test_an_alarm_a_handler_left_pending_never_goes_off_in_another_job():
+    """`signal.alarm` as a handler's own deadline, not cancelled because it raised first: it
+    went off in the next job, which failed with the first one's error."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGALRM)
+    outer = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's, if any: left alone
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        first = jobs.enqueue(
+            "test.script", {"alarm": 0.5, "raise": "before its cancel"}, max_attempts=1, priority=5
+        )
+        second = jobs.enqueue("test.script", {"seconds": 1.5, "return": "mine"}, max_attempts=1)
+        runner.drain(budget_seconds=20)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_REAL, *outer)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == JobState.FAILED and "before its cancel" in first.error
+    assert (second.state, second.result) == (JobState.SUCCEEDED, "mine"), second.error
+
+
+def test_an_alarm_pending_before_the_handler_is_left_alone():
+    import signal
+
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    outer = signal.getitimer(signal.ITIMER_REAL)
+    try:
+        jobs.enqueue("test.echo")
+        signal.setitimer(signal.ITIMER_REAL, 30.0)
+        runner.drain(budget_seconds=20)
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # still pending: not the handler's
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *outer)
+        signal.signal(signal.SIGALRM, previous)
+    assert not fired
