@@ -21,3 +21,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Cron schedules for acceptance tests that start qcluster subprocesses (JSON, see jobs.ops.cron).
 JOBS_SCHEDULES = json.loads(os.environ.get("TEST_JOBS_SCHEDULES", "{}"))
+
+# django-q2 recycles a worker process after this many drains (its default: 500); a test lowers it.
+if os.environ.get("TEST_Q_RECYCLE"):
+    Q_CLUSTER = {**Q_CLUSTER, "recycle": int(os.environ["TEST_Q_RECYCLE"])}  # noqa: F405

@@ -49,7 +49,7 @@ from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
-from jobs.worker import completer, shutdown, watchdog
+from jobs.worker import completer, hygiene, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
 from jobs.worker.listener import IdleWait
 
@@ -83,8 +83,25 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     """Run the handler and classify what happened; writes nothing.
 
     A BaseException is not classified here: it propagates to run_batch, which ends this job
-    with it and hands the rest of the batch back before re-raising.
+    with it and hands the rest of the batch back before re-raising. A handler that leaves a
+    transaction open on the worker's connection fails, the connection reset (jobs.worker.hygiene).
     """
+    pid, found, outcome = os.getpid(), hygiene.before(), None
+    try:
+        outcome = _classify(handler, ctx)
+    finally:
+        if os.getpid() != pid:  # a child the handler forked, back in its drain: never go on
+            hygiene.leave_forked_child(
+                ctx.job_id, ctx.attempt, outcome is not None and outcome.succeeded
+            )
+        left = hygiene.after(found)
+    if left and not outcome.lost:
+        error = f"{left}\n{outcome.error}" if outcome.error else left
+        return Outcome(succeeded=False, error=error)
+    return outcome
+
+
+def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     try:
         result = handler.fn(ctx)
     except LeaseLost:
@@ -236,8 +253,7 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
             return False
         held.confirmed = True
     beats.running(held, seconds, lambda: watchdog.time_out(beats, claimed, held, seconds or 0.0))
-    if seconds is not None:
-        watchdog.started(claimed.fence.job_id, claimed.fence.attempt, seconds)
+    watchdog.started(claimed.fence.job_id, claimed.fence.attempt, seconds, held.lease_seconds)
     try:
         outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
     finally:

@@ -23,14 +23,25 @@ the qcluster command imports it before starting the cluster). It is compared wit
 time.monotonic(), which is one clock for every process on the host (Linux CLOCK_MONOTONIC).
 """
 
+import logging
 import multiprocessing
+import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
 from jobs.core.conf import jobs_settings
+
+logger = logging.getLogger("jobs.runner")
+
+# When a worker process exits (django-q2 recycles it, a stop), how long it waits for the
+# non-daemon threads its handlers left running before it leaves without them: more than the
+# platform's own exit work takes (jobs.core.registry.EXIT_HOOK_SECONDS).
+EXIT_THREADS_SECONDS = 5.0
 
 # 0.0: no stop requested; otherwise the time.monotonic() at which the grace period ends.
 _grace_ends_at = multiprocessing.RawValue("d", 0.0)
@@ -106,3 +117,32 @@ def worker_sigterm(signum: int, frame: FrameType | None) -> None:
 def install_worker_handler(sender: object, **kwargs: object) -> None:
     """django-q2's post_spawn, in each new worker process (its main thread)."""
     signal.signal(signal.SIGTERM, worker_sigterm)
+    # Run by the process's exit before Python joins its non-daemon threads (the hook
+    # concurrent.futures uses): not public API, hence looked up.
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_exit_without_leaked_threads)
+
+
+def _exit_without_leaked_threads() -> None:
+    """A worker process is exiting: a non-daemon thread a handler left running would hold it
+    alive forever (Python's exit joins them), and django-q2 replaces a worker only once it is
+    gone -- a recycled worker stayed alive and idle for good, the cluster one worker short.
+    The exit goes on as usual (the platform's own non-daemon thread, jobs.tasks' notices sent at
+    exit, finishes within its bound); a daemonic thread ends the process EXIT_THREADS_SECONDS
+    later if it is still there (what such threads owed belongs to attempts already ended)."""
+    threading.Thread(target=_leave_later, name="jobs-exit-guard", daemon=True).start()
+
+
+def _leave_later() -> None:
+    time.sleep(EXIT_THREADS_SECONDS)  # the process normally ends meanwhile, and this with it
+    left = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
+    logger.warning(
+        "worker process %s exits without %s thread(s) a handler left running: %s",
+        os.getpid(),
+        len(left),
+        ", ".join(left[:5]),
+    )
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)

@@ -46,8 +46,9 @@ from jobs.worker.heartbeat import Heartbeater
 logger = logging.getLogger("jobs.runner")
 
 SLOTS = 256  # more worker processes than this run without a watchdog (logged)
-KILL_MARGIN_SECONDS = 5.0  # past the deadline (or the settling budget) before a SIGKILL
+KILL_MARGIN_SECONDS = 5.0  # past the deadline, the settling budget or the lease: a SIGKILL
 LOOK_SECONDS = 0.25  # how often the main process looks
+PULSE_SECONDS = 0.5  # how often a worker's pulse thread says that its threads can run
 
 FREE, IDLE, RUNNING, SETTLING, TIMED_OUT = 0, 1, 2, 3, 4
 
@@ -60,6 +61,8 @@ class _Slot(ctypes.Structure):
         ("attempt", ctypes.c_int),
         ("timeout", ctypes.c_double),
         ("deadline", ctypes.c_double),  # time.monotonic() at which RUNNING/SETTLING overruns
+        ("lease", ctypes.c_double),  # the running attempt's lease (RUNNING), in seconds
+        ("pulse", ctypes.c_double),  # time.monotonic() when a thread of the worker last ran
     ]
 
 
@@ -79,8 +82,12 @@ def claim_slot(sender: object = None, **kwargs: object) -> None:
             # has yet to report (a replacement spawned at once would erase it).
             if slot.pid == 0 or (slot.state != TIMED_OUT and not _alive(slot.pid)):
                 slot.state, slot.job_id, slot.attempt = IDLE, 0, 0
+                slot.pulse = time.monotonic()
                 slot.pid = os.getpid()
                 _mine["index"] = i
+                threading.Thread(
+                    target=_pulse, args=(slot,), name="jobs-pulse", daemon=True
+                ).start()
                 return
     finally:
         _claim_lock.release()
@@ -94,12 +101,22 @@ def _slot() -> _Slot | None:
     return _slots[index]
 
 
-def started(job_id: int, attempt: int, timeout: float) -> None:
-    """A handler starts: it overruns at now + timeout."""
+def _pulse(slot: _Slot) -> None:
+    """A worker's thread that only says it can run: when it cannot for longer than the running
+    attempt's lease, no thread of the process can (a handler holds the GIL in C code)."""
+    pid = os.getpid()
+    while slot.pid == pid:
+        slot.pulse = time.monotonic()
+        time.sleep(PULSE_SECONDS)  # a pulse, not a wait for a condition
+
+
+def started(job_id: int, attempt: int, timeout: float | None, lease: float) -> None:
+    """A handler starts: it overruns at now + timeout (None: never); its lease is `lease`."""
     slot = _slot()
     if slot is not None:
-        slot.job_id, slot.attempt, slot.timeout = job_id, attempt, timeout
-        slot.deadline = time.monotonic() + timeout
+        slot.job_id, slot.attempt, slot.timeout = job_id, attempt, timeout or 0.0
+        slot.deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+        slot.lease = lease
         slot.state = RUNNING
 
 
@@ -190,22 +207,57 @@ def _ours(pid: int) -> bool:
 
 def live_workers() -> set[int]:
     """In the main process: the worker processes (with a slot) still running, zombies not."""
-    return {slot.pid for slot in _slots if slot.pid and _ours(slot.pid) and not _zombie(slot.pid)}
+    return {slot.pid for slot in _slots if slot.pid and _ours(slot.pid) and _state(slot.pid) != "Z"}
 
 
-def _zombie(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The process's state letter in /proc ("R", "S", "D", "T" stopped, "Z" exited), or ""."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
+        return ""
+
+
+_seen_stopped: dict[int, float] = {}  # pid -> when the main process last saw it stopped
+
+
+def _frozen(pid: int, slot: _Slot, now: float) -> bool:
+    """RUNNING, and no thread of the process has run for longer than its attempt's lease (plus
+    the margin): its lease is gone, no write of it can land, and it holds a worker. A stopped
+    process is left alone (a zombie drill resumes it), and counts from when it was last seen
+    stopped (its pulse needs a moment after a SIGCONT)."""
+    state = _state(pid)
+    if state in ("T", "t"):  # SIGSTOPped (or traced): not running anything, not holding anything
+        _seen_stopped[pid] = now
         return False
+    if state in ("Z", ""):
+        return False  # exited: the sentinel replaces it
+    alive = max(slot.pulse, _seen_stopped.get(pid, 0.0))
+    return slot.lease > 0 and now - alive > slot.lease + KILL_MARGIN_SECONDS
 
 
 def look(now: float) -> None:
-    """In the main process: log the workers that timed out, kill those stuck past it."""
+    """In the main process: log the workers that timed out, kill those stuck past it, or past
+    their running attempt's lease with no thread able to run."""
     for slot in _slots:
         pid, state = slot.pid, slot.state
         if pid == 0:
+            continue
+        if state == RUNNING and now <= slot.deadline + KILL_MARGIN_SECONDS and _ours(pid):
+            if _frozen(pid, slot, now):
+                logger.error(
+                    "worker %s: no thread of it has run for %.0f s, past the lease of %g s of "
+                    "job %s attempt %s (a handler holding the GIL in C code?): killed; the job's "
+                    "lease decides it",
+                    pid,
+                    now - max(slot.pulse, _seen_stopped.get(pid, 0.0)),
+                    slot.lease,
+                    slot.job_id,
+                    slot.attempt,
+                )
+                _kill(pid)
+                slot.pid = 0
             continue
         if state == TIMED_OUT:
             logger.error(
@@ -230,13 +282,18 @@ def look(now: float) -> None:
                     now - slot.deadline,
                     slot.timeout,
                 )
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill(pid)
             slot.pid = 0
         elif not _ours(pid):
             slot.pid = 0  # gone (killed, recycled): the slot is free again
+
+
+def _kill(pid: int) -> None:
+    _seen_stopped.pop(pid, None)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class Watchdog:

@@ -148,11 +148,40 @@ def _base_exception(name: str) -> BaseException:
     }[name]
 
 
+def _leave(what: str) -> None:
+    """Leave the worker's connection as a careless handler would (jobs.worker.hygiene)."""
+    from django.db import connection, transaction
+
+    from jobs.models import Job
+
+    if what == "atomic":  # entered by hand, never left
+        transaction.atomic().__enter__()
+    elif what == "autocommit":
+        transaction.set_autocommit(False)
+    elif what in ("begin", "aborted"):
+        connection.cursor().execute("BEGIN")
+    elif what == "read_only":
+        connection.cursor().execute("SET default_transaction_read_only = on")
+        return
+    # A write of its own in the transaction left open: it must not outlive the attempt.
+    Job.objects.filter(unique_key="leftover-marker").update(priority=7)
+    if what == "aborted":
+        try:
+            connection.cursor().execute("SELECT 1/0")
+        except Exception:  # noqa: BLE001  the failed statement is the point: caught, left
+            pass
+
+
 @handler("test.script")
 def script(ctx: JobContext) -> Any:
     """Does what the payload says, so one batch can hold well-behaved and hostile jobs:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
     `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
+    `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
+    or a session parameter changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
+    (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
+    forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM
+    deadline of its own, raising, left pending if the handler raises first),
     `{"bad": ...}` for values no payload can carry (a NUL or a
     lone surrogate in the result, a NUL in the error text) and hostile ones (a result whose
     items() raises or recurses, or hides its depth from values(); an error whose cause's
@@ -170,6 +199,25 @@ def script(ctx: JobContext) -> Any:
         raise _Scripted("error text with a \x00 NUL")
     if bad is not None:
         return _hostile_result(bad)
+    if "leave" in p:
+        _leave(p["leave"])
+    if "alarm" in p:  # a deadline of its own, left pending when it raises first
+
+        def deadline(signum: int, frame: Any) -> None:
+            raise _Scripted(f"job {ctx.job_id}'s own alarm")
+
+        signal.signal(signal.SIGALRM, deadline)
+        signal.setitimer(signal.ITIMER_REAL, float(p["alarm"]))
+    if "fork_child" in p:
+        if os.fork() == 0:  # the child: leaves as the payload says
+            if p["fork_child"] == "exit":
+                raise SystemExit(0)  # sys.exit() where os._exit() was meant
+            return {"child": os.getpid()}  # returns into the drain it was forked from
+        time.sleep(float(p.get("after_fork", 0.0)))  # the parent goes on meanwhile
+    if p.get("leak_thread"):  # a non-daemon thread that never ends
+        import threading
+
+        threading.Thread(target=threading.Event().wait, name="leaked-by-handler").start()
     if "raise" in p:
         raise _Scripted(p["raise"])
     if "base" in p:
@@ -271,7 +319,7 @@ def _stuck_in_c(seconds: float, *, holding_the_gil: bool = False) -> None:
 
 @handler("test.stuck_in_c", max_attempts=3)
 def stuck_in_c(ctx: JobContext) -> dict[str, Any]:
-    _stuck_in_c(_duration(ctx))
+    _stuck_in_c(_duration(ctx), holding_the_gil=bool(ctx.payload.get("holding_the_gil")))
     return {"attempt": ctx.attempt}
 
 

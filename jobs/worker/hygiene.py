@@ -1,0 +1,162 @@
+"""What a handler leaves on the worker's database connection, and putting it right.
+
+Owns: looking, after each handler, at the state of the connection the handler shared with the
+drain (Django's connection of the drain's thread), and resetting it when the handler left it
+unfit for the next job. A handler that returned inside a `transaction.atomic()` it entered by
+hand, after a raw `BEGIN`, with autocommit turned off, or in a failed transaction left an open
+transaction behind: the drain's claims and the batch's writes would run inside it -- rows
+locked and never committed, or a `RuntimeError` for every later drain of this worker process
+(the next durable block), forever. A `SET` of a session parameter the server reports and the
+drain depends on (`default_transaction_read_only`, `TimeZone`, `DateStyle`, `SESSION
+AUTHORIZATION`) would likewise change every later statement of this worker, and an alarm
+(SIGALRM) it left pending would go off in a later job: it is cancelled.
+
+What it does then: the connection is closed (the server rolls the open transaction back) and
+Django's transaction state reset, so the next statement opens a clean session. A transaction
+left open fails the job with its own error (its writes there were rolled back: the work is not
+done); a session parameter left changed only costs the connection (a warning): the handler's
+work, committed in autocommit, stands.
+
+A process the handler forked that comes back into the drain (it returned, or raised, where it
+should have called `os._exit`) shares the worker's sockets and jobs: it exits at once
+(`leave_forked_child`), before it could touch either.
+
+Never: a round trip. The looks are local (Django's flags, libpq's transaction status and the
+parameters the server reports on every change), so the drain's hot path pays microseconds.
+Parameters the server does not report (`statement_timeout`, `search_path` before PostgreSQL 18)
+are not seen here; a drain whose claim fails closes its connection anyway.
+"""
+
+import logging
+import os
+import signal
+import sys
+from typing import Any, NoReturn
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+logger = logging.getLogger("jobs.runner")
+
+# Session parameters PostgreSQL reports to the client whenever they change (ParameterStatus)
+# and that would change what the drain's own statements do or read.
+_READ_ONLY, _TIME_ZONE, _AUTHORIZATION, _DATE_STYLE = (
+    b"default_transaction_read_only",
+    b"TimeZone",
+    b"session_authorization",
+    b"DateStyle",
+)
+_IDLE, _INERROR = 0, 3  # libpq's PQTRANS_IDLE, PQTRANS_INERROR
+
+# The driver's connection last seen before a handler, and its parameters then: read once per
+# connection (the drain's connection lives for many jobs), compared after each handler.
+_seen: list[Any] = [None, ()]
+
+
+def _params(raw: Any) -> tuple[bytes | None, ...]:
+    pgconn = getattr(raw, "pgconn", None)  # libpq itself: no object made per look
+    if pgconn is None:
+        return ()  # not psycopg (SQLite)
+    status = pgconn.parameter_status
+    return status(_READ_ONLY), status(_TIME_ZONE), status(_AUTHORIZATION), status(_DATE_STYLE)
+
+
+Before = tuple[Any, bool]  # Django's connection of the drain's thread, an alarm was pending
+
+
+def before() -> Before:
+    """The connection and the process's alarm as the handler finds them."""
+    conn = connections[DEFAULT_DB_ALIAS]  # looked up once for both looks
+    raw = conn.connection
+    if raw is not None and raw is not _seen[0]:
+        _seen[:] = [raw, _params(raw)]
+    return conn, signal.getitimer(signal.ITIMER_REAL)[0] > 0
+
+
+def _open_transaction(conn: Any, raw: Any) -> str:
+    if conn.in_atomic_block:
+        return "inside a transaction.atomic() block it never left"
+    if raw is None:
+        return ""  # not connected (Django's autocommit flag means nothing until it connects)
+    if not conn.autocommit:
+        return "with autocommit turned off"
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is not None:  # psycopg: IDLE is the only state between statements in autocommit
+        status = int(pgconn.transaction_status)
+        if status == _INERROR:
+            return "with a failed transaction open"
+        return "with a transaction open" if status != _IDLE else ""
+    return "with a transaction open" if getattr(raw, "in_transaction", False) else ""
+
+
+def after(found: Before) -> str:
+    """Look at what the handler left; reset the connection if it is unfit. Returns why the job
+    must fail ("" if it need not): a transaction it left open, whose writes are rolled back."""
+    conn, alarm_pending = found
+    if not alarm_pending:
+        _cancel_alarm()
+    raw = conn.connection
+    try:
+        left = _open_transaction(conn, raw)
+    except Exception:  # noqa: BLE001  a connection too broken to look at is reset all the same
+        left = "with the connection in an unknown state"
+    changed = not left and raw is not None and raw is _seen[0] and _params(raw) != _seen[1]
+    if not left and not changed:
+        return ""
+    _reset(conn)
+    if changed:
+        logger.warning(
+            "a handler changed session parameters of the worker's connection; it was closed so "
+            "the next job starts on a fresh one (use SET LOCAL inside a transaction instead)"
+        )
+        return ""
+    logger.warning("a handler returned %s; rolled back and the connection closed", left)
+    return f"the handler returned {left}: its writes there were rolled back"
+
+
+def _cancel_alarm() -> None:
+    """An alarm the handler set and left pending (signal.alarm / setitimer as a deadline of its
+    own, not cancelled because it raised first) would go off in a later job -- its SIGALRM
+    handler's exception failing that job -- or kill the worker mid-drain (no handler). One the
+    handler found pending (not its own: pytest-timeout's, say) is left alone."""
+    delay = signal.setitimer(signal.ITIMER_REAL, 0)[0]
+    if delay > 0:
+        logger.warning(
+            "a handler left an alarm (SIGALRM) pending for %.1f s: cancelled, so that it cannot "
+            "go off in another job",
+            delay,
+        )
+
+
+def _reset(conn: Any) -> None:
+    """Close the connection whatever Django thinks of it; the next use opens a clean one."""
+    conn.in_atomic_block = False  # else close() keeps it "closed in transaction"
+    conn.closed_in_transaction = False
+    conn.needs_rollback = False
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001  closing a broken connection may raise; it is gone anyway
+        logger.debug("closing the handler's connection raised", exc_info=True)
+    conn.connection = None
+
+
+def leave_forked_child(job_id: int, attempt: int, succeeded: bool) -> NoReturn:
+    """In a process the handler forked that returned, or raised, into the drain it inherited:
+    it shares the worker's database connections (the same sockets) and its jobs, and went on to
+    fail or commit the parent's attempt, release its batch and claim more. It exits at once,
+    as `os._exit` would have (no cleanup of what it shares), with the status sys.exit() asked."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    else:
+        code = 1 if exc is not None or not succeeded else 0
+    logger.warning(
+        "job %s attempt %s: process %s, forked by its handler, came back into the drain; it "
+        "exits (status %s) and acts for no job (end a forked child with os._exit)",
+        job_id,
+        attempt,
+        os.getpid(),
+        code,
+    )
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
