@@ -86,11 +86,11 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
     with it and hands the rest of the batch back before re-raising. A handler that leaves a
     transaction open on the worker's connection fails, the connection reset (jobs.worker.hygiene).
     """
-    pid, found, outcome = os.getpid(), hygiene.before(), None
+    found, outcome = hygiene.before(), None
     try:
         outcome = _classify(handler, ctx)
     finally:
-        if os.getpid() != pid:  # a child the handler forked, back in its drain: never go on
+        if hygiene.in_forked_child(found):  # a child the handler forked, back in its drain
             hygiene.leave_forked_child(
                 ctx.job_id, ctx.attempt, outcome is not None and outcome.succeeded
             )
