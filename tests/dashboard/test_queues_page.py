@@ -126,7 +126,7 @@ def test_the_last_hour_query_reads_the_finished_index_only(make_job: Callable[..
         cur.execute("SET LOCAL enable_seqscan = off")
         cur.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(r[0] for r in cur.fetchall())
-    assert "jobs_job_finished_idx" in plan
+    assert "jobs_job_finished_idx" in plan, plan
 
 
 def test_a_hostile_queue_name_renders_as_text(
