@@ -2,7 +2,7 @@
 go with the delete, and only the delete itself is checked again at the COMMIT."""
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 import jobs
 from demo.models import Report
@@ -53,3 +53,18 @@ def test_a_zombies_delete_with_a_set_null_is_still_refused_at_commit():
     assert "jobs_fence_at_commit" in str(refused.value)
     assert Report.objects.filter(pk=report.pk).exists()
     assert list(Note.objects.values_list("report", flat=True)) == [report.pk]
+
+
+def test_a_loop_of_deletes_in_one_transaction_names_its_deleter_once():
+    # The COMMIT checks every deleter for every deleted row: one name per call of a loop made a
+    # transaction of n one-row deletes check n * n times (1,500 deletes: a 12 s COMMIT, its job
+    # row share-locked, against 0.03 s).
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    reports = [Report.objects.create(name=f"r{i}") for i in range(3)]
+    with transaction.atomic(), connection.cursor() as cur:
+        for report in reports:
+            assert owner.ctx.fenced_delete(Report.objects.filter(pk=report.pk)) == 1
+        cur.execute("SELECT current_setting('palisade.fenced_deleters')")
+        assert cur.fetchone() == (f"{job.pk}:1",)
+    assert not Report.objects.exists()

@@ -45,10 +45,14 @@ MARK = f"SELECT set_config('{SETTING}', 'on', true)"  # just before an UPDATE or
 MARK_DELETE = f"SELECT set_config('{SETTING}', 'delete', true)"  # just before a DELETE
 UNMARK = f"SELECT set_config('{SETTING}', '', true)"  # just after it
 DELETERS = "palisade.fenced_deleters"
-# Before a fenced DELETE: this fence joins the transaction's deleters ("<job>:<attempt> ...").
+# Before a fenced DELETE: this fence joins the transaction's deleters ("<job>:<attempt> ..."),
+# once (the COMMIT checks each deleter for each deleted row: a list grown by every call of a loop
+# would make that COMMIT quadratic).
 DELETER = (
-    f"SELECT set_config('{DELETERS}', "
-    f"concat_ws(' ', nullif(current_setting('{DELETERS}', true), ''), %(fence)s::text), true)"
+    f"SELECT set_config('{DELETERS}', CASE WHEN %(fence)s::text = ANY(string_to_array("
+    f"coalesce(current_setting('{DELETERS}', true), ''), ' ')) THEN current_setting('{DELETERS}') "
+    f"ELSE concat_ws(' ', nullif(current_setting('{DELETERS}', true), ''), %(fence)s::text) END, "
+    "true)"
 )
 CONSTRAINT = "jobs_fence_at_commit"
 FUNCTION = "jobs_fence_at_commit"
