@@ -180,7 +180,7 @@ def commit_check_missing(using: str, model: type[models.Model]) -> str:
     if not _trigger_current(connections[using], meta):
         return (
             f"fenced_write(): {model._meta.label}'s table {meta.db_table} has no enabled "
-            f"{fenced_sql.TRIGGER} trigger of this version, the check its writes' COMMIT makes: "
+            f"{fenced_sql.TRIGGER}* triggers of this version, the check its writes' COMMIT makes: "
             "run `manage.py migrate` (which installs it on every FencedRow table that exists)"
         )
     _CHECKED.add((using, meta.db_table))
@@ -188,13 +188,16 @@ def commit_check_missing(using: str, model: type[models.Model]) -> str:
 
 
 def _trigger_current(conn: Any, meta: Any) -> bool:
-    """Whether `meta`'s table carries this version's check, enabled (an older one checks
+    """Whether `meta`'s table carries this version's checks, enabled (an older one checks
     UPDATEs only)."""
     table = conn.ops.quote_name(meta.db_table)
     with conn.cursor() as cur:
-        cur.execute(fenced_sql.TRIGGER_STATE, [table, fenced_sql.TRIGGER])
-        state = cur.fetchone()
-    return state == (fenced_sql.install_trigger(table, meta.label, True)[1], True)
+        for name in fenced_sql.TRIGGERS:
+            cur.execute(fenced_sql.TRIGGER_STATE, [table, name])
+            digest = fenced_sql.install_trigger(table, meta.label, True, name)[1]
+            if cur.fetchone() != (digest, True):
+                return False
+    return True
 
 
 def _fence_tables(conn: Any) -> list[Any]:
@@ -231,14 +234,20 @@ def install_commit_checks(using: str = DEFAULT_DB_ALIAS, **_: Any) -> list[str]:
     installed: list[str] = []
     for meta in _fence_tables(conn):
         table = conn.ops.quote_name(meta.db_table)
-        with conn.cursor() as cur:
-            cur.execute(fenced_sql.TRIGGER_STATE, [table, fenced_sql.TRIGGER])
-            state = cur.fetchone()
-            create, digest = fenced_sql.install_trigger(table, meta.label, state is not None)
-            if state is not None and state == (digest, True):
-                continue  # as it should be: no lock taken on the application's table
-            cur.execute(create)
-        installed.append(meta.label)
+        changed = False
+        for name in fenced_sql.TRIGGERS:
+            with conn.cursor() as cur:
+                cur.execute(fenced_sql.TRIGGER_STATE, [table, name])
+                state = cur.fetchone()
+                create, digest = fenced_sql.install_trigger(
+                    table, meta.label, state is not None, name
+                )
+                if state is not None and state == (digest, True):
+                    continue  # as it should be: no lock taken on the application's table
+                cur.execute(create)
+                changed = True
+        if changed:
+            installed.append(meta.label)
     return installed
 
 

@@ -203,8 +203,10 @@ def delete(fence: Fence, queryset: models.QuerySet[Any]) -> TokenDecision:
             else:
                 if postgres:  # the COMMIT checks again that this fence still owns the job
                     with conn.cursor() as cur:
-                        cur.execute(fenced_sql.MARK)
-                        cur.execute(fenced_sql.DELETER, [f"{fence.job_id}:{fence.attempt}"])
+                        cur.execute(fenced_sql.MARK_DELETE)
+                        cur.execute(
+                            fenced_sql.DELETER, {"fence": f"{fence.job_id}:{fence.attempt}"}
+                        )
                 _, per_model = (
                     rows.filter(pk__in=pks).filter(token_allows, Exists(current)).delete()
                 )

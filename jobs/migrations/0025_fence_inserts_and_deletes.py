@@ -4,9 +4,11 @@
 `jobs_fence_at_commit()` learns DELETE: a deleted row's OLD token is its previous writer's, so
 the deleters are read from the transaction-local setting `palisade.fenced_deleters`
 ("<job_id>:<attempt> ..."), each of which must still own its running job (none named: refused).
-INSERT is checked like UPDATE, by NEW's token. The triggers, now AFTER INSERT OR UPDATE OR
-DELETE, are reinstalled on every FencedRow table by the `post_migrate` that follows (their
-digest changed). Backwards: 0023's function.
+INSERT is checked like UPDATE, by NEW's token. The `post_migrate` that follows adds two triggers
+beside each FencedRow table's UPDATE one, which stays as 0023 made it (no DROP, no ACCESS
+EXCLUSIVE lock, and a worker of the previous release still running keeps finding its trigger):
+AFTER INSERT, and AFTER DELETE queued only by fenced_delete's own setting value. Backwards:
+0023's function (the added triggers then fire only for this version's calls).
 """
 
 import importlib

@@ -22,3 +22,10 @@ class Ledger(FencedRow):
     class Meta:
         managed = False
         db_table = "tests_app_ledger"
+
+
+class Note(FencedRow):
+    """A FencedRow table that refers to a report; deleting the report sets `report` to NULL."""
+
+    report = models.ForeignKey(Report, null=True, on_delete=models.SET_NULL)
+    text = models.CharField(max_length=50, blank=True, default="")

@@ -88,7 +88,7 @@ def test_a_marked_delete_with_no_deleter_named_is_refused_at_commit():
     report = Report.objects.create(name="a")
     with pytest.raises(IntegrityError) as refused:
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(fenced_sql.MARK)
+            cur.execute(fenced_sql.MARK_DELETE)
             cur.execute("DELETE FROM demo_report WHERE id = %s", [report.pk])
     assert fenced.refused_at_commit(refused.value) == "demo.Report"
     assert Report.objects.filter(pk=report.pk).exists()
@@ -151,6 +151,51 @@ def test_a_zombie_whose_job_is_taken_over_on_a_second_connection_inserts_nothing
     assert RejectedWrite.objects.get(job=job).attempt_current == 2
 
 
+# The table as the previous release's `migrate` left it: 0023's UPDATE trigger, with its comment.
+_OLD_RELEASE_TRIGGERS = (
+    "DROP TRIGGER jobs_fence_at_commit_insert ON demo_report; "
+    "DROP TRIGGER jobs_fence_at_commit_delete ON demo_report; "
+    "DROP TRIGGER jobs_fence_at_commit ON demo_report; "
+    "CREATE CONSTRAINT TRIGGER jobs_fence_at_commit AFTER UPDATE ON demo_report "
+    "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+    "WHEN (current_setting('palisade.fenced_write', true) = 'on') "
+    "EXECUTE FUNCTION jobs_fence_at_commit('demo.Report'); "
+    "COMMENT ON TRIGGER jobs_fence_at_commit ON demo_report IS 'palisade f2447d6bb449db0a'"
+)
+
+
+def test_upgrading_from_the_previous_release_keeps_its_trigger_and_lets_readers_read(
+    second_connection,
+):
+    # The previous release's workers look for `jobs_fence_at_commit` by name and may still be
+    # running: `migrate` adds the INSERT and DELETE checks beside it, never dropping it -- a DROP
+    # would wait behind every open transaction that read the table, then stop all its readers.
+    with connection.cursor() as cur:
+        cur.execute(_OLD_RELEASE_TRIGGERS)
+        cur.execute(
+            "SELECT oid FROM pg_trigger WHERE tgname = 'jobs_fence_at_commit' "
+            "AND tgrelid = 'demo_report'::regclass"
+        )
+        (before,) = cur.fetchone()
+    second_connection.execute("SELECT count(*) FROM demo_report")  # a reader's open transaction
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SET lock_timeout = '5s'")
+            try:
+                installed = fenced.install_commit_checks()
+            finally:
+                cur.execute("RESET lock_timeout")
+    finally:
+        second_connection.rollback()
+    assert "demo.Report" in installed and not fenced.commit_checks_missing()
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT oid FROM pg_trigger WHERE tgname = 'jobs_fence_at_commit' "
+            "AND tgrelid = 'demo_report'::regclass"
+        )
+        assert cur.fetchone() == (before,)
+
+
 def test_a_table_whose_check_is_an_older_versions_is_refused_until_migrate(monkeypatch):
     # 0023's trigger fired AFTER UPDATE only: an INSERT or DELETE on it would go unchecked at
     # the COMMIT, so the write is refused until `migrate` installs this version's.
@@ -158,13 +203,7 @@ def test_a_table_whose_check_is_an_older_versions_is_refused_until_migrate(monke
     jobs.enqueue("test.echo")
     owner = claim(A)
     with connection.cursor() as cur:
-        cur.execute(
-            "DROP TRIGGER jobs_fence_at_commit ON demo_report; "
-            "CREATE CONSTRAINT TRIGGER jobs_fence_at_commit AFTER UPDATE ON demo_report "
-            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
-            "WHEN (current_setting('palisade.fenced_write', true) = 'on') "
-            "EXECUTE FUNCTION jobs_fence_at_commit('demo.Report')"
-        )
+        cur.execute(_OLD_RELEASE_TRIGGERS)
     try:
         with pytest.raises(jobs.InvalidOption, match="manage.py migrate"):
             owner.ctx.fenced_create(Report, name="unchecked")
@@ -176,11 +215,16 @@ def test_a_table_whose_check_is_an_older_versions_is_refused_until_migrate(monke
     assert "demo.Report" in installed and not fenced.commit_checks_missing()
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT tgtype FROM pg_trigger WHERE tgrelid = 'demo_report'::regclass "
-            "AND tgname = 'jobs_fence_at_commit'"
+            "SELECT tgname, tgtype FROM pg_trigger WHERE tgrelid = 'demo_report'::regclass "
+            "AND tgname LIKE 'jobs_fence_at_commit%%'"
         )
-        (tgtype,) = cur.fetchone()
-    assert tgtype & (4 | 8 | 16) == 4 | 8 | 16  # INSERT, DELETE and UPDATE
+        tgtypes = dict(cur.fetchall())
+    # UPDATE, INSERT and DELETE, one trigger each
+    assert {name: t & (4 | 8 | 16) for name, t in tgtypes.items()} == {
+        "jobs_fence_at_commit": 16,
+        "jobs_fence_at_commit_insert": 4,
+        "jobs_fence_at_commit_delete": 8,
+    }
     assert owner.ctx.fenced_create(Report, name="checked").fence_attempt == 1
     assert Job.objects.filter(state="running").count() == 1
 
