@@ -108,7 +108,7 @@ def check_fenced_tables(
 
     return [
         Warning(
-            f"{label}: its table has no enabled jobs_fence_at_commit trigger of this version; "
+            f"{label}: its table lacks an enabled jobs_fence_at_commit* trigger of this version; "
             "ctx.fenced_write(), fenced_create() and fenced_delete() refuse to write it",
             hint="Run `manage.py migrate`: it installs the check on every FencedRow table.",
             id="jobs.W040",
