@@ -176,7 +176,8 @@ def _leave(what: str) -> None:
 def script(ctx: JobContext) -> Any:
     """Does what the payload says, so one batch can hold well-behaved and hostile jobs:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
-    `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
+    `{"seconds": s}` (sleep first), `{"spin": s}` (then
+    busy in Python code), `{"observe": job_id}` (return that job's state now),
     `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
     or a session parameter changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
     (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
@@ -188,6 +189,9 @@ def script(ctx: JobContext) -> Any:
     `diag` raises)."""
     p = ctx.payload
     time.sleep(float(p.get("seconds", 0.0)))
+    spin_until = time.monotonic() + float(p.get("spin", 0.0))
+    while time.monotonic() < spin_until:  # busy in Python: the GIL switches between threads
+        pass
     if p.get("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
     bad = p.get("bad")
