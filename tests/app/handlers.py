@@ -154,6 +154,10 @@ def _leave(what: str) -> None:
 
     from jobs.models import Job
 
+    if what == "atomic_other":  # on a second database alias: entered by hand, never left
+        transaction.atomic(using="other").__enter__()
+        Job.objects.using("other").filter(unique_key="leftover-marker").update(priority=7)
+        return
     if what == "atomic":  # entered by hand, never left
         transaction.atomic().__enter__()
     elif what == "autocommit":
@@ -178,8 +182,9 @@ def script(ctx: JobContext) -> Any:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
     `{"seconds": s}` (sleep first), `{"spin": s}` (then
     busy in Python code), `{"observe": job_id}` (return that job's state now),
-    `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
-    or a session parameter changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
+    `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"}` (a
+    transaction left open -- `atomic_other` on the alias "other" --, or a session parameter
+    changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
     (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
     forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM
     deadline of its own, raising, left pending if the handler raises first),
