@@ -24,6 +24,7 @@ should have called `os._exit`) shares the worker's sockets and jobs: it exits at
 
 Never: a round trip. The looks are local (Django's flags, libpq's transaction status and the
 parameters the server reports on every change), so the drain's hot path pays microseconds.
+A connection the handler closed and reopened is held to the parameters of the one it replaced.
 Parameters the server does not report (`statement_timeout`, `search_path` before PostgreSQL 18)
 are not seen here; a drain whose claim fails closes its connection anyway.
 """
@@ -147,7 +148,9 @@ def after(found: Before) -> str:
                 "a handler returned %s; rolled back and the connection closed", elsewhere
             )
             return f"the handler returned {elsewhere}: its writes there were rolled back"
-    changed = not left and raw is not None and raw is _seen[0] and _params(raw) != _seen[1]
+    # A connection the handler opened anew (it closed the drain's) is held to the parameters
+    # of the one it replaced: a new connection from the same settings reports the same ones.
+    changed = not left and raw is not None and _seen[0] is not None and _params(raw) != _seen[1]
     if not left and not changed:
         return ""
     _reset(conn)

@@ -164,7 +164,9 @@ def _leave(what: str) -> None:
         transaction.set_autocommit(False)
     elif what in ("begin", "aborted"):
         connection.cursor().execute("BEGIN")
-    elif what == "read_only":
+    elif what in ("read_only", "read_only_reconnected"):
+        if what == "read_only_reconnected":
+            connection.close()  # the next statement opens a new connection
         connection.cursor().execute("SET default_transaction_read_only = on")
         return
     # A write of its own in the transaction left open: it must not outlive the attempt.
@@ -182,7 +184,7 @@ def script(ctx: JobContext) -> Any:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
     `{"seconds": s}` (sleep first), `{"spin": s}` (then
     busy in Python code), `{"observe": job_id}` (return that job's state now),
-    `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"}` (a
+    `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"|...}` (a
     transaction left open -- `atomic_other` on the alias "other" --, or a session parameter
     changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
     (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child

@@ -186,3 +186,24 @@ def test_a_transaction_left_open_on_another_alias_fails_its_own_job_only(other_a
         cursor.execute("UPDATE jobs_job SET priority = 1 WHERE id = %s", [marker.pk])
     marker.refresh_from_db()
     assert marker.priority == 1
+
+
+def test_a_session_parameter_changed_on_a_connection_the_handler_reopened_is_seen_too():
+    # The handler closed the worker's connection and changed a parameter on the new one: only
+    # the connection the drain had before was compared. Its batch-mates' failures and the next
+    # claims then ran read-only and were refused (the drain raised; leases decided them).
+    changing = jobs.enqueue("test.script", {"leave": "read_only_reconnected"}, priority=5)
+    failing = [jobs.enqueue("test.script", {"raise": f"own {n}"}, max_attempts=1) for n in range(3)]
+    after = [jobs.enqueue("test.echo", {"n": n}) for n in range(3)]
+    runner.drain(budget_seconds=20)
+    changing.refresh_from_db()
+    assert changing.state == JobState.SUCCEEDED
+    for job in failing:
+        job.refresh_from_db()
+        assert job.state == JobState.FAILED and "own" in job.error, (job.state, job.error)
+    for job in after:
+        job.refresh_from_db()
+        assert job.state == JobState.SUCCEEDED, (job.state, job.error)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW default_transaction_read_only")
+        assert cursor.fetchone()[0] == "off"
