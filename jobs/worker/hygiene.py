@@ -15,7 +15,8 @@ What it does then: the connection is closed (the server rolls the open transacti
 Django's transaction state reset, so the next statement opens a clean session. A transaction
 left open fails the job with its own error (its writes there were rolled back: the work is not
 done); a session parameter left changed only costs the connection (a warning): the handler's
-work, committed in autocommit, stands.
+work, committed in autocommit, stands. Where DATABASES has more than one alias, a transaction
+left open on another alias the thread opened is reset the same way and fails the job too.
 
 A process the handler forked that comes back into the drain (it returned, or raised, where it
 should have called `os._exit`) shares the worker's sockets and jobs: it exits at once
@@ -23,6 +24,7 @@ should have called `os._exit`) shares the worker's sockets and jobs: it exits at
 
 Never: a round trip. The looks are local (Django's flags, libpq's transaction status and the
 parameters the server reports on every change), so the drain's hot path pays microseconds.
+A connection the handler closed and reopened is held to the parameters of the one it replaced.
 Parameters the server does not report (`statement_timeout`, `search_path` before PostgreSQL 18)
 are not seen here; a drain whose claim fails closes its connection anyway.
 """
@@ -109,6 +111,28 @@ def _open_transaction(conn: Any, raw: Any) -> str:
     return "with a transaction open" if getattr(raw, "in_transaction", False) else ""
 
 
+def _left_open(conn: Any, raw: Any) -> str:
+    try:
+        return _open_transaction(conn, raw)
+    except Exception:  # noqa: BLE001  a connection too broken to look at is reset all the same
+        return "with the connection in an unknown state"
+
+
+def _other_aliases(conn: Any) -> str:
+    """A transaction the handler left open on another alias of this thread (DATABASES has more
+    than one): it held its locks and took in every later job's writes through that alias in
+    this worker process -- or, once Django closed it there, made each of them raise -- for good.
+    Reset the same way; the job fails."""
+    for other in connections.all(initialized_only=True):
+        if other is conn or (other.connection is None and not other.in_atomic_block):
+            continue
+        left = _left_open(other, other.connection)
+        if left:
+            _reset(other)
+            return f"{left} (database {other.alias!r})"
+    return ""
+
+
 def after(found: Before) -> str:
     """Look at what the handler left; reset the connection if it is unfit. Returns why the job
     must fail ("" if it need not): a transaction it left open, whose writes are rolled back."""
@@ -116,11 +140,17 @@ def after(found: Before) -> str:
     if not alarm_pending and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         _cancel_alarm()
     raw = conn.connection
-    try:
-        left = _open_transaction(conn, raw)
-    except Exception:  # noqa: BLE001  a connection too broken to look at is reset all the same
-        left = "with the connection in an unknown state"
-    changed = not left and raw is not None and raw is _seen[0] and _params(raw) != _seen[1]
+    left = _left_open(conn, raw)
+    if len(connections.settings) > 1:
+        elsewhere = _other_aliases(conn)
+        if elsewhere and not left:
+            logger.warning(
+                "a handler returned %s; rolled back and the connection closed", elsewhere
+            )
+            return f"the handler returned {elsewhere}: its writes there were rolled back"
+    # A connection the handler opened anew (it closed the drain's) is held to the parameters
+    # of the one it replaced: a new connection from the same settings reports the same ones.
+    changed = not left and raw is not None and _seen[0] is not None and _params(raw) != _seen[1]
     if not left and not changed:
         return ""
     _reset(conn)

@@ -49,6 +49,9 @@ SLOTS = 256  # more worker processes than this run without a watchdog (logged)
 KILL_MARGIN_SECONDS = 5.0  # past the deadline, the settling budget or the lease: a SIGKILL
 LOOK_SECONDS = 0.25  # how often the main process looks
 PULSE_SECONDS = 0.5  # how often a worker's pulse thread says that its threads can run
+# A gap this long between two looks: the main process itself was paused (the whole cluster
+# stopped and resumed, a suspended VM, `docker pause`) or starved, and saw no pulse meanwhile.
+BLIND_SECONDS = 1.0
 
 FREE, IDLE, RUNNING, SETTLING, TIMED_OUT = 0, 1, 2, 3, 4
 
@@ -220,6 +223,15 @@ def _state(pid: int) -> str:
 
 
 _seen_stopped: dict[int, float] = {}  # pid -> when the main process last saw it stopped
+# When the main process last came back from a pause of its own (BLIND_SECONDS without a look):
+# every worker counts from then, as from a SIGCONT -- they were most likely paused with it, and
+# whether their threads ran meanwhile it could not see.
+_resumed = [0.0]
+
+
+def _since(pid: int, slot: _Slot) -> float:
+    """When a thread of the worker was last known able to run (or could have been)."""
+    return max(slot.pulse, _seen_stopped.get(pid, 0.0), _resumed[0])
 
 
 def _frozen(pid: int, slot: _Slot, now: float) -> bool:
@@ -233,8 +245,7 @@ def _frozen(pid: int, slot: _Slot, now: float) -> bool:
         return False
     if state in ("Z", ""):
         return False  # exited: the sentinel replaces it
-    alive = max(slot.pulse, _seen_stopped.get(pid, 0.0))
-    return slot.lease > 0 and now - alive > slot.lease + KILL_MARGIN_SECONDS
+    return slot.lease > 0 and now - _since(pid, slot) > slot.lease + KILL_MARGIN_SECONDS
 
 
 def look(now: float) -> None:
@@ -244,14 +255,17 @@ def look(now: float) -> None:
         pid, state = slot.pid, slot.state
         if pid == 0:
             continue
-        if state == RUNNING and now <= slot.deadline + KILL_MARGIN_SECONDS and _ours(pid):
+        # A deadline passed while the main process itself was paused: the worker's own
+        # background thread (paused too) is given the margin from the resume to settle it.
+        overrun = now > max(slot.deadline, _resumed[0]) + KILL_MARGIN_SECONDS
+        if state == RUNNING and not overrun and _ours(pid):
             if _frozen(pid, slot, now):
                 logger.error(
                     "worker %s: no thread of it has run for %.0f s, past the lease of %g s of "
                     "job %s attempt %s (a handler holding the GIL in C code?): killed; the job's "
                     "lease decides it",
                     pid,
-                    now - max(slot.pulse, _seen_stopped.get(pid, 0.0)),
+                    now - _since(pid, slot),
                     slot.lease,
                     slot.job_id,
                     slot.attempt,
@@ -270,7 +284,7 @@ def look(now: float) -> None:
                 slot.timeout,
             )
             slot.pid = 0
-        elif state in (RUNNING, SETTLING) and now > slot.deadline + KILL_MARGIN_SECONDS:
+        elif state in (RUNNING, SETTLING) and overrun:
             if _ours(pid):
                 logger.error(
                     "worker %s: job %s attempt %s is still running %.0f s past its task timeout "
@@ -311,8 +325,20 @@ class Watchdog:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(LOOK_SECONDS):
+            now = time.monotonic()
             try:
-                look(time.monotonic())
+                tick(last, now)
             except Exception:  # noqa: BLE001  the watchdog must outlive any one error
                 logger.exception("timeout watchdog: look failed")
+            last = now
+
+
+def tick(last: float, now: float) -> None:
+    """One look at `now`, the previous one at `last`: a gap past BLIND_SECONDS means the main
+    process was not running either (paused with its workers): nothing it saw then is evidence."""
+    if now - last > BLIND_SECONDS:
+        _resumed[0] = now
+        logger.info("timeout watchdog: resumed after %.1f s; workers count from now", now - last)
+    look(now)

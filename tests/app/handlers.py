@@ -154,13 +154,19 @@ def _leave(what: str) -> None:
 
     from jobs.models import Job
 
+    if what == "atomic_other":  # on a second database alias: entered by hand, never left
+        transaction.atomic(using="other").__enter__()
+        Job.objects.using("other").filter(unique_key="leftover-marker").update(priority=7)
+        return
     if what == "atomic":  # entered by hand, never left
         transaction.atomic().__enter__()
     elif what == "autocommit":
         transaction.set_autocommit(False)
     elif what in ("begin", "aborted"):
         connection.cursor().execute("BEGIN")
-    elif what == "read_only":
+    elif what in ("read_only", "read_only_reconnected"):
+        if what == "read_only_reconnected":
+            connection.close()  # the next statement opens a new connection
         connection.cursor().execute("SET default_transaction_read_only = on")
         return
     # A write of its own in the transaction left open: it must not outlive the attempt.
@@ -176,9 +182,11 @@ def _leave(what: str) -> None:
 def script(ctx: JobContext) -> Any:
     """Does what the payload says, so one batch can hold well-behaved and hostile jobs:
     `{"return": value}`, `{"raise": text}`, `{"base": "SystemExit"|...}`, `{"kill": true}`,
-    `{"seconds": s}` (sleep first), `{"observe": job_id}` (return that job's state now),
-    `{"leave": "atomic"|"autocommit"|"begin"|"aborted"|"read_only"}` (a transaction left open,
-    or a session parameter changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
+    `{"seconds": s}` (sleep first), `{"spin": s}` (then
+    busy in Python code), `{"observe": job_id}` (return that job's state now),
+    `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"|...}` (a
+    transaction left open -- `atomic_other` on the alias "other" --, or a session parameter
+    changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
     (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
     forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM
     deadline of its own, raising, left pending if the handler raises first),
@@ -188,6 +196,9 @@ def script(ctx: JobContext) -> Any:
     `diag` raises)."""
     p = ctx.payload
     time.sleep(float(p.get("seconds", 0.0)))
+    spin_until = time.monotonic() + float(p.get("spin", 0.0))
+    while time.monotonic() < spin_until:  # busy in Python: the GIL switches between threads
+        pass
     if p.get("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
     bad = p.get("bad")

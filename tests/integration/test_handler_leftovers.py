@@ -141,3 +141,69 @@ def test_an_alarm_pending_before_the_handler_is_left_alone():
         signal.setitimer(signal.ITIMER_REAL, *outer)
         signal.signal(signal.SIGALRM, previous)
     assert not fired
+
+
+@pytest.fixture
+def other_alias(transactional_db, monkeypatch):
+    """A second database alias (the same database), as a project with two would have."""
+    from django.db import connections
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    connections.settings["other"] = {**connection.settings_dict}
+    # The test case's guard against unlisted aliases (django.test) is told of this one.
+    patched = BaseDatabaseWrapper.ensure_connection
+    cells = dict(zip(patched.__code__.co_freevars, patched.__closure__ or (), strict=True))
+    case = cells["cls"].cell_contents
+    monkeypatch.setattr(case, "databases", frozenset(case.databases) | {"other"})
+    try:
+        yield
+    finally:
+        other = connections["other"]
+        other.in_atomic_block = other.closed_in_transaction = other.needs_rollback = False
+        other.close()
+        del connections["other"]
+        del connections.settings["other"]
+
+
+def test_a_transaction_left_open_on_another_alias_fails_its_own_job_only(other_alias):
+    # Before: not looked at. The marker row stayed locked by the worker, and every later job
+    # using that alias in the worker process ran inside the open transaction, never committed.
+    from django.db import connections
+
+    marker = _marker()
+    leaving = jobs.enqueue("test.script", {"leave": "atomic_other"}, max_attempts=1, priority=5)
+    after = jobs.enqueue("test.echo")
+    runner.drain(budget_seconds=20)
+    leaving.refresh_from_db()
+    assert leaving.state == JobState.FAILED
+    assert "database 'other'" in leaving.error and "rolled back" in leaving.error
+    after.refresh_from_db()
+    assert after.state == JobState.SUCCEEDED
+    other = connections["other"]
+    assert not other.in_atomic_block and other.get_autocommit()
+    with other.cursor() as cursor:  # usable again, and the marker not locked
+        cursor.execute("SET lock_timeout = '2s'")
+        cursor.execute("UPDATE jobs_job SET priority = 1 WHERE id = %s", [marker.pk])
+    marker.refresh_from_db()
+    assert marker.priority == 1
+
+
+def test_a_session_parameter_changed_on_a_connection_the_handler_reopened_is_seen_too():
+    # The handler closed the worker's connection and changed a parameter on the new one: only
+    # the connection the drain had before was compared. Its batch-mates' failures and the next
+    # claims then ran read-only and were refused (the drain raised; leases decided them).
+    changing = jobs.enqueue("test.script", {"leave": "read_only_reconnected"}, priority=5)
+    failing = [jobs.enqueue("test.script", {"raise": f"own {n}"}, max_attempts=1) for n in range(3)]
+    after = [jobs.enqueue("test.echo", {"n": n}) for n in range(3)]
+    runner.drain(budget_seconds=20)
+    changing.refresh_from_db()
+    assert changing.state == JobState.SUCCEEDED
+    for job in failing:
+        job.refresh_from_db()
+        assert job.state == JobState.FAILED and "own" in job.error, (job.state, job.error)
+    for job in after:
+        job.refresh_from_db()
+        assert job.state == JobState.SUCCEEDED, (job.state, job.error)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW default_transaction_read_only")
+        assert cursor.fetchone()[0] == "off"

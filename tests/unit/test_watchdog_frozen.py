@@ -39,6 +39,7 @@ def worker() -> Iterator[tuple[subprocess.Popen[bytes], watchdog._Slot]]:
         yield proc, slot
     finally:
         slot.pid, slot.state = 0, watchdog.FREE
+        watchdog._resumed[0] = 0.0
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
@@ -75,3 +76,32 @@ def test_a_worker_with_a_recent_pulse_is_left_alone(worker):
     slot.pulse = time.monotonic() + 60
     watchdog.look(time.monotonic() + 60)
     assert proc.poll() is None and slot.pid == proc.pid
+
+
+def test_after_a_pause_of_the_main_process_a_worker_counts_from_the_resume(worker):
+    # The whole cluster was stopped (a suspended VM, docker pause, a SIGSTOP of the group) and
+    # resumed: the main process's first look finds the worker running with a stale pulse, but
+    # it was paused itself and could not have seen a pulse. Before: killed at once.
+    proc, slot = worker
+    now = time.monotonic()
+    later = now + 60  # the main process's previous look, and the worker's pulse, a minute old
+    watchdog.tick(now, later)
+    assert proc.poll() is None and slot.pid == proc.pid
+    edge = later + LEASE + watchdog.KILL_MARGIN_SECONDS  # looks every LOOK_SECONDS from then on
+    watchdog.tick(edge - 0.5 - watchdog.LOOK_SECONDS, edge - 0.5)
+    assert proc.poll() is None and slot.pid == proc.pid
+    watchdog.tick(edge + 0.5 - watchdog.LOOK_SECONDS, edge + 0.5)  # and still no pulse
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_a_deadline_passed_during_a_pause_of_the_main_process_is_given_the_margin(worker):
+    proc, slot = worker
+    now = time.monotonic()
+    slot.deadline, slot.timeout, slot.pulse = now + 1.0, 1.0, now + 60
+    watchdog.tick(now, now + 60)  # past deadline + margin, but only seen after a pause
+    assert proc.poll() is None and slot.pid == proc.pid
+    edge = now + 60 + watchdog.KILL_MARGIN_SECONDS
+    watchdog.tick(edge - 0.5 - watchdog.LOOK_SECONDS, edge - 0.5)
+    assert proc.poll() is None and slot.pid == proc.pid
+    watchdog.tick(edge + 0.5 - watchdog.LOOK_SECONDS, edge + 0.5)
+    assert proc.wait(timeout=5) == -signal.SIGKILL
