@@ -299,7 +299,9 @@ def look(now: float) -> None:
                 _kill(pid)
             slot.pid = 0
         elif not _ours(pid):
-            slot.pid = 0  # gone (killed, recycled): the slot is free again
+            _seen_stopped.pop(pid, None)
+            if slot.pid == pid:  # gone (killed, recycled): free again, unless just reclaimed
+                slot.pid = 0
 
 
 def _kill(pid: int) -> None:
