@@ -136,8 +136,11 @@ def run(job_id: int, timeout: float = 60.0) -> DrillResult:
             "another worker to reclaim and commit the job (needs JOBS_WORKERS >= 2)",
         )
     finally:
-        os.kill(pid, signal.SIGCONT)
-        logger.info("drill: job %s, worker %s resumed", job_id, pid)
+        try:
+            os.kill(pid, signal.SIGCONT)
+            logger.info("drill: job %s, worker %s resumed", job_id, pid)
+        except ProcessLookupError:  # its cluster killed it meanwhile (stopping, or a watchdog)
+            logger.info("drill: job %s, worker %s is gone", job_id, pid)
     rejected = _wait(
         lambda: RejectedWrite.objects.filter(job_id=job_id, attempt_presented=1).first(),
         timeout,

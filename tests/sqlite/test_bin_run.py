@@ -30,8 +30,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_and_stop(db: Path, log: Path, port: int) -> str:
-    """Run bin/run until its drill has ended, stop it, and return everything it printed."""
+def start_and_stop(db: Path, log: Path, port: int, until: re.Pattern[str] = DRILL_DONE) -> str:
+    """Run bin/run until its output matches `until` (by default: its drill has ended), stop it
+    with SIGTERM, and return everything it printed. Fails if bin/run does not end within 60 s or
+    leaves any process of its session behind."""
     env = {
         **{
             k: v
@@ -54,7 +56,7 @@ def start_and_stop(db: Path, log: Path, port: int) -> str:
         )
         try:
             deadline = time.monotonic() + 150
-            while not DRILL_DONE.search(log.read_text(errors="replace")):
+            while not until.search(log.read_text(errors="replace")):
                 assert proc.poll() is None, log.read_text(errors="replace")
                 assert time.monotonic() < deadline, log.read_text(errors="replace")
                 time.sleep(0.2)  # the poll interval of a deadline-bound wait
@@ -64,11 +66,28 @@ def start_and_stop(db: Path, log: Path, port: int) -> str:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
+            left = session_processes(proc.pid)  # bin/run's session: all it started, and theirs
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # anything that outlived the deadline
             except ProcessLookupError:
                 pass
+        assert proc.returncode is not None, "bin/run outlived SIGTERM by 60 s"
+        assert left == [], f"bin/run left processes running: {left}"
     return log.read_text(errors="replace")
+
+
+def session_processes(sid: int) -> list[str]:
+    """The processes of session `sid` still there (a zombie awaiting its reaper counts not)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name} ({text[: text.rindex(')') + 1]}) {fields[0]}")
+    return found
 
 
 def rows(db: Path, sql: str, *params: object) -> list[tuple]:
@@ -114,3 +133,37 @@ def test_bin_run_seeds_once_and_its_console_reports_every_failure_rejection_and_
     second = start_and_stop(db, tmp_path / "second.log", free_port())
     assert "demo jobs already seeded" in second, second
     assert rows(db, seeded, *SEEDED_KINDS) == [(12,)]  # a second start adds none
+
+
+def test_stopping_bin_run_while_its_drill_holds_a_worker_stopped_leaves_nothing_behind(
+    tmp_path: Path,
+):
+    """SIGTERM while the drill holds a worker SIGSTOPped: the drill resumes it and ends, then
+    the rest stop; no process is left (the drill used to live on, orphaned, for its 90 s
+    deadline while its worker stayed stopped until the cluster SIGKILLed it)."""
+    stopped = re.compile(r"drill: job \d+ attempt 1, worker (\d+) stopped")
+    console = start_and_stop(tmp_path / "db.sqlite3", tmp_path / "run.log", free_port(), stopped)
+    match = stopped.search(console)
+    assert match, console
+    assert f"worker {match[1]} resumed" in console, console
+    assert "drill interrupted by SIGTERM" in console, console
+    assert "Traceback" not in console, console
+    assert "killing [" not in console, console  # the cluster had no stopped worker to kill
+
+
+def test_a_port_in_use_stops_bin_run_before_it_starts_anything(tmp_path: Path):
+    """Another server on PORT: bin/run says so and starts nothing, instead of printing that
+    server's URL as its dashboard and running a cluster and a drill without a web server."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        env |= {"PALISADE_SQLITE_PATH": str(tmp_path / "db.sqlite3"), "PORT": str(port)}
+        done = subprocess.run(
+            ["bin/run"], cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 1, done
+    assert f"port {port} is already in use" in done.stderr, done
+    assert "Palisade is running" not in done.stdout, done
+    assert not (tmp_path / "db.sqlite3").exists()  # not even migrated

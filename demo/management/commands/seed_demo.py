@@ -4,6 +4,7 @@
 none of them yet (each start used to add another dozen), and `--add N` enqueues N more on demand.
 """
 
+import argparse
 import os
 from typing import Any
 
@@ -16,6 +17,15 @@ import jobs
 from jobs.models import Job
 
 SEEDED_KINDS = ("demo.sleep", "demo.flaky", "demo.render", "demo.report", "demo.noop")
+MAX_JOBS = 10_000  # per run: N is a demo's load, not a bulk import
+BATCH = 100  # jobs per transaction: on SQLite a transaction holds the only write lock
+
+
+def job_count(text: str) -> int:
+    """An argparse type: a whole number of jobs from 1 to MAX_JOBS."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or not 1 <= int(text) <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {MAX_JOBS}")
+    return int(text)
 
 
 class Command(BaseCommand):
@@ -23,10 +33,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--jobs", type=int, default=12, help="how many demo jobs the first seed enqueues"
+            "--jobs", type=job_count, default=12, help="how many demo jobs the first seed enqueues"
         )
         parser.add_argument(
-            "--add", type=int, default=0, metavar="N", help="enqueue N more demo jobs now"
+            "--add", type=job_count, default=None, metavar="N", help="enqueue N more demo jobs now"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -41,21 +51,27 @@ class Command(BaseCommand):
             viewer.groups.add(Group.objects.get(name="operators"))  # read-only: sees, never acts
             self.stdout.write(f"created read-only operator 'viewer' with password {password!r}")
         count = options["add"]
-        if not count:
+        if count is None:
             if Job.objects.filter(kind__in=SEEDED_KINDS).exists():
                 self.stdout.write("demo jobs already seeded (seed_demo --add N enqueues more)")
                 return
             count = options["jobs"]
-        with transaction.atomic():
-            for i in range(count):
-                if i % 5 == 0:
-                    jobs.enqueue("demo.sleep", {"seconds": 1 + i % 5})
-                elif i % 5 == 1:
-                    jobs.enqueue("demo.flaky", {"fail_rate": 0.5})
-                elif i % 5 == 2:
-                    jobs.enqueue("demo.render", {"pages": 1 + i % 4})
-                elif i % 5 == 3:
-                    jobs.enqueue("demo.report", {"name": f"report-{i}", "rows": i})
-                else:
-                    jobs.enqueue("demo.noop", {"n": i})
+        for start in range(0, count, BATCH):
+            with transaction.atomic():
+                for i in range(start, min(start + BATCH, count)):
+                    enqueue_demo_job(i)
         self.stdout.write(f"enqueued {count} demo jobs")
+
+
+def enqueue_demo_job(i: int) -> None:
+    """The i-th demo job: the five kinds in turn."""
+    if i % 5 == 0:
+        jobs.enqueue("demo.sleep", {"seconds": 1 + i % 5})
+    elif i % 5 == 1:
+        jobs.enqueue("demo.flaky", {"fail_rate": 0.5})
+    elif i % 5 == 2:
+        jobs.enqueue("demo.render", {"pages": 1 + i % 4})
+    elif i % 5 == 3:
+        jobs.enqueue("demo.report", {"name": f"report-{i}", "rows": i})
+    else:
+        jobs.enqueue("demo.noop", {"n": i})
