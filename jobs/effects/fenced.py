@@ -33,7 +33,7 @@ connection of its own -- so the record survives the handler's rollback.
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.apps import apps
 from django.db import (
@@ -73,6 +73,31 @@ class TokenDecision:
     state_current: str = ""
 
 
+class Target(NamedTuple):
+    db: str  # where the routers send the queryset's writes
+    rows: models.QuerySet[Any]  # the model's rows there
+    current: models.QuerySet[Any]  # the job, while this attempt owns it and it runs
+    token_allows: Q  # rows last written by another job (or none), or by this one at <= ours
+
+
+def target(fence: Fence, queryset: models.QuerySet[Any]) -> Target:
+    """What a token-checked UPDATE or DELETE of `queryset` checks, and where it writes: where
+    the application's routers send this queryset's writes, as Django's update() does
+    (`queryset.db` is its *read* alias: a replica behind a read-replica router)."""
+    model = queryset.model
+    hints = getattr(queryset, "_hints", None) or {}
+    db = getattr(queryset, "_db", None) or router.db_for_write(model, **hints)
+    current = Job.objects.using(db).filter(
+        pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING
+    )
+    token_allows = (
+        Q(fence_job_id__isnull=True)
+        | ~Q(fence_job_id=fence.job_id)
+        | Q(fence_attempt__lte=fence.attempt)
+    )
+    return Target(db, model._default_manager.using(db), current, token_allows)
+
+
 def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenDecision:
     """Update every row of `queryset` if this attempt still owns the job, else none of them."""
     model = queryset.model
@@ -82,19 +107,7 @@ def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenD
         )
     if {"fence_job_id", "fence_attempt"} & set(values):
         raise InvalidOption("fenced_write(): the fence columns are set by the write itself")
-    # Where the application's routers send this queryset's writes, as Django's update() does
-    # (`queryset.db` is its *read* alias: a replica behind a read-replica router).
-    hints = getattr(queryset, "_hints", None) or {}
-    db = getattr(queryset, "_db", None) or router.db_for_write(model, **hints)
-    rows = model._default_manager.using(db)
-    current = Job.objects.using(db).filter(
-        pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING
-    )
-    token_allows = (
-        Q(fence_job_id__isnull=True)
-        | ~Q(fence_job_id=fence.job_id)
-        | Q(fence_attempt__lte=fence.attempt)
-    )
+    db, rows, current, token_allows = target(fence, queryset)
     conn = connections[db]
     postgres = conn.vendor == "postgresql"
     if postgres and (missing := commit_check_missing(db, model)):

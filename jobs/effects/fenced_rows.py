@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, connections, models, router, transaction
-from django.db.models import Exists, Q
+from django.db.models import Exists
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.sql import InsertQuery
 
@@ -171,18 +171,8 @@ def delete(fence: Fence, queryset: models.QuerySet[Any]) -> TokenDecision:
     """Delete every row of `queryset` if this attempt still owns the job, else none of them."""
     model = queryset.model
     _fenced_model("fenced_delete", model)
-    hints = getattr(queryset, "_hints", None) or {}
-    db = getattr(queryset, "_db", None) or router.db_for_write(model, **hints)
+    db, rows, current, token_allows = fenced.target(fence, queryset)
     _commit_check(db, model)
-    rows = model._default_manager.using(db)
-    current = Job.objects.using(db).filter(
-        pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING
-    )
-    token_allows = (
-        Q(fence_job_id__isnull=True)
-        | ~Q(fence_job_id=fence.job_id)
-        | Q(fence_attempt__lte=fence.attempt)
-    )
     conn = connections[db]
     postgres, resource = conn.vendor == "postgresql", f"{model._meta.label}:delete"
     fence_label = fenced._fence_model(model)._meta.label
