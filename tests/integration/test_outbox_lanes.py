@@ -92,7 +92,8 @@ def test_a_receiver_spelled_four_ways_holds_only_its_own_two_slots():
                 pool.freed.wait(0.05)  # until a call ends, or the next look
         wait_for(lambda: sum(pool.in_flight().values()) == 2, 5, "the healthy call never ended")
         assert pool.in_flight() == {"test.hanging-lanes http://dead.example": 2}
-        assert target.hanging == 2
+        # A call is in flight from its claim on; its thread reaches perform() a moment later.
+        wait_for(lambda: target.hanging == 2, 5, "the dead receiver's two calls never began")
         assert pool.pump() == 0  # the dead lane is full under every spelling
     finally:
         target.release.set()
