@@ -69,12 +69,7 @@ def test_a_session_parameter_left_changed_costs_the_connection_not_the_job():
     runner.drain(budget_seconds=20)
     changing.refresh_from_db()
     assert changing.state == JobState.SUCCEEDED and changing.result == {"done": 1}
-    for job in after:
-        job.refresh_from_db()
-        assert job.state == JobState.SUCCEEDED, (job.state, job.error)
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW default_transaction_read_only")
-        assert cursor.fetchone()[0] == "off"
+    _succeeded_on_a_writable_connection(after)
 
 
 def test_a_handler_run_on_a_thread_never_connected_is_not_taken_for_a_leftover():
@@ -201,6 +196,11 @@ def test_a_session_parameter_changed_on_a_connection_the_handler_reopened_is_see
     for job in failing:
         job.refresh_from_db()
         assert job.state == JobState.FAILED and "own" in job.error, (job.state, job.error)
+    _succeeded_on_a_writable_connection(after)
+
+
+def _succeeded_on_a_writable_connection(after: list[Job]) -> None:
+    """Every job of `after` succeeded, and the drain's connection is writable again."""
     for job in after:
         job.refresh_from_db()
         assert job.state == JobState.SUCCEEDED, (job.state, job.error)
