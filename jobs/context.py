@@ -145,6 +145,12 @@ class Held:
     # lease is fresh from then whether or not a beat has run since.
     since: float = field(default_factory=lambda: time.monotonic())
     started: bool = False  # the runner took it to run (see Heartbeater.start)
+    # Its staged outputs and intents until its final write (jobs/effects/pending.py), which ends
+    # them: a record from a thread the handler left running is refused from then on.
+    work: pending.AttemptWork = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.work = pending.open_work(self.fence)
 
 
 class JobContext:
@@ -202,13 +208,14 @@ class JobContext:
         points `Job.result_ref` at this attempt's outputs. Returns the storage name.
         """
         self._raise_if_lost("stage")
+        pending.check_open(self._held.work, "stage")  # before the file: the attempt ended
         ref: list[str] = []
         _outside_callers_transaction(
             lambda: ref.append(staging.stage(self._held.fence, name, content)),
             self._held.fence,
             deadline=False,
         )
-        pending.mark_staged(self._held.fence)
+        pending.mark_staged(self._held.work)
         return ref[0]
 
     def effect(self, step: str, fn: Callable[[str], Any]) -> Any:
@@ -238,7 +245,7 @@ class JobContext:
     def intent(self, step: str, target: str, data: Any) -> None:
         """Record an outbox intent; it exists only if this attempt's commit is accepted."""
         self._raise_if_lost("intent")
-        pending.add_intent(self._held.fence, outbox.intent(step, target, data, self.job_id))
+        pending.add_intent(self._held.work, outbox.intent(step, target, data, self.job_id))
 
     def fenced_write(self, queryset: Any, **values: Any) -> int:
         """Update every row of `queryset` (a FencedRow model) while this attempt owns the job.

@@ -18,6 +18,18 @@ class LeaseLost(JobsError):
         self.write = write
 
 
+class AttemptEnded(LeaseLost):
+    """Something was recorded (an intent, a staged output) for an attempt whose final write is
+    already decided -- by a thread the handler left running: refused, nothing recorded."""
+
+    def __init__(self, job_id: int, attempt: int, write: str) -> None:
+        super().__init__(job_id, attempt, write)
+        self.args = (
+            f"job {job_id} attempt {attempt}: {write} after its attempt ended (its final write "
+            "is decided): nothing recorded",
+        )
+
+
 class EnqueueError(JobsError, ValueError):
     """Enqueue refused its input; nothing was written."""
 

@@ -1,21 +1,30 @@
 """What a running attempt has produced that only its commit makes real: staged outputs, intents.
 
-Owns: the in-memory record, per (job id, attempt), of whether the attempt staged outputs (so the
-commit points `Job.result_ref` at them) and which outbox intents it recorded (so the commit
-inserts them in its own statement). Never: writes anything; jobs.worker.completer reads it when it
-commits and forgets it once the attempt's final write is decided.
+Owns: the in-memory record of one attempt's work -- whether it staged outputs (so the commit
+points `Job.result_ref` at them) and which outbox intents it recorded (so the commit inserts them
+in its own statement). Each held attempt carries its own `AttemptWork` (jobs.context.Held.work,
+opened when the drain takes the claim); the completer finds it by (job id, attempt) through a
+weak registry, and `forget` ends it once the attempt's final write is decided. Never: writes
+anything; jobs.worker.completer reads it when it commits and forgets it after.
 
 Hazards: the handler adds in the runner's thread while the background heartbeat thread may commit
-the same attempt, hence the lock. An entry lives from the handler's first stage/intent until its
-attempt's final write; a process that dies loses it with everything else it held in memory.
+the same attempt, hence the lock. A thread the handler left running may record after the attempt
+ended: the work is marked ended by `forget`, and a record then raises AttemptEnded (a LeaseLost)
+instead of making a new entry that nothing would ever commit or forget. The registry holds the
+work weakly: an attempt that never reaches a final write here (handed back unstarted, a stop)
+leaves nothing behind once its Held is gone. A process that dies loses it with everything else.
 """
 
+import logging
 import threading
+import weakref
 from dataclasses import dataclass, field
 
-from jobs.core.exceptions import InvalidOption
+from jobs.core.exceptions import AttemptEnded, InvalidOption
 from jobs.core.sql import IntentRow
 from jobs.core.transitions import Fence
+
+logger = logging.getLogger("jobs.fencing")
 
 # What one attempt's intents may add to its commit (each intent is bounded on its own too): every
 # intent rides in the batch commit beside its batch-mates' rows, so an unbounded number would
@@ -24,31 +33,59 @@ MAX_INTENTS = 1000  # distinct steps an attempt records
 MAX_INTENTS_CHARS = 1 << 20  # characters of JSON text in all of them
 
 
-@dataclass
+@dataclass(eq=False)
 class AttemptWork:
+    fence: Fence
     staged: bool = False
     intents: dict[str, IntentRow] = field(default_factory=dict)  # by step: last one recorded
     chars: int = 0  # of the intents' JSON text
+    ended: bool = False  # forgotten: its final write is decided, nothing more is recorded
 
 
 _lock = threading.Lock()
-_work: dict[tuple[int, int], AttemptWork] = {}
+_open: "weakref.WeakValueDictionary[tuple[int, int], AttemptWork]" = weakref.WeakValueDictionary()
 
 
 def _key(fence: Fence) -> tuple[int, int]:
     return fence.job_id, fence.attempt
 
 
-def mark_staged(fence: Fence) -> None:
+def open_work(fence: Fence) -> AttemptWork:
+    """The work of the attempt `fence` names (its Held keeps it alive): found by the completer
+    until `forget`. One per attempt: opened again while alive, the same one."""
+    key = _key(fence)
     with _lock:
-        _work.setdefault(_key(fence), AttemptWork()).staged = True
+        work = _open.get(key)
+        if work is None:
+            work = _open[key] = AttemptWork(fence)
+        return work
 
 
-def add_intent(fence: Fence, intent: IntentRow) -> None:
+def _refuse_if_ended(work: AttemptWork, what: str) -> None:
+    """Under _lock."""
+    if work.ended:
+        exc = AttemptEnded(work.fence.job_id, work.fence.attempt, what)
+        logger.warning("%s (a thread the handler left running?)", exc)
+        raise exc
+
+
+def check_open(work: AttemptWork, what: str) -> None:
+    """AttemptEnded if the attempt's final write is decided (before work that would be lost)."""
+    with _lock:
+        _refuse_if_ended(work, what)
+
+
+def mark_staged(work: AttemptWork) -> None:
+    with _lock:
+        _refuse_if_ended(work, "stage")
+        work.staged = True
+
+
+def add_intent(work: AttemptWork, intent: IntentRow) -> None:
     """Record `intent` (its data is the checked JSON text); InvalidOption past the attempt's
-    bounds, nothing recorded then."""
+    bounds, AttemptEnded once its final write is decided: nothing recorded then."""
     with _lock:
-        work = _work.setdefault(_key(fence), AttemptWork())
+        _refuse_if_ended(work, "intent")
         replaced = work.intents.get(intent.step)
         count = len(work.intents) + (replaced is None)
         chars = work.chars - (len(replaced.data) if replaced else 0) + len(intent.data)
@@ -63,12 +100,27 @@ def add_intent(fence: Fence, intent: IntentRow) -> None:
         work.chars = chars
 
 
-def peek(fence: Fence) -> AttemptWork | None:
+@dataclass(frozen=True)
+class Recorded:
+    """What an attempt recorded, as the commit reads it."""
+
+    staged: bool
+    intents: dict[str, IntentRow]
+    chars: int
+
+
+def peek(fence: Fence) -> Recorded | None:
+    """The attempt's work if it recorded any and has not ended."""
     with _lock:
-        work = _work.get(_key(fence))
-        return None if work is None else AttemptWork(work.staged, dict(work.intents), work.chars)
+        work = _open.get(_key(fence))
+        if work is None or work.ended or not (work.staged or work.intents):
+            return None
+        return Recorded(work.staged, dict(work.intents), work.chars)
 
 
 def forget(fence: Fence) -> None:
+    """The attempt's final write is decided: its work ends, and a later record is refused."""
     with _lock:
-        _work.pop(_key(fence), None)
+        work = _open.pop(_key(fence), None)
+        if work is not None:
+            work.ended = True
