@@ -5,7 +5,8 @@
                 the built-in mail effect `send_mail`;
 - fenced.py  -- token-checked writes to application tables (`ctx.fenced_write`);
 - outbox.py  -- intents written by the commit, and the relay that performs them with
-                reconciliation;
+                reconciliation; targets.py (what it calls), webhook.py and exchange.py (the
+                built-in target), relay.py and slots.py (its calls in flight);
 - pending.py -- what an attempt staged and intended, held in-process until its commit;
 - janitor.py -- deletes the outputs of attempts that lost (orphans).
 

@@ -1,9 +1,9 @@
 """Intents and the outbox relay: for downstreams that can neither check tokens nor deduplicate.
 
 Owns: `ctx.intent(step, target, data)` (kept in memory until the commit, jobs/effects/pending.py),
-what the relay does with one claimed intent, the target registry (the built-in `webhook`,
-jobs/effects/webhook.py), operator retries (jobs/ops/intents.py), the outbox counts /metrics
-exports. When the relay runs, how many calls at once per target: jobs/effects/relay.py.
+what the relay does with one claimed intent (the targets it calls: jobs/effects/targets.py),
+operator retries (jobs/ops/intents.py), the outbox counts /metrics exports. When the relay runs,
+how many calls at once per target: jobs/effects/relay.py.
 
 An intent becomes a row only inside the fenced commit statement that ends its attempt
 (jobs/core/sql/: inserted by a CTE joined on the committed rows), so a zombie's intents never exist.
@@ -28,15 +28,13 @@ lease may still call the target after the next relay's claim: the target tells t
 the relay token (the receiver contract, docs/effects.md).
 """
 
-import inspect
 import json
 import logging
-import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q
@@ -49,6 +47,8 @@ from jobs.core.sql import IntentRow
 from jobs.core.sql.rows import JSONText
 from jobs.core.states import EventType
 from jobs.effects.keys import checked_step, key_for
+from jobs.effects.targets import Target, get_target, register_target
+from jobs.effects.targets import call as call_target
 from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
 from jobs.models import Intent, JobEvent
 
@@ -59,21 +59,6 @@ RELAY_LEASE_SECONDS = 60.0  # far above a call's total deadline (the webhook's: 
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 300.0  # seconds: doubling from the first, capped
 MAX_INTENT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 2000
-
-
-class Target(Protocol):
-    """What the relay calls: `perform(key, data, token)`; `token` is the relay's fencing token
-    (a target whose `perform` takes only `(key, data)` is called without it). Raise `Refused`
-    when the call was certainly not performed (retried with backoff); any other exception (a
-    timeout, `OutcomeUnknown`) means it may have happened: reconciled, never re-sent blind.
-
-    A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
-    happened; False, it did not (and a lower token never will); None, no way to tell (the intent
-    is parked for an operator). Raising means "cannot tell yet": asked again later. And
-    `validate(data)`, called by `ctx.intent()` on the data as stored: raise `InvalidOption` for
-    data it can never perform (the handler's error at once)."""
-
-    def perform(self, key: str, data: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -91,36 +76,8 @@ class Claim:
     outcome_unknown: bool = False
 
 
-_targets: dict[str, Target] = {}
-_takes_token: dict[tuple[str, str], bool] = {}
-
-
-def _accepts_token(method: Any) -> bool:
-    try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
-    return "token" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def register_target(name: str, target: Target) -> None:
-    """Register an outbox target by name (at import of a handlers module, in every process)."""
-    if not re.fullmatch(r"[a-z][a-z0-9._-]{0,99}", name):
-        raise InvalidOption(f"target name {name!r} must be lowercase letters, digits, . _ -")
-    _targets[name] = target
-    for method in ("perform", "reconcile"):
-        _takes_token[name, method] = _accepts_token(getattr(target, method, None))
-
-
-def get_target(name: str) -> Target | None:
-    return _targets.get(name)
-
-
 def _call(c: Claim, target: Any, method: str) -> Any:
-    fn = getattr(target, method)
-    if _takes_token.get((c.target, method)):
-        return fn(c.key, c.data, token=c.token)
-    return fn(c.key, c.data)
+    return call_target(c.target, target, method, c.key, c.data, c.token)
 
 
 def intent(step: str, target: str, data: Any, job_id: int) -> IntentRow:
@@ -390,6 +347,4 @@ def counts() -> dict[str, float]:
     }
 
 
-__all__ = ["OutcomeUnknown", "Refused", "WebhookTarget", "register_target"]
-
-register_target("webhook", WebhookTarget())
+__all__ = ["OutcomeUnknown", "Refused", "Target", "WebhookTarget", "get_target", "register_target"]

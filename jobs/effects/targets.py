@@ -1,0 +1,67 @@
+"""The outbox's targets: what the relay calls for an intent, registered by name.
+
+Owns: the registry (`register_target`, `get_target`; the built-in `webhook`,
+jobs/effects/webhook.py, registered here) and how a target's methods are called -- with the
+relay's token where they take one. Never: claims, marks or decides anything about an intent
+(jobs/effects/outbox.py does). Hazards: a target is registered at import of a handlers module,
+so every process that runs the relay must import the same modules.
+"""
+
+import inspect
+import re
+from typing import Any, Protocol
+
+from jobs.core.exceptions import InvalidOption
+from jobs.effects.webhook import WebhookTarget
+
+
+class Target(Protocol):
+    """What the relay calls: `perform(key, data, token)`; `token` is the relay's fencing token
+    (a target whose `perform` takes only `(key, data)` is called without it). Raise `Refused`
+    when the call was certainly not performed (retried with backoff); any other exception (a
+    timeout, `OutcomeUnknown`) means it may have happened: reconciled, never re-sent blind.
+
+    A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
+    happened; False, it did not (and a lower token never will); None, no way to tell (the intent
+    is parked for an operator). Raising means "cannot tell yet": asked again later. And
+    `validate(data)`, called by `ctx.intent()` on the data as stored: raise `InvalidOption` for
+    data it can never perform (the handler's error at once)."""
+
+    def perform(self, key: str, data: Any) -> None: ...
+
+
+_targets: dict[str, Target] = {}
+_takes_token: dict[tuple[str, str], bool] = {}
+
+
+def _accepts_token(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return "token" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def register_target(name: str, target: Target) -> None:
+    """Register an outbox target by name (at import of a handlers module, in every process)."""
+    if not re.fullmatch(r"[a-z][a-z0-9._-]{0,99}", name):
+        raise InvalidOption(f"target name {name!r} must be lowercase letters, digits, . _ -")
+    _targets[name] = target
+    for method in ("perform", "reconcile"):
+        _takes_token[name, method] = _accepts_token(getattr(target, method, None))
+
+
+def get_target(name: str) -> Target | None:
+    return _targets.get(name)
+
+
+def call(name: str, target: Any, method: str, key: str, data: Any, token: int) -> Any:
+    """`target.method(key, data, token=token)` for the target registered as `name`; the token
+    is passed only to a method that takes one."""
+    fn = getattr(target, method)
+    if _takes_token.get((name, method)):
+        return fn(key, data, token=token)
+    return fn(key, data)
+
+
+register_target("webhook", WebhookTarget())
