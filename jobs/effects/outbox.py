@@ -253,6 +253,12 @@ def _again(c: Claim, relay: str, error: str, unknown: bool) -> str:
     return "unknown" if unknown else "failed"
 
 
+def not_started(c: Claim, relay: str, why: str) -> str:
+    """`c`'s call never began (its thread did not start): handed back with backoff, its outcome
+    as it was (nothing was sent, nor checked)."""
+    return _again(c, relay, why, unknown=c.outcome_unknown)
+
+
 def _reconcile(c: Claim, target: Any, relay: str) -> str | None:
     """An earlier call's outcome is unknown: decide from the target, never by performing again.
     Returns what happened, or None when the check proved the effect absent (perform it)."""

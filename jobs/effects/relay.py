@@ -73,13 +73,28 @@ class Relay:
                 per_lane=plan.per_lane,
                 busy=plan.busy,
             )
-            for c in claims:
-                handle = self.slots.start(c.lane, reserved)
-                threading.Thread(
-                    target=self._handle, args=(c, handle), name=f"jobs-relay-{c.id}", daemon=True
-                ).start()
-            started += len(claims)
+            started += sum(self._start(c, reserved) for c in claims)
         return started
+
+    def _start(self, c: outbox.Claim, reserved: bool) -> bool:
+        """Start `c`'s call on a thread of its own. A thread that cannot start (RuntimeError
+        "can't start new thread", MemoryError) is this intent's failure alone: its slot is
+        released and it is handed back with backoff (nothing was sent), and the batch goes on."""
+        handle = self.slots.start(c.lane, reserved)
+        try:
+            threading.Thread(
+                target=self._handle, args=(c, handle), name=f"jobs-relay-{c.id}", daemon=True
+            ).start()
+            return True
+        except Exception as exc:  # noqa: BLE001  this call's own failure; the others start
+            self.slots.end(handle)
+            why = f"its call's thread did not start: {type(exc).__name__}: {exc}"
+            try:
+                outbox.not_started(c, self.identity, why)
+            except DatabaseError as db:  # the row keeps the truth: its lease runs out
+                connection.close()
+                logger.warning("relay: intent %s left to its lease (%s; %s)", c.key, why, db)
+            return False
 
     def _handle(self, c: outbox.Claim, handle: int) -> None:
         try:
@@ -96,6 +111,8 @@ class Relay:
         except Exception:  # noqa: BLE001  a bug in a target must not kill the relay
             logger.exception("relay: intent %s failed unexpectedly", c.key)
         finally:
-            connection.close()  # this pool thread's own connection: never left open
-            self.slots.end(handle)
-            self.freed.set()
+            try:
+                connection.close()  # this pool thread's own connection: never left open
+            finally:  # the slot is freed whatever closing did
+                self.slots.end(handle)
+                self.freed.set()
