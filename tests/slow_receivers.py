@@ -12,6 +12,9 @@
   query as sent.
 - `trickling_server()`: answers every request one byte at a time, for ever (a target a
   per-read timeout never cuts); counts its connections.
+- `scripted_server(answer)`: reads each request (its headers and `Content-Length` body), writes
+  the bytes `answer` as they are -- interim 1xx answers, odd status lines, whatever a test
+  scripts -- then closes; keeps each request's bytes.
 - `blackholed_address()`: a local address whose SYNs go unanswered (a listening socket whose
   accept queue is full: the kernel drops every further SYN), so a connect() to it hangs.
 """
@@ -151,6 +154,56 @@ def trickling_server(byte_every: float = 0.2) -> Iterator[Trickle]:
         yield t
     finally:
         t.stop.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@dataclass
+class Scripted:
+    url: str = ""
+    requests: list[bytes] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@contextmanager
+def scripted_server(answer: bytes, hold: float = 0.0) -> Iterator[Scripted]:
+    """Answer every request with `answer`, then (after `hold` seconds) close the connection."""
+    s = Scripted()
+    stop = threading.Event()
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                line = self.rfile.readline(65537)
+                if not line:
+                    return
+                head += line
+            length = 0
+            for line in head.split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            body = self.rfile.read(length)
+            with s.lock:
+                s.requests.append(head + body)
+            try:
+                self.wfile.write(answer)
+                self.wfile.flush()
+            except OSError:
+                return
+            stop.wait(hold)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    s.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield s
+    finally:
+        stop.set()
         server.shutdown()
         server.server_close()
         thread.join(5)

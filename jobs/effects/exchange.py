@@ -11,6 +11,7 @@ between "nothing was sent" (`Refused`: safe to call again) and "the request may 
 - Once a socket is connected, a timer shuts it down at the deadline (through a duplicate of it,
   so the TLS handshake is cut too): a receiver trickling its answer a byte at a time holds the
   call until the deadline, not for ever.
+- Interim (1xx) answers are read past, to the final answer (`FinalAnswer`).
 - Anything that fails before the first byte of the request is handed to the socket (no address,
   no connection in time, a TLS failure, a URL http.client will not write) is `Refused`; anything
   from then on is `OutcomeUnknown` -- an answer the cut ended too: http.client reads the cut as
@@ -62,6 +63,25 @@ def resolve(host: str, port: int, seconds: float) -> list[Any]:
     return list(box["infos"])
 
 
+class FinalAnswer(http.client.HTTPResponse):
+    """An answer read past any interim (1xx) answers to the final one: RFC 9110 15.2 -- a client
+    parses any number of them before the final answer, even unasked for. http.client skips only
+    `100 Continue`, and took a `103 Early Hints` or `102 Processing` for the answer itself (an
+    unknown outcome for a receiver that went on to answer 200). A `101 Switching Protocols` is
+    kept as the answer: the relay never asks for one, so it is no final answer we could read
+    (unknown). 1xx answers and then nothing -- a close, or the deadline -- stay unknown.
+
+    Overrides http.client's private `_read_status` (begin() reads each status line through it);
+    tests/integration/test_webhook_interim.py fails if a Python release changes that."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 100 < status < 200 or status == 101:  # a 100's headers: begin() skips them
+                return version, status, reason
+            http.client._read_headers(self.fp)  # type: ignore[attr-defined]  # bounded as a header
+
+
 class Call:
     """One exchange with `url` (http or https, already checked by the caller) under `timeout`."""
 
@@ -69,6 +89,7 @@ class Call:
         parts = urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         self.conn = cls(parts.hostname or "", parts.port, timeout=timeout)
+        self.conn.response_class = FinalAnswer
         # Its connect() opens the socket through open(), bounded by the deadline (HTTPS then
         # wraps it as usual); http.client sets this per connection, in __init__.
         self.conn._create_connection = self._create  # type: ignore[attr-defined]
