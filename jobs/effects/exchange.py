@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 MAX_ANSWER = 64 * 1024
+MAX_INTERIM = 16  # 1xx answers read past before a final one: more is no answer (unknown)
 
 
 class OutcomeUnknown(Exception):
@@ -69,15 +70,23 @@ class FinalAnswer(http.client.HTTPResponse):
     `100 Continue`, and took a `103 Early Hints` or `102 Processing` for the answer itself (an
     unknown outcome for a receiver that went on to answer 200). A `101 Switching Protocols` is
     kept as the answer: the relay never asks for one, so it is no final answer we could read
-    (unknown). 1xx answers and then nothing -- a close, or the deadline -- stay unknown.
+    (unknown). 1xx answers and then nothing -- a close, the deadline, or more than MAX_INTERIM
+    of them (a receiver streaming them would keep a relay thread reading at full speed until
+    the deadline) -- stay unknown.
 
     Overrides http.client's private `_read_status` (begin() reads each status line through it);
     tests/integration/test_webhook_interim.py fails if a Python release changes that."""
 
+    interim = 0  # answers read past so far (100 included: begin() skips a 100's headers)
+
     def _read_status(self) -> tuple[str, int, str]:
         while True:
             version, status, reason = super()._read_status()  # type: ignore[misc]
-            if not 100 < status < 200 or status == 101:  # a 100's headers: begin() skips them
+            if 100 <= status < 200 and status != 101:
+                self.interim += 1
+                if self.interim > MAX_INTERIM:  # a receiver streaming them: no final answer
+                    raise http.client.HTTPException(f"more than {MAX_INTERIM} 1xx answers")
+            if not 100 < status < 200 or status == 101:
                 return version, status, reason
             http.client._read_headers(self.fp)  # type: ignore[attr-defined]  # bounded as a header
 

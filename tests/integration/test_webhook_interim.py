@@ -12,10 +12,13 @@ Protocols` the relay never asked for is no final answer either: unknown.
 The receivers are real sockets scripted byte for byte (tests/slow_receivers.py).
 """
 
+import time
+
 import pytest
 
 import jobs
 from jobs.effects import outbox
+from jobs.effects.exchange import MAX_INTERIM
 from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
 from jobs.models import Intent
 from tests.integration.attempts import claim
@@ -32,9 +35,9 @@ def _final(status: str) -> bytes:
     return f"HTTP/1.1 {status}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok".encode()
 
 
-def _perform(url: str) -> BaseException | None:
+def _perform(url: str, timeout: float = 2.0) -> BaseException | None:
     try:
-        WebhookTarget(timeout=2.0).perform("1:s", {"url": f"{url}/hook", "json": {}}, 1)
+        WebhookTarget(timeout=timeout).perform("1:s", {"url": f"{url}/hook", "json": {}}, 1)
     except (OutcomeUnknown, Refused) as exc:
         return exc
     return None
@@ -95,3 +98,17 @@ def test_a_relayed_intent_answered_with_early_hints_is_done_at_the_first_call():
             False,
         ), row.last_error
         assert len(s.requests) == 1
+
+
+def test_a_receiver_streaming_1xx_answers_is_cut_off_long_before_the_deadline():
+    # A stream of interim answers was read at full speed until the deadline (a relay thread
+    # busy for 10 s; a 100 Continue stream before this fix as well). Past MAX_INTERIM of them
+    # there is no final answer: unknown, at once.
+    endless = (HINTS + CONTINUE) * 10_000
+    with scripted_server(endless, hold=30) as s:
+        started = time.monotonic()
+        error = _perform(s.url, timeout=30.0)
+        assert time.monotonic() - started < 5
+    assert isinstance(error, OutcomeUnknown) and f"more than {MAX_INTERIM}" in str(error), error
+    with scripted_server(HINTS * MAX_INTERIM + _final("200 OK")) as s:
+        assert _perform(s.url) is None  # as many as that, then the answer: performed
