@@ -161,9 +161,9 @@ class Call:
         self.deadline = time.monotonic() + self.timeout
         timer = threading.Timer(self.timeout, self._cut)
         timer.daemon = True
-        timer.start()
         try:
             try:
+                timer.start()  # "can't start new thread": nothing sent either
                 self.conn.putrequest(method, self.path)  # refuses a URL it cannot write
                 for name, value in headers.items():
                     self.conn.putheader(name, value)

@@ -9,15 +9,17 @@ after a 103 read as "cannot tell yet". A 1xx and then nothing (the connection cl
 deadline) is still unknown: the request arrived and no final answer came. A `101 Switching
 Protocols` the relay never asked for is no final answer either: unknown.
 
-The receivers are real sockets scripted byte for byte (tests/slow_receivers.py).
+The receivers are real sockets scripted byte for byte (tests/slow_receivers.py). Also here: a call
+whose deadline timer cannot start sent nothing (Refused), never an unknown outcome.
 """
 
+import threading
 import time
 
 import pytest
 
 import jobs
-from jobs.effects import outbox
+from jobs.effects import exchange, outbox
 from jobs.effects.exchange import MAX_INTERIM
 from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
 from jobs.models import Intent
@@ -112,3 +114,19 @@ def test_a_receiver_streaming_1xx_answers_is_cut_off_long_before_the_deadline():
     assert isinstance(error, OutcomeUnknown) and f"more than {MAX_INTERIM}" in str(error), error
     with scripted_server(HINTS * MAX_INTERIM + _final("200 OK")) as s:
         assert _perform(s.url) is None  # as many as that, then the answer: performed
+
+
+class _NoThreads(threading.Timer):
+    def start(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_call_whose_deadline_timer_cannot_start_is_refused_not_unknown(monkeypatch):
+    # Before, the timer's RuntimeError left the exchange before its "nothing sent" guard: the
+    # call was taken for an unknown outcome -- parked `failed` for an operator where the intent
+    # had no check_url, though nothing had been sent.
+    monkeypatch.setattr(exchange.threading, "Timer", _NoThreads)
+    with scripted_server(_final("200 OK")) as s:
+        error = _perform(s.url)
+        assert s.requests == []
+    assert isinstance(error, Refused) and "nothing sent" in str(error), error
