@@ -51,14 +51,13 @@ def _key(fence: Fence) -> tuple[int, int]:
 
 
 def open_work(fence: Fence) -> AttemptWork:
-    """The work of the attempt `fence` names (its Held keeps it alive): found by the completer
-    until `forget`. One per attempt: opened again while alive, the same one."""
-    key = _key(fence)
+    """A new, empty record of the attempt `fence` names (its Held keeps it alive), found by the
+    completer until `forget`. A claim is held once; opened again, the newest record is the one
+    the commit reads."""
+    work = AttemptWork(fence)
     with _lock:
-        work = _open.get(key)
-        if work is None:
-            work = _open[key] = AttemptWork(fence)
-        return work
+        _open[_key(fence)] = work
+    return work
 
 
 def _refuse_if_ended(work: AttemptWork, what: str) -> None:
