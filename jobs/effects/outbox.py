@@ -55,7 +55,7 @@ from jobs.models import Intent, JobEvent
 logger = logging.getLogger("jobs.outbox")
 
 RELAY_BATCH = 20
-RELAY_LEASE_SECONDS = 60.0  # far above a call's total deadline (the webhook's: 10 s)
+RELAY_LEASE_SECONDS = 60.0  # far above a call's total deadline (the webhook's: 10 s, at most 25)
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 300.0  # seconds: doubling from the first, capped
 MAX_INTENT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 2000

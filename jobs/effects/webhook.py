@@ -35,6 +35,7 @@ from jobs.effects.exchange import Call, OutcomeUnknown, Refused
 
 TOKEN_HEADER = "X-Relay-Token"
 KEY_HEADER = "Idempotency-Key"
+MAX_TIMEOUT = 25.0  # seconds for one exchange: well within the relay's 60 s lease
 CHECK_PARAMETERS = ("key", "token")  # what the relay adds to a check_url's query
 _UNWRITABLE = re.compile(r"[\x00-\x20\x7f]")  # what http.client refuses in a request line
 
@@ -46,7 +47,17 @@ class WebhookTarget:
     fences lower tokens out), any other answer cannot tell yet."""
 
     def __init__(self, timeout: float = 10.0) -> None:
-        self.timeout = timeout
+        # A number of seconds in (0, MAX_TIMEOUT]: a check, and then a call, each run under the
+        # relay's claim (jobs/effects/outbox.py: a 60 s lease, renewed as the call begins), so a
+        # deadline near the lease let the relay take the intent over from its own call still in
+        # flight; zero, a negative, NaN or infinity refused every call ("nothing sent") for 24 h.
+        ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        if not ok or not 0 < timeout <= MAX_TIMEOUT:
+            raise InvalidOption(
+                f"WebhookTarget(timeout={timeout!r:.40}): seconds, more than 0 and at most "
+                f"{MAX_TIMEOUT:g} (within the relay's lease)"
+            )
+        self.timeout = float(timeout)
 
     @staticmethod
     def _url(data: Any, name: str) -> str:
