@@ -123,3 +123,4 @@ def forget(fence: Fence) -> None:
         work = _open.pop(_key(fence), None)
         if work is not None:
             work.ended = True
+            work.intents, work.chars = {}, 0  # a leaked thread's ctx keeps the Held, not these

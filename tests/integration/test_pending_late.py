@@ -55,6 +55,7 @@ def test_a_record_after_the_attempts_commit_is_refused_and_held_nowhere(record):
     running.ctx.intent("publish", "webhook", HOOK)
     error = _from_a_leaked_thread(running, record)
     assert pending.peek(running.held.fence) is None  # nothing kept for the ended attempt
+    assert running.held.work.intents == {}  # nor by the ctx the leaked thread still holds
     assert isinstance(error, AttemptEnded) and isinstance(error, LeaseLost), error
     assert f"{record} after its attempt ended" in str(error)
     assert list(Intent.objects.values_list("step", flat=True)) == ["publish"]
