@@ -31,7 +31,7 @@ from django.db import connection
 from jobs.core import bounds, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import bounded
-from jobs.core.exceptions import LeaseLost
+from jobs.core.exceptions import AttemptEnded, LeaseLost
 from jobs.core.sql.rows import JSONText
 from jobs.core.states import Write
 from jobs.core.transitions import Fence
@@ -215,7 +215,11 @@ class JobContext:
             self._held.fence,
             deadline=False,
         )
-        pending.mark_staged(self._held.work)
+        try:
+            pending.mark_staged(self._held.work)
+        except AttemptEnded:  # it ended while the file was written: not what its commit named
+            staging.written_too_late(self._held.fence, ref[0])
+            raise
         return ref[0]
 
     def effect(self, step: str, fn: Callable[[str], Any]) -> Any:

@@ -4,7 +4,7 @@ Owns: `ctx.stage(name, content)` -- recording a StagedOutput row, then writing t
 Django's storage API (`JOBS["STAGING_STORAGE"]`, a key of `STORAGES`) at
 `jobs/<job_id>/attempt-<n>/<name>` -- and a worker deleting its own outputs once its attempt
 ends without committing (a rejected commit, a lost lease, a failure) -- never the outputs of an
-attempt whose commit landed.
+attempt whose commit landed, but for a file written after it (`written_too_late`).
 
 Never: promotes anything itself. The fenced commit sets `Job.result_ref` to the attempt's
 prefix in the statement that ends the attempt; a zombie's commit changes zero rows, so
@@ -108,6 +108,17 @@ def stage(fence: Fence, name: str, content: Any) -> str:
         st.delete(written)
         logger.warning("job %s attempt %s: output %s was settled meanwhile", *_ids(fence), name)
     return written
+
+
+def written_too_late(fence: Fence, path: str) -> None:
+    """`path` was written after its attempt's final write (by a thread the handler left running,
+    the attempt ending while the file was written): its row is decided `orphaned`, so the janitor
+    deletes the file and reports it. Even when the attempt committed: its commit promoted what
+    its handler had staged, and a file landing in its prefix afterwards is not part of that."""
+    StagedOutput.objects.filter(
+        job_id=fence.job_id, attempt=fence.attempt, path=path, status=StagedOutput.Status.STAGED
+    ).update(status=StagedOutput.Status.ORPHANED)
+    logger.warning("job %s attempt %s: %s written after the attempt ended", *_ids(fence), path)
 
 
 def _ids(fence: Fence) -> tuple[int, int]:

@@ -9,13 +9,16 @@ process, and the intent silently never performed.
 """
 
 import threading
+from typing import Any
 
 import pytest
+from django.core.files.storage import FileSystemStorage
+from django.db import connection
 
 import jobs
 from jobs.core.exceptions import AttemptEnded, LeaseLost
-from jobs.effects import pending
-from jobs.models import Intent, StagedOutput
+from jobs.effects import janitor, pending
+from jobs.models import Intent, Job, StagedOutput
 from tests.integration.attempts import Running, claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,6 +41,8 @@ def _from_a_leaked_thread(running: Running, record: str) -> BaseException | None
                 running.ctx.stage("late.txt", b"late")
         except BaseException as exc:  # noqa: BLE001  handed to the test
             out["error"] = exc
+        finally:
+            connection.close()  # this thread's own
 
     thread = threading.Thread(target=leaked, name="leaked-by-handler")
     thread.start()
@@ -84,3 +89,55 @@ def test_an_attempt_that_recorded_nothing_still_refuses_a_late_record():
             running.ctx.intent("late", "webhook", HOOK)
         finally:
             assert pending.peek(running.held.fence) is None
+
+
+class _SlowSaves(FileSystemStorage):
+    """A storage whose saves of `late.txt` wait until the test lets them finish."""
+
+    saving = threading.Event()
+    finish = threading.Event()
+
+    def _save(self, name: str, content: Any) -> str:
+        if name.endswith("late.txt"):
+            type(self).saving.set()
+            type(self).finish.wait(10)
+        return super()._save(name, content)
+
+
+def test_an_output_whose_attempt_ended_while_it_was_written_is_orphaned_not_promoted(
+    settings, tmp_path
+):
+    # The leaked thread's stage() passed the check, then the attempt committed while its file
+    # was written into the committed attempt's prefix. Before, the janitor then promoted it: a
+    # file the commit never named became part of the job's result.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "slow": {"BACKEND": f"{__name__}._SlowSaves", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    settings.JOBS = {**settings.JOBS, "STAGING_STORAGE": "slow", "ORPHAN_GRACE_SECONDS": 0.0}
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.stage("result.txt", b"the result")
+    out: dict[str, BaseException] = {}
+
+    def leaked() -> None:
+        try:
+            running.ctx.stage("late.txt", b"late")
+        except BaseException as exc:  # noqa: BLE001  handed to the test
+            out["error"] = exc
+        finally:
+            connection.close()  # this thread's own
+
+    thread = threading.Thread(target=leaked, name="leaked-by-handler")
+    thread.start()
+    assert _SlowSaves.saving.wait(10)
+    running.commit("ok")  # the handler returned; the leaked thread's file is still being written
+    _SlowSaves.finish.set()
+    thread.join(10)
+    assert isinstance(out.get("error"), AttemptEnded), out
+
+    janitor.sweep("janitor-test")
+    by_name = dict(StagedOutput.objects.values_list("name", "status"))
+    assert by_name == {"result.txt": "promoted", "late.txt": "orphaned"}
+    prefix = Job.objects.get().result_ref
+    assert sorted(FileSystemStorage(location=str(tmp_path)).listdir(prefix)[1]) == ["result.txt"]
