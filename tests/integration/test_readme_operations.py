@@ -1,13 +1,15 @@
-"""Promises of docs/operations.md ("Admin and `manage.py jobs`", "Queue controls") that had no
-test of their own: a copy carries no unique key, adding a job in the admin needs
-`jobs.add_job`, and queue-control rows are never deleted."""
+"""Promises of docs/operations.md ("Admin and `manage.py jobs`", "Queue controls",
+"Retention") that had no test of their own: a copy carries no unique key, adding a job in the
+admin needs `jobs.add_job`, queue-control rows are never deleted, and prune keeps a job whose
+outbox intent is undelivered."""
 
 import pytest
 from django.contrib.auth.models import Permission, User
 
 from jobs.core.states import JobState
-from jobs.models import Job, QueueControl
-from jobs.ops import actions, queues
+from jobs.models import Intent, Job, QueueControl
+from jobs.ops import actions, queues, retention
+from tests.integration.test_retention import age
 
 pytestmark = pytest.mark.django_db
 
@@ -58,3 +60,24 @@ def test_queue_control_rows_are_never_deleted_from_the_admin(admin_client):
         {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"},
     )
     assert QueueControl.objects.filter(pk=row.pk, paused=True).exists()
+
+
+def test_prune_keeps_a_job_whose_intent_is_pending_performing_or_failed(make_job):
+    """ "nor is a job with an undelivered outbox intent (pending, performing or failed)"; one
+    whose intents are all done goes, and its intents with it."""
+    owed = {}
+    for state in ("pending", "performing", "failed", "done"):
+        job = make_job(kind="test.echo", state=JobState.SUCCEEDED, attempt=1)
+        Intent.objects.create(
+            job=job, attempt=1, step="hook", key=f"{job.pk}:hook", target="webhook", state=state
+        )
+        age(job, 10)
+        owed[state] = job.pk
+    assert retention.count(7) == 1
+    assert retention.prune(7).jobs == 1
+    assert set(Job.objects.values_list("pk", flat=True)) == {
+        owed["pending"],
+        owed["performing"],
+        owed["failed"],
+    }
+    assert not Intent.objects.filter(job_id=owed["done"]).exists()
