@@ -117,9 +117,29 @@ def test_bin_test_with_pytest_arguments_runs_only_pytest_with_them(checkout):
     ]
 
 
-def test_a_path_under_tests_sqlite_runs_on_sqlite(checkout):
-    calls = _run(checkout, "bin/test", "tests/sqlite/test_clock.py", "-q")
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests/sqlite",
+        "tests/sqlite/test_clock.py",
+        "tests/sqlite/test_clock.py::test_an_expired_lease_planted_in_the_past_is_in_the_past",
+        "./tests/sqlite/test_clock.py",  # ran on PostgreSQL: pytest takes a path it is given
+        "tests/../tests/sqlite/",
+        "ABSOLUTE/tests/sqlite/test_clock.py",
+    ],
+)
+def test_a_path_under_tests_sqlite_runs_on_sqlite(checkout, path):
+    path = path.replace("ABSOLUTE", str(checkout[0]))
+    calls = _run(checkout, "bin/test", "-q", path)
     assert [c for c in calls if c.startswith("python")] == [
-        "python -m pytest --ds=tests.settings_sqlite --create-db tests/sqlite/test_clock.py -q"
+        f"python -m pytest --ds=tests.settings_sqlite --create-db -q {path}"
         " [sqlite in a temporary directory]"
+    ]
+
+
+@pytest.mark.parametrize("path", ["tests/sqlite_notes.py", "tests/unit/sqlite", "-k=sqlite"])
+def test_a_path_elsewhere_runs_on_postgresql(checkout, path):
+    calls = _run(checkout, "bin/test", path)
+    assert [c for c in calls if c.startswith("python")] == [
+        f"python -m pytest --create-db {path} [postgres://postgres@127.0.0.1:5432/palisade]"
     ]
