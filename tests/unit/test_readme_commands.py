@@ -143,3 +143,14 @@ def test_a_path_elsewhere_runs_on_postgresql(checkout, path):
     assert [c for c in calls if c.startswith("python")] == [
         f"python -m pytest --create-db {path} [postgres://postgres@127.0.0.1:5432/palisade]"
     ]
+
+
+def test_an_exported_database_url_is_the_one_the_suite_runs_on(checkout):
+    """README: bin/test reaches `postgres` on 127.0.0.1 without a password; "else export
+    `DATABASE_URL`"."""
+    root, env = checkout
+    url = "postgres://palisade:secret@db.example:5433/ci"
+    calls = _run((root, {**env, "DATABASE_URL": url}), "bin/test", "tests/unit")
+    assert [c for c in calls if c.startswith("python")] == [
+        f"python -m pytest --create-db tests/unit [{url}]"
+    ]
