@@ -80,6 +80,10 @@ def test_without_database_url_bin_run_uses_var_palisade_sqlite3_in_wal_with_imme
     assert db["NAME"] == str(PROJECT_DIR / "var" / "palisade.sqlite3")
     assert "PRAGMA journal_mode=WAL" in db["init_command"]
     assert db["transaction_mode"] == "IMMEDIATE"
+    # docs/design.md, the embedded SQLite default: "WAL, `synchronous=NORMAL`"; writers queue
+    # for the write lock with a "30 s busy timeout".
+    assert "PRAGMA synchronous=NORMAL" in db["init_command"]
+    assert db["timeout"] == 30
 
 
 def test_an_attempt_without_a_timeout_of_its_own_gets_q_timeouts_1800_seconds():
