@@ -7,6 +7,7 @@ jobs/worker (what runs inside qcluster), jobs/effects (every write path beyond t
 jobs/ops (the operator's tools); imports only run downward (import-linter, in bin/test).
 """
 
+from datetime import datetime
 from typing import Any
 
 from jobs import deprecated
@@ -39,11 +40,33 @@ __all__ = [
 ]
 
 
-def enqueue(kind: str, payload: Any = None, **options: Any) -> Any:
-    """Insert a queued job inside the caller's transaction: `Job.objects.enqueue()`."""
+def enqueue(
+    kind: str,
+    payload: Any = None,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+    lease_seconds: float | None = None,
+    unique_key: str | None = None,
+) -> Any:
+    """Insert a queued job inside the caller's transaction: `Job.objects.enqueue()`.
+
+    The options spelled out (not **options) so that help(), an editor and a misspelled option's
+    TypeError all show the README's signature."""
     from jobs.models import Job  # the records need Django's app registry: imported on first use
 
-    return Job.objects.enqueue(kind, payload, **options)
+    return Job.objects.enqueue(
+        kind,
+        payload,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        max_attempts=max_attempts,
+        lease_seconds=lease_seconds,
+        unique_key=unique_key,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -42,7 +42,18 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
-    def enqueue(self, kind: str, payload: Any = None, **options: Any) -> "Job":
+    def enqueue(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        lease_seconds: float | None = None,
+        unique_key: str | None = None,
+    ) -> "Job":
         """Create a queued job in the caller's transaction and return it (`jobs.enqueue()`).
 
         Options and their checks: jobs/core/enqueue.py (`fields`). With `unique_key`, a live job
@@ -54,7 +65,16 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         (jobs/models/prepared.py); the savepoint path below is SQLite's, and PostgreSQL's when
         that statement cannot decide (a holder its snapshot cannot see).
         """
-        row, payload_json = enqueue_rules.checked(kind, payload, **options)
+        row, payload_json = enqueue_rules.checked(
+            kind,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            lease_seconds=lease_seconds,
+            unique_key=unique_key,
+        )
         conn = connections[self.db]
         if conn.vendor == "postgresql":
             job = one_statement.enqueue(

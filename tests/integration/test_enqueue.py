@@ -180,7 +180,10 @@ def test_a_key_whose_holders_keep_finishing_is_still_enqueued(second_connection)
         thread = threading.Thread(target=enqueue)
         thread.start()
         deadline = time.monotonic() + 10
-        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        waiting = (  # this database's sessions only: the server is shared with other suites
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
         while other.execute(waiting).fetchone()[0] == 0:
             assert time.monotonic() < deadline, "the enqueue never waited on the first holder"
             time.sleep(0.01)
