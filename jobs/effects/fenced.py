@@ -313,12 +313,19 @@ def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: 
     except (OperationalError, InterfaceError):
         if not transitions.rejection_landed(stored[0] if stored else None):
             raise
+    fields = {  # the job-row rejection's fields (jobs.core.transitions.fence.record), + resource
+        "event": "stale_write_rejected",
+        "write": write_,
+        "job_id": fence.job_id,
+        "attempt_presented": fence.attempt,
+        "attempt_current": attempt_current,
+        "state_current": str(state),
+        "worker": fence.worker,
+        "resource": resource[:200],
+    }
     logger.warning(
-        "stale %s rejected: job=%s attempt_presented=%s attempt_current=%s resource=%s worker=%s",
-        write_,
-        fence.job_id,
-        fence.attempt,
-        attempt_current,
-        resource,
-        fence.worker,
+        "stale %(write)s rejected: job=%(job_id)s attempt_presented=%(attempt_presented)s "
+        "attempt_current=%(attempt_current)s resource=%(resource)s worker=%(worker)s",
+        fields,
+        extra={"fields": fields},
     )

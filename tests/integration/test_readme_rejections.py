@@ -71,12 +71,6 @@ def test_every_kind_of_zombie_write_is_stored_and_logged_on_one_line_with_both_a
     assert connection.in_atomic_block is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/operations.md, Structured lines: a refused token write or effect is logged by "
-    "jobs/effects/fenced.py without the JSON fields a job-row rejection carries; when it "
-    "carries them, this passes (strict: fails) -- drop the mark and correct the page",
-)
 @pytest.mark.parametrize("write", ["token_write (insert)", "effect"])
 def test_every_rejection_carries_the_structured_fields_in_json(write, caplog):
     job = jobs.enqueue("test.echo")
@@ -94,3 +88,9 @@ def test_every_rejection_carries_the_structured_fields_in_json(write, caplog):
         1,
         2,
     )
+    assert (line.get("write"), line.get("state_current"), line.get("worker")) == (
+        record.args["write"],  # type: ignore[call-overload,index]
+        "running",
+        ZOMBIE,
+    )
+    assert line.get("resource"), line
