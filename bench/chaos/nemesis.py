@@ -183,7 +183,8 @@ def inject(world: World, fault: Fault) -> dict[str, Any]:
 
     started = time.monotonic()
     done: dict[str, Any] = {"kind": fault.kind, "cluster": world.clusters[
-        fault.cluster % len(world.clusters)].name, "slot": fault.slot}  # fmt: skip
+        fault.cluster % len(world.clusters)].name, "slot": fault.slot,
+        "wall": round(time.time(), 3)}  # fmt: skip
     try:
         (INJECT.get(fault.kind) or targeted.INJECT[fault.kind])(world, fault, done)
     except psycopg.Error as exc:  # the database itself may be down (a pg_crash just before)
