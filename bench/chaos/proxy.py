@@ -35,26 +35,30 @@ def commit_rows(data: bytes) -> list[tuple[int, int]]:
 
 class ChaosProxy(PgProxy):
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        self._take: Callable[[_Pair, bytes], bool] | None = None
-        self._take_marker = b""
+        # Armed interceptors, each (marker, take): one per held-statement fault (a zombie's
+        # commit, a zombie's INSERT or DELETE), each disarmed once its take() took a message.
+        self._take: list[tuple[bytes, Callable[[_Pair, bytes], bool]]] = []
         self._take_lock = threading.Lock()
         super().__init__(upstream_host, upstream_port)
 
     def intercept(self, marker: bytes, take: Callable[[_Pair, bytes], bool] | None) -> None:
+        """Arm `take` for the next message holding `marker` (beside any other armed one);
+        `take` None disarms every interceptor."""
         with self._take_lock:
-            self._take_marker, self._take = marker, take
+            if take is None:
+                self._take = []
+            elif marker:
+                self._take = [*self._take, (marker, take)]
 
     def _offer(self, pair: _Pair, data: bytes) -> bool:
         with self._take_lock:
-            take = self._take if self._take_marker and self._take_marker in data else None
-        if take is None:
-            return False
-        if not take(pair, data):
-            return False
-        with self._take_lock:
-            if self._take is take:
-                self._take = None
-        return True
+            armed = [(m, t) for m, t in self._take if m in data]
+        for entry in armed:
+            if entry[1](pair, data):
+                with self._take_lock:
+                    self._take = [e for e in self._take if e is not entry]
+                return True
+        return False
 
     def _client_to_server(self, pair: _Pair) -> None:
         client, server = pair.client, pair.server
@@ -63,7 +67,7 @@ class ChaosProxy(PgProxy):
                 self._flowing.wait()
                 if pair.dead:
                     return
-                if self._take is not None and self._offer(pair, data):
+                if self._take and self._offer(pair, data):
                     continue  # the interceptor decided this message's fate
                 if self._armed is not None and self._marker in data:
                     # the inherited commit cut: hand the rest of the connection to PgProxy

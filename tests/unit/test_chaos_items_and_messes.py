@@ -124,3 +124,19 @@ def test_the_item_audit_records_inserts_and_deletes_by_their_writers() -> None:
     assert "current_setting('palisade.fenced_deleters', true)" in trigger
     # STABLE: the job row as the statement that fired it saw it
     assert "FUNCTION chaos_item_audit() RETURNS trigger LANGUAGE plpgsql STABLE" in trigger
+
+
+def test_the_plans_are_the_seeds_alone_and_every_long_job_writes_items() -> None:
+    import random
+
+    from bench.chaos import run
+
+    def plans(seed: int) -> list[dict[str, Any]]:
+        rng = random.Random(seed)
+        return [run.plan(rng, 30) for _ in range(300)]
+
+    one = plans(1)
+    assert one == plans(1) and one != plans(2)
+    assert all(p["items"] for p in one if p["seconds"])  # a zombie in the loop meets them
+    assert {p["mess"] for p in one} == set(run.MESSES)  # every mess in the small run
+    assert 0 < sum(1 for p in one if p["mess"]) < 40
