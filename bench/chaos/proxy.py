@@ -39,6 +39,7 @@ class ChaosProxy(PgProxy):
         # commit, a zombie's INSERT or DELETE), each disarmed once its take() took a message.
         self._take: list[tuple[bytes, Callable[[_Pair, bytes], bool]]] = []
         self._take_lock = threading.Lock()
+        self._disarmed = 0  # how many times every interceptor was disarmed
         super().__init__(upstream_host, upstream_port)
 
     def intercept(self, marker: bytes, take: Callable[[_Pair, bytes], bool] | None) -> None:
@@ -46,18 +47,27 @@ class ChaosProxy(PgProxy):
         `take` None disarms every interceptor."""
         with self._take_lock:
             if take is None:
-                self._take = []
+                self._take, self._disarmed = [], self._disarmed + 1
             elif marker:
                 self._take = [*self._take, (marker, take)]
 
     def _offer(self, pair: _Pair, data: bytes) -> bool:
-        with self._take_lock:
-            armed = [(m, t) for m, t in self._take if m in data]
-        for entry in armed:
-            if entry[1](pair, data):
-                with self._take_lock:
-                    self._take = [e for e in self._take if e is not entry]
+        """Offer the message to each interceptor armed for it, each taken off the list while its
+        take() decides (a take may hold its message for a minute: another connection's message
+        must not reach the same interceptor meanwhile); one that declines is armed again."""
+        for marker, take in list(self._take):
+            if marker not in data:
+                continue
+            with self._take_lock:
+                if (marker, take) not in self._take:
+                    continue  # another connection's message is being decided by it
+                self._take.remove((marker, take))
+                disarmed = self._disarmed
+            if take(pair, data):
                 return True
+            with self._take_lock:
+                if self._disarmed == disarmed:  # not disarmed meanwhile (the run's end)
+                    self._take.append((marker, take))
         return False
 
     def _client_to_server(self, pair: _Pair) -> None:

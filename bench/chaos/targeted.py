@@ -223,6 +223,7 @@ def _zombie_write(world: World, fault: Fault, done: dict[str, Any]) -> None:
         except psycopg.Error:
             return False
         if pid is None or not writing or not running:
+            done["declined"] = done.get("declined", 0) + 1
             return False  # relayed as usual; the interceptor stays armed
         job, attempt = writing
         signal_pid(pid, signal.SIGSTOP)
