@@ -18,7 +18,8 @@ whatever moment the schedule fires.
   learns of its lost lease from its own heartbeat on waking and never presents its commit.
 
 - zombie_write: the same with cluster 0's next token-checked INSERT or DELETE of the workload's
-  items (a seeded half each): the zombie's write must change nothing.
+  items (a seeded half each), relayed once the attempt's lease has expired (the job queued
+  again, or already taken or ended): the zombie's write must change nothing.
 
 Each waits at most HOLD seconds for its moment; if it does not come the fault is recorded
 skipped ("no commit while armed").
@@ -203,9 +204,10 @@ ITEM_WRITES = {
 
 def _zombie_write(world: World, fault: Fault, done: dict[str, Any]) -> None:
     """Cluster 0's next fenced INSERT (or DELETE, a seeded half) of an item is held in the proxy
-    and its worker SIGSTOPped; once a later attempt runs the job (or it ended) the statement is
-    relayed -- a zombie's write presented to the database, which must refuse it -- and the
-    worker SIGCONTed. Its job is the one the worker runs: the job id is a bound parameter."""
+    and its worker SIGSTOPped; once its attempt no longer owns the job (expired, taken over or
+    ended) the statement is relayed -- a zombie's write presented to the database, which must
+    refuse it -- and the worker SIGCONTed. Its job is the one the worker's last history line
+    names (the job id is a bound parameter the statement's text does not show)."""
     proxy = world.proxy
     if proxy is None or not hasattr(proxy, "intercept"):
         done["skipped"] = "no proxy"
@@ -230,7 +232,7 @@ def _zombie_write(world: World, fault: Fault, done: dict[str, Any]) -> None:
         started = time.monotonic()
         done.update(fired=True, job=job, attempt=attempt, pid=pid, taken_over=False)
         try:
-            done["presented_while"] = _until_taken_over(world, job, attempt)
+            done["presented_while"] = _until_not_owned(world, job, attempt)
             done["taken_over"] = done["presented_while"] != f"attempt {attempt} running"
         finally:
             try:
@@ -260,9 +262,13 @@ def _writing_items(pid: int) -> tuple[int, int] | None:
     return None
 
 
-def _until_taken_over(world: World, job: int, attempt: int) -> str:
-    """Wait (at most ZOMBIE_COMMIT_WAIT) until a later attempt runs the job or it ended; what
-    the job row said then."""
+def _until_not_owned(world: World, job: int, attempt: int) -> str:
+    """Wait (at most ZOMBIE_COMMIT_WAIT) until this attempt no longer owns the job -- its lease
+    expired (queued again), a later attempt runs it, or it ended; what the job row said then.
+    Not until a later attempt runs it, as zombie_commit waits: behind the queue's backlog that
+    is often past the worker's own deadline for the statement (JOBS DB_TIMEOUT_SECONDS, 10 s,
+    which counts the stopped time too), and the worker would cut its connection on waking
+    before it read the database's answer."""
     deadline, now = time.monotonic() + ZOMBIE_COMMIT_WAIT, "?"
     while time.monotonic() < deadline:
         try:
@@ -271,8 +277,7 @@ def _until_taken_over(world: World, job: int, attempt: int) -> str:
             time.sleep(0.1)
             continue
         now = f"attempt {row[0][0]} {row[0][1]}" if row else "deleted"
-        if not row or row[0][1] not in ("running", "queued") or (
-                row[0][0] > attempt and row[0][1] == "running"):  # fmt: skip
+        if not row or row[0][0] != attempt or row[0][1] != "running":
             break
         time.sleep(0.01)
     return now
