@@ -25,11 +25,20 @@ from tests.integration.pgproxy import PgProxy, _Pair
 
 # The platform's commit statement (jobs/core/sql/postgres.py): unique to it.
 COMMIT_MARKER = b"SET state = 'succeeded', result = v.result"
+# Its rows travel as arrays, bound on the client where the cursor is Django's client-side one
+# (cluster 0 runs with JOBS_PREPARED_STATEMENTS=0): unnest('{12,345}'::int2[]::bigint[],
+# '{1,2}'::int2[]::int[], ...). Before 2026-12 they were VALUES rows, (12::bigint, 1::int, ...):
+# commit_rows() found none in the array form, and zombie_commit never fired again.
+_ARRAYS = re.compile(rb"unnest\('\{([\d,]+)\}'(?:::\w+\[\])?::bigint\[\], "
+                     rb"'\{([\d,]+)\}'(?:::\w+\[\])?::int\[\]")  # fmt: skip
 _ROW = re.compile(rb"\((\d+)::bigint, (\d+)::int")
 
 
 def commit_rows(data: bytes) -> list[tuple[int, int]]:
     """(job, attempt) of every row a commit statement presents."""
+    if m := _ARRAYS.search(data):
+        ids, attempts = m.group(1).split(b","), m.group(2).split(b",")
+        return [(int(j), int(a)) for j, a in zip(ids, attempts, strict=False)]
     return [(int(j), int(a)) for j, a in _ROW.findall(data)]
 
 

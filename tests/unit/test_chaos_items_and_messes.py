@@ -140,3 +140,19 @@ def test_the_plans_are_the_seeds_alone_and_every_long_job_writes_items() -> None
     assert all(p["items"] for p in one if p["seconds"])  # a zombie in the loop meets them
     assert {p["mess"] for p in one} == set(run.MESSES)  # every mess in the small run
     assert 0 < sum(1 for p in one if p["mess"]) < 40
+
+
+def test_the_proxy_reads_the_rows_of_the_commit_statement_as_cluster_0_sends_it() -> None:
+    from bench.chaos.proxy import COMMIT_MARKER, commit_rows
+
+    # The commit's rows as psycopg's ClientCursor renders the four arrays (cluster 0 runs with
+    # JOBS_PREPARED_STATEMENTS=0, so Django's client-side binding cursor sends them as text),
+    # each with the smallest integer type its values fit
+    text = (
+        b"UPDATE jobs_job j SET state = 'succeeded', result = v.result::jsonb, result_ref = v.ref"
+        b" FROM unnest('{12,70000,3}'::int4[]::bigint[], '{1,2,30}'::int2[]::int[], "
+        b"E'{x,y,z}'::text[], '{a,b,c}'::text[]) AS v(id, attempt, result, ref)"
+    )
+    assert COMMIT_MARKER in text
+    assert commit_rows(text) == [(12, 1), (70000, 2), (3, 30)]
+    assert commit_rows(b"(5::bigint, 2::int, '{}')") == [(5, 2)]  # the earlier VALUES rows
