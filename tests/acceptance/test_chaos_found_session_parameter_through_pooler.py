@@ -42,7 +42,7 @@ def test_a_handlers_session_parameter_never_reaches_another_job_through_the_pool
     ids = [changing.pk, *(j.pk for j in after)]
     wait_until(
         lambda: Job.objects.filter(pk__in=ids, state="succeeded").count() == len(ids),
-        timeout=30,
+        timeout=20,
         what="the job that changed a session parameter and the jobs after it to succeed",
         job_id=changing.pk,
     )
