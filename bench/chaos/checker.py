@@ -344,11 +344,12 @@ def _check_messes(jobs: dict[int, Any], attempts: list[tuple[Any, ...]],
         outcomes[mess][first[3]] += 1
         if mess in ("atomic", "begin") and first[3] == "succeeded":
             zero["mess_open_transaction_attempt_succeeded"].append((job, mess))
-        worker, ended = first[2], first[6]
+        worker, claimed, ended = first[2], first[5], first[6]
         if ended is None or worker_pid(worker) in killed:
             continue
-        if any(f.get("kind") == "term_cluster" and f.get("wall", 0) > ended for f in faults):
-            continue  # its worker may have been stopped since: nothing to claim with
+        if any(f.get("kind") == "term_cluster" and f.get("wall", 0) + f.get("seconds", 0) >= claimed
+               for f in faults):  # fmt: skip
+            continue  # a cluster stopped during or after it: its worker may be gone
         later = [a for a in attempts if a[5] > ended]
         if len(later) >= CLAIMS_AFTER_MESS and not any(a[2] == worker for a in later):
             zero["mess_worker_stopped_claiming"].append((job, mess, worker, len(later)))

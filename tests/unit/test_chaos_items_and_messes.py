@@ -110,11 +110,19 @@ def test_a_mess_harms_only_its_own_attempt() -> None:
     assert [a[:2] for a in zero["mess_hit_another_attempt"]] == [(2, 1)]
     assert zero["mess_worker_stopped_claiming"] == [(1, "atomic", "h:10", 21)]
 
-    # ... unless its worker was SIGKILLed, or a cluster SIGTERMed, by the suite since
-    for killed, faults in (({10}, []), (set(), [{"kind": "term_cluster", "wall": 1.5}])):
+    # ... unless its worker was SIGKILLed, or a cluster SIGTERMed, by the suite since -- or
+    # while it ran (a stop begun just before the mess, still under way: seed 3, 2026-12-06)
+    stops = ([{"kind": "term_cluster", "wall": 1.5, "seconds": 1.3}],
+             [{"kind": "term_cluster", "wall": -0.5, "seconds": 1.3}])  # fmt: skip
+    for killed, faults in (({10}, []), (set(), stops[0]), (set(), stops[1])):
         zero = {name: [] for name in checker.INVARIANTS}
         checker._check_messes(jobs, leaked, [], killed, faults, zero, info)
         assert zero["mess_worker_stopped_claiming"] == []
+    # a stop that was over before the mess began excuses nothing
+    zero = {name: [] for name in checker.INVARIANTS}
+    old_stop = [{"kind": "term_cluster", "wall": -3.0, "seconds": 1.3}]
+    checker._check_messes(jobs, leaked, [], set(), old_stop, zero, info)
+    assert len(zero["mess_worker_stopped_claiming"]) == 1
 
 
 def test_the_item_audit_records_inserts_and_deletes_by_their_writers() -> None:
