@@ -14,6 +14,16 @@ Invariants, per job:
   database never accepted a token-checked write while the writer's attempt was not the job's
   current running one (the audit trigger of bench/chaos/workload records every row an accepted
   UPDATE wrote, same values included, with the job row as that UPDATE saw it);
+- the application's own rows inserted and deleted through fenced_create / fenced_bulk_create /
+  fenced_delete: no row inserted, and none deleted, by an attempt that was not the job's current
+  running one in that statement's own snapshot (a second audit trigger records every accepted
+  INSERT and DELETE of chaos_chaositem, a DELETE under each deleter fenced_delete named), and a
+  succeeded job's items are exactly its committing attempt's (each attempt deletes what earlier
+  attempts left, so a zombie's insert accepted after that would stay);
+- a "messy" first attempt (a transaction left open, a session parameter changed, a thread left
+  running: jobs/worker/hygiene.py) harms only itself: what it wrote in the open transaction is
+  rolled back and the attempt does not succeed, no other attempt fails of its mess, and its
+  worker goes on claiming;
 - every effect key performed at most once at the deduplicating receiver;
 - every refused token-checked write the handler saw has a rejection record, and no record
   exists that no handler saw;
@@ -26,6 +36,7 @@ Invariants, per job:
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -48,7 +59,23 @@ INVARIANTS = (
     "mail_missing_for_a_committed_plan", "mail_duplicate_not_recorded",
     "rejection_log_line_without_row", "rejection_row_without_log_line",
     "rejection_metric_delta_not_row_count",
+    "item_created_by_stale_attempt", "item_deleted_by_stale_attempt",
+    "items_not_the_committing_attempts", "mess_open_transaction_committed",
+    "mess_open_transaction_attempt_succeeded", "mess_hit_another_attempt",
+    "mess_worker_stopped_claiming",
 )  # fmt: skip
+# A history action whose refusal (outcome "refused") the handler saw: each is one rejection row.
+FENCED_ACTIONS = ("token_write", "item_create", "item_delete", "items_txn")
+# What another attempt's error would say if a mess had leaked into it: a transaction left open
+# (hygiene's own message for a handler that itself returned normally -- nothing after it; a
+# handler whose connection died under it gets the same first line and then its traceback --
+# or Django's), or a read-only session parameter.
+MESS_LEAKED = re.compile(
+    r"\Athe handler returned [^\n]*\Z|TransactionManagementError|durable atomic block|"
+    r"read-only transaction"
+)
+# After a mess, its worker must claim again if the run's workers claimed at least this many more.
+CLAIMS_AFTER_MESS = 20
 
 
 def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any]],
@@ -119,6 +146,16 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
             "JOIN jobs_jobevent e ON e.job_id = c.job_id AND e.type = 'enqueued' "
             "WHERE c.type = 'claimed' AND c.attempt = 1"
         ).fetchall()
+        items = conn.execute("SELECT job, attempt, name FROM chaos_chaositem").fetchall()
+        changes = conn.execute(
+            "SELECT op, item_id, job_id, attempt, job_attempt, job_state FROM chaos_acceptedchange"
+        ).fetchall()
+        marks = conn.execute("SELECT job, attempt FROM chaos_messmark").fetchall()
+        attempt_rows = conn.execute(
+            "SELECT job_id, number, worker, outcome, coalesce(error, ''), "
+            "extract(epoch FROM claimed_at)::float, extract(epoch FROM ended_at)::float "
+            "FROM jobs_attempt"
+        ).fetchall()
         expired = conn.execute(
             "SELECT extract(epoch FROM a.ended_at - coalesce(a.heartbeat_at, a.claimed_at)) "
             "FROM jobs_attempt a WHERE a.outcome = 'expired'"
@@ -172,13 +209,15 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
     seen_refused: Counter[tuple[int, int]] = Counter()
     begun: Counter[int] = Counter()
     lines = 0
+    refused_by_action: Counter[str] = Counter()
     for line in history.read(history_path):
         lines += 1
         key = (line["job"], line["attempt"])
         if line["action"] == "begin":
             begun[line["job"]] += 1
-        if line["action"] == "token_write" and line.get("outcome") == "refused":
+        if line["action"] in FENCED_ACTIONS and line.get("outcome") == "refused":
             seen_refused[key] += 1
+            refused_by_action[line["action"]] += 1
     for key in seen_refused:
         if not any(rejected[(key[0], key[1], w)] for w in
                    ("token_write", "heartbeat", "checkpoint", "commit", "fail")):  # fmt: skip
@@ -193,6 +232,16 @@ def check(dsn: str, history_path: Path, receiver_calls: list[tuple[str, str, Any
         if not j or j[1] != "succeeded" or j[2] != attempt:
             zero["orphaned_outputs_left"].append(str(path))
 
+    zero["item_created_by_stale_attempt"] = stale_changes(changes, "insert")
+    zero["item_deleted_by_stale_attempt"] = stale_changes(changes, "delete")
+    zero["items_not_the_committing_attempts"] = items_not_committing(jobs, items)
+    _check_messes(jobs, attempt_rows, marks, killed or set(), faults or [], zero, info)
+    info.update(
+        items_inserts_accepted=sum(1 for c in changes if c[0] == "insert"),
+        items_deletes_accepted=sum(1 for c in changes if c[0] == "delete"),
+        items_left=len(items),
+        refusals_seen_by_write=dict(sorted(refused_by_action.items())),
+    )
     _check_intents_and_mail(jobs, intents, resent, performs or [], mails or [], zero, info)
     log_lines = evidence.json_lines(logs or [])
     evidence.rejections(log_lines, rejection_rows, killed or set(), metric_delta, zero, info)
@@ -243,6 +292,72 @@ def stale_accepted_writes(audit: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]
         for row, job, attempt, job_attempt, job_state in audit
         if job_attempt != attempt or job_state != "running"
     ]
+
+
+def stale_changes(changes: list[tuple[Any, ...]], op: str) -> list[tuple[Any, ...]]:
+    """Audit rows (op, item, writer's job, writer's attempt, the job's attempt, the job's state)
+    of INSERTs or DELETEs the database accepted while the writer was not the job's current
+    running attempt in that statement's snapshot -- or that named no writer at all."""
+    return [
+        c for c in changes
+        if c[0] == op and (c[2] is None or c[4] != c[3] or c[5] != "running")
+    ]  # fmt: skip
+
+
+def items_not_committing(jobs: dict[int, Any], items: list[tuple[int, int, str]]
+                         ) -> list[tuple[Any, ...]]:  # fmt: skip
+    """(job, expected, found) for every succeeded job whose items are not exactly its committing
+    attempt's `item-<k>` rows (no scratch row, no earlier attempt's, none missing), and for
+    items of a job the run never had."""
+    found: dict[int, Counter[tuple[int, str]]] = defaultdict(Counter)
+    for job, attempt, name in items:
+        found[job][(attempt, name)] += 1
+    out = []
+    for job, row in jobs.items():
+        if row[1] != "succeeded":
+            continue
+        n = int((row[7] or {}).get("items", 0))
+        expected = Counter((row[2], f"item-{k}") for k in range(n))
+        if found.get(job, Counter()) != expected:
+            out.append((job, sorted(expected), sorted(found.get(job, Counter()).elements())))
+    out += [(job, [], sorted(c.elements())) for job, c in found.items() if job not in jobs]
+    return out
+
+
+def _check_messes(jobs: dict[int, Any], attempts: list[tuple[Any, ...]],
+                  marks: list[tuple[int, int]], killed: set[int], faults: list[dict[str, Any]],
+                  zero: dict[str, list[Any]], info: dict[str, Any]) -> None:  # fmt: skip
+    """A messy first attempt harms itself alone: its open transaction's row rolled back and the
+    attempt not succeeded; no other attempt failed of a leaked mess; its worker claims again."""
+    from bench.chaos.clusters import worker_pid
+
+    zero["mess_open_transaction_committed"] = list(marks)
+    by_key = {(a[0], a[1]): a for a in attempts}
+    outcomes: dict[str, Counter[str]] = defaultdict(Counter)
+    messy = set()
+    for job, row in jobs.items():
+        mess = (row[7] or {}).get("mess")
+        first = by_key.get((job, 1))
+        if not mess or first is None:
+            continue
+        messy.add((job, 1))
+        outcomes[mess][first[3]] += 1
+        if mess in ("atomic", "begin") and first[3] == "succeeded":
+            zero["mess_open_transaction_attempt_succeeded"].append((job, mess))
+        worker, claimed, ended = first[2], first[5], first[6]
+        if ended is None or worker_pid(worker) in killed:
+            continue
+        if any(f.get("kind") == "term_cluster" and f.get("wall", 0) + f.get("seconds", 0) >= claimed
+               for f in faults):  # fmt: skip
+            continue  # a cluster stopped during or after it: its worker may be gone
+        later = [a for a in attempts if a[5] > ended]
+        if len(later) >= CLAIMS_AFTER_MESS and not any(a[2] == worker for a in later):
+            zero["mess_worker_stopped_claiming"].append((job, mess, worker, len(later)))
+    zero["mess_hit_another_attempt"] = [
+        (a[0], a[1], a[4][:120]) for a in attempts
+        if (a[0], a[1]) not in messy and MESS_LEAKED.search(a[4])
+    ]  # fmt: skip
+    info["messy_first_attempts_by_outcome"] = {m: dict(c) for m, c in sorted(outcomes.items())}
 
 
 def _check_intents_and_mail(

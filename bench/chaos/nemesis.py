@@ -17,6 +17,7 @@ Kinds (bench/chaos/targeted.py holds the ones armed on a commit or a transaction
 - zombie_commit: cluster 0's next commit of a job that lingers or runs long is held in the
   proxy, its worker SIGSTOPped; once another attempt runs the job the held commit is relayed (a
   stale commit presented to the database), then SIGCONT.
+- zombie_write: the same with cluster 0's next token-checked INSERT or DELETE of an item.
 - kill_worker: SIGKILL the slot's worker mid-job.
 - kill_mid_commit: SIGKILL the slot's worker between sending its commit and the reply.
 - term_cluster: SIGTERM a whole cluster mid-batch, then start it again.
@@ -48,12 +49,13 @@ from bench.chaos.proxy import COMMIT_MARKER
 
 KINDS = ("zombie", "zombie_commit", "kill_worker", "kill_mid_commit", "term_cluster",
          "terminate_backend", "terminate_mid_commit", "terminate_mid_transaction", "pg_crash",
-         "partition", "proxy_reset", "commit_cut", "pooler_restart")  # fmt: skip
+         "partition", "proxy_reset", "commit_cut", "pooler_restart", "zombie_write")  # fmt: skip
 WEIGHTS = {"zombie": 6, "zombie_commit": 2, "kill_worker": 3, "kill_mid_commit": 2,
            "term_cluster": 1, "terminate_backend": 2, "terminate_mid_commit": 2,
            "terminate_mid_transaction": 2, "pg_crash": 1, "partition": 2, "proxy_reset": 1,
-           "commit_cut": 2, "pooler_restart": 1}  # fmt: skip
-ON_CLUSTER_0 = ("zombie_commit", "partition", "proxy_reset", "commit_cut")  # the proxy's cluster
+           "commit_cut": 2, "pooler_restart": 1, "zombie_write": 2}  # fmt: skip
+ON_CLUSTER_0 = ("zombie_commit", "partition", "proxy_reset", "commit_cut",
+                "zombie_write")  # the proxy's cluster  # fmt: skip
 PHASE_CHOICES = ("long", "finishing", "finishing", "")
 VICTIM_WAIT = 1.0  # seconds a fault waits for its slot to run a job before it is skipped
 
@@ -183,7 +185,8 @@ def inject(world: World, fault: Fault) -> dict[str, Any]:
 
     started = time.monotonic()
     done: dict[str, Any] = {"kind": fault.kind, "cluster": world.clusters[
-        fault.cluster % len(world.clusters)].name, "slot": fault.slot}  # fmt: skip
+        fault.cluster % len(world.clusters)].name, "slot": fault.slot,
+        "wall": round(time.time(), 3)}  # fmt: skip
     try:
         (INJECT.get(fault.kind) or targeted.INJECT[fault.kind])(world, fault, done)
     except psycopg.Error as exc:  # the database itself may be down (a pg_crash just before)

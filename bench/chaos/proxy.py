@@ -25,36 +25,59 @@ from tests.integration.pgproxy import PgProxy, _Pair
 
 # The platform's commit statement (jobs/core/sql/postgres.py): unique to it.
 COMMIT_MARKER = b"SET state = 'succeeded', result = v.result"
+# Its rows travel as arrays, bound on the client where the cursor is Django's client-side one
+# (cluster 0 runs with JOBS_PREPARED_STATEMENTS=0): unnest('{12,345}'::int2[]::bigint[],
+# '{1,2}'::int2[]::int[], ...). Before 2026-12 they were VALUES rows, (12::bigint, 1::int, ...):
+# commit_rows() found none in the array form, and zombie_commit never fired again.
+_ARRAYS = re.compile(rb"unnest\('\{([\d,]+)\}'(?:::\w+\[\])?::bigint\[\], "
+                     rb"'\{([\d,]+)\}'(?:::\w+\[\])?::int\[\]")  # fmt: skip
 _ROW = re.compile(rb"\((\d+)::bigint, (\d+)::int")
 
 
 def commit_rows(data: bytes) -> list[tuple[int, int]]:
     """(job, attempt) of every row a commit statement presents."""
+    if m := _ARRAYS.search(data):
+        ids, attempts = m.group(1).split(b","), m.group(2).split(b",")
+        return [(int(j), int(a)) for j, a in zip(ids, attempts, strict=False)]
     return [(int(j), int(a)) for j, a in _ROW.findall(data)]
 
 
 class ChaosProxy(PgProxy):
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        self._take: Callable[[_Pair, bytes], bool] | None = None
-        self._take_marker = b""
+        # Armed interceptors, each (marker, take): one per held-statement fault (a zombie's
+        # commit, a zombie's INSERT or DELETE), each disarmed once its take() took a message.
+        self._take: list[tuple[bytes, Callable[[_Pair, bytes], bool]]] = []
         self._take_lock = threading.Lock()
+        self._disarmed = 0  # how many times every interceptor was disarmed
         super().__init__(upstream_host, upstream_port)
 
     def intercept(self, marker: bytes, take: Callable[[_Pair, bytes], bool] | None) -> None:
+        """Arm `take` for the next message holding `marker` (beside any other armed one);
+        `take` None disarms every interceptor."""
         with self._take_lock:
-            self._take_marker, self._take = marker, take
+            if take is None:
+                self._take, self._disarmed = [], self._disarmed + 1
+            elif marker:
+                self._take = [*self._take, (marker, take)]
 
     def _offer(self, pair: _Pair, data: bytes) -> bool:
-        with self._take_lock:
-            take = self._take if self._take_marker and self._take_marker in data else None
-        if take is None:
-            return False
-        if not take(pair, data):
-            return False
-        with self._take_lock:
-            if self._take is take:
-                self._take = None
-        return True
+        """Offer the message to each interceptor armed for it, each taken off the list while its
+        take() decides (a take may hold its message for a minute: another connection's message
+        must not reach the same interceptor meanwhile); one that declines is armed again."""
+        for marker, take in list(self._take):
+            if marker not in data:
+                continue
+            with self._take_lock:
+                if (marker, take) not in self._take:
+                    continue  # another connection's message is being decided by it
+                self._take.remove((marker, take))
+                disarmed = self._disarmed
+            if take(pair, data):
+                return True
+            with self._take_lock:
+                if self._disarmed == disarmed:  # not disarmed meanwhile (the run's end)
+                    self._take.append((marker, take))
+        return False
 
     def _client_to_server(self, pair: _Pair) -> None:
         client, server = pair.client, pair.server
@@ -63,7 +86,7 @@ class ChaosProxy(PgProxy):
                 self._flowing.wait()
                 if pair.dead:
                     return
-                if self._take is not None and self._offer(pair, data):
+                if self._take and self._offer(pair, data):
                     continue  # the interceptor decided this message's fate
                 if self._armed is not None and self._marker in data:
                     # the inherited commit cut: hand the rest of the connection to PgProxy

@@ -52,10 +52,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kinds", default=",".join(nemesis.KINDS))
     p.add_argument("--output", type=Path, default=None, help="folder for the report and logs")
     p.add_argument("--keep", action="store_true", help="keep the private PostgreSQL's folder")
+    p.add_argument("--read-only-through-pooler", action="store_true",
+                   help="messy jobs on the PgBouncer cluster SET default_transaction_read_only "
+                   "too (a known finding: docs/chaos.md)")  # fmt: skip
     return p.parse_args(argv)
 
 
 def plan(rng: random.Random, rows: int) -> dict[str, Any]:
+    drawn = _draw(rng, rows)
+    if drawn["seconds"] and not drawn["items"]:  # a long job's loop creates and deletes a
+        drawn["items"] = 1  # scratch row each round: where a zombie is most often stopped
+    return drawn
+
+
+def _draw(rng: random.Random, rows: int) -> dict[str, Any]:
     return {
         "stage": rng.random() < 0.5,
         "effect": rng.random() < 0.6,
@@ -69,7 +79,19 @@ def plan(rng: random.Random, rows: int) -> dict[str, Any]:
         # caller's deadline after doing the work.
         "effect_target": rng.choices(TARGETS, TARGET_WEIGHTS)[0],
         "intent_target": rng.choices(TARGETS, TARGET_WEIGHTS)[0],
+        # Items inserted and deleted through fenced_create / fenced_bulk_create / fenced_delete,
+        # half of those jobs in one transaction (lingering inside it, if the job lingers).
+        "items": rng.randint(1, 3) if rng.random() < ITEMS_SHARE else 0,
+        "items_txn": rng.random() < 0.5,
+        # A messy first attempt (jobs/worker/hygiene.py): a transaction left open, a session
+        # parameter changed, or a thread left running.
+        "mess": rng.choices(MESSES, MESS_WEIGHTS)[0],
     }
+
+
+ITEMS_SHARE = 0.3
+MESSES = ("", "atomic", "begin", "read_only", "thread")
+MESS_WEIGHTS = (0.92, 0.02, 0.02, 0.02, 0.02)
 
 
 TARGETS = ("prompt", "slow", "hang")
@@ -202,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
             elif n == 1 and bouncer is not None:  # through PgBouncer; LISTEN needs a session
                 env["JOBS_LISTEN_URL"], url = url, bouncer.url()
                 env["JOBS_PREPARED_STATEMENTS"] = "0"  # PgBouncer < 1.21 (docs/operations.md)
+                env["CHAOS_POOLED"] = "1"
+                if args.read_only_through_pooler:
+                    env["CHAOS_READ_ONLY_THROUGH_POOLER"] = "1"
             cluster = Cluster(name=f"c{n}", database_url=url, env=env,
                               log=out / f"cluster-{n}.log",
                               skew=skews[n] if n < len(skews) else "")  # fmt: skip
@@ -223,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 fault = pending.pop(0)
                 time.sleep(max(0.0, t0 + fault.at - time.monotonic()))  # the schedule's clock
                 done = nemesis.inject(world, fault)
-                what = json.dumps({k: v for k, v in done.items() if k != "kind"})
+                what = json.dumps({k: v for k, v in done.items() if k not in ("kind", "wall")})
                 print(f"  {fault.at:7.2f}s {fault.kind:26} {what}", flush=True)
             time.sleep(max(0.0, wave_end - time.monotonic()))
         for thread in world.pending:  # every zombie woken before the drain is judged

@@ -17,20 +17,27 @@ whatever moment the schedule fires.
   database, which must change nothing -- and the worker SIGCONTed. Without it a zombie often
   learns of its lost lease from its own heartbeat on waking and never presents its commit.
 
+- zombie_write: the same with cluster 0's next token-checked INSERT or DELETE of the workload's
+  items (a seeded half each), relayed once the attempt's lease has expired (the job queued
+  again, or already taken or ended): the zombie's write must change nothing.
+
 Each waits at most HOLD seconds for its moment; if it does not come the fault is recorded
 skipped ("no commit while armed").
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench.chaos import history
 from bench.chaos.nemesis import Fault, World, signal_pid
 from bench.chaos.proxy import COMMIT_MARKER, commit_rows, socket_owner
 
@@ -187,9 +194,99 @@ def _zombie_commit(world: World, fault: Fault, done: dict[str, Any]) -> None:
     proxy.intercept(COMMIT_MARKER, take)
 
 
+# A token-checked INSERT or DELETE of the workload's items, as Django writes it (cluster 0 runs
+# without prepared statements, so the proxy sees the statement's text).
+ITEM_WRITES = {
+    "insert": b'INSERT INTO "chaos_chaositem" (',
+    "delete": b'DELETE FROM "chaos_chaositem"',
+}
+
+
+def _zombie_write(world: World, fault: Fault, done: dict[str, Any]) -> None:
+    """Cluster 0's next fenced INSERT (or DELETE, a seeded half) of an item is held in the proxy
+    and its worker SIGSTOPped; once its attempt no longer owns the job (expired, taken over or
+    ended) the statement is relayed -- a zombie's write presented to the database, which must
+    refuse it -- and the worker SIGCONTed. Its job is the one the worker's last history line
+    names (the job id is a bound parameter the statement's text does not show)."""
+    proxy = world.proxy
+    if proxy is None or not hasattr(proxy, "intercept"):
+        done["skipped"] = "no proxy"
+        return
+    cluster, op = world.clusters[0], ("insert", "delete")[fault.pick % 2]
+    done.update(fired=False, armed=True, on=op)
+
+    def take(pair: Any, data: bytes) -> bool:
+        pid = socket_owner(pair, proxy.port, cluster.pids())
+        writing = _writing_items(pid) if pid is not None else None
+        try:
+            running = writing and world.running(
+                f"j.id = {int(writing[0])} AND j.attempt = {int(writing[1])}"
+            )
+        except psycopg.Error:
+            return False
+        if pid is None or not writing or not running:
+            done["declined"] = done.get("declined", 0) + 1
+            return False  # relayed as usual; the interceptor stays armed
+        job, attempt = writing
+        signal_pid(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        done.update(fired=True, job=job, attempt=attempt, pid=pid, taken_over=False)
+        try:
+            done["presented_while"] = _until_not_owned(world, job, attempt)
+            done["taken_over"] = done["presented_while"] != f"attempt {attempt} running"
+        finally:
+            try:
+                pair.server.sendall(data)  # the zombie's INSERT or DELETE reaches the database
+            except OSError:
+                pass
+            signal_pid(pid, signal.SIGCONT)
+            done["stopped_seconds"] = round(time.monotonic() - started, 3)
+        return True
+
+    proxy.intercept(ITEM_WRITES[op], take)
+
+
+def _writing_items(pid: int) -> tuple[int, int] | None:
+    """(job, attempt) whose item write this worker process is sending: its last history line
+    (the handler writes one just before each fenced INSERT or DELETE; a batch claims several
+    jobs, so the worker's running jobs alone do not say which)."""
+    path = os.environ.get("CHAOS_HISTORY")
+    if not path or not os.path.exists(path):
+        return None
+    last = None
+    for line in history.read(Path(path)):
+        if line["pid"] == pid:
+            last = line
+    if last and last["action"] in ("item_create", "item_delete") and last["phase"] == "before":
+        return int(last["job"]), int(last["attempt"])
+    return None
+
+
+def _until_not_owned(world: World, job: int, attempt: int) -> str:
+    """Wait (at most ZOMBIE_COMMIT_WAIT) until this attempt no longer owns the job -- its lease
+    expired (queued again), a later attempt runs it, or it ended; what the job row said then.
+    Not until a later attempt runs it, as zombie_commit waits: behind the queue's backlog that
+    is often past the worker's own deadline for the statement (JOBS DB_TIMEOUT_SECONDS, 10 s,
+    which counts the stopped time too), and the worker would cut its connection on waking
+    before it read the database's answer."""
+    deadline, now = time.monotonic() + ZOMBIE_COMMIT_WAIT, "?"
+    while time.monotonic() < deadline:
+        try:
+            row = world.sql("SELECT attempt, state FROM jobs_job WHERE id = %s", job)
+        except psycopg.Error:  # the database restarting (a pg_crash): look again
+            time.sleep(0.1)
+            continue
+        now = f"attempt {row[0][0]} {row[0][1]}" if row else "deleted"
+        if not row or row[0][0] != attempt or row[0][1] != "running":
+            break
+        time.sleep(0.01)
+    return now
+
+
 INJECT: dict[str, Callable[[World, Fault, dict[str, Any]], None]] = {
     "kill_mid_commit": _kill_mid_commit,
     "terminate_mid_commit": _terminate_mid_commit,
     "terminate_mid_transaction": _terminate_mid_transaction,
     "zombie_commit": _zombie_commit,
+    "zombie_write": _zombie_write,
 }
