@@ -154,27 +154,35 @@ def _backend(alias: str) -> Any:
 
 def _adapter(kind: str) -> registry.HandlerFn:
     def run_task(ctx: JobContext) -> Any:
-        task = _tasks.get(kind)
-        if task is None or not isinstance(task, Task):
-            raise UnknownKind(f"{kind} is not a django.tasks Task of a Palisade backend")
-        read = results.read(ctx.job_id)
-        if read is None:  # deleted under us: nothing to report to
-            raise UnknownKind(f"job {ctx.job_id} no longer exists")
-        result = results.build(task, *read)  # a payload that is not a task's: MalformedTask
-        backend = _backend(result.backend)
-        send_robustly(task_started, backend, result)
-        args, kwargs = result.args, result.kwargs
-        if task.takes_context:
-            value = task.call(PalisadeTaskContext(task_result=result, job=ctx), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
-        return normalize_json(value)
+        try:
+            return _run(kind, ctx)
+        except BaseException as exc:
+            results.mark_raised(exc)  # the class its TaskError names, which no message can forge
+            raise
 
     # Named after the task: the kind's code lives in the task's module, which is where the
     # registry (HandlerAlreadyRegistered, tests/unit/test_layout.py) says a kind comes from.
     run_task.__qualname__ = run_task.__name__ = f"task:{kind}"
     run_task.__module__ = kind.rsplit(".", 1)[0]
     return run_task
+
+
+def _run(kind: str, ctx: JobContext) -> Any:
+    task = _tasks.get(kind)
+    if task is None or not isinstance(task, Task):
+        raise UnknownKind(f"{kind} is not a django.tasks Task of a Palisade backend")
+    read = results.read(ctx.job_id)
+    if read is None:  # deleted under us: nothing to report to
+        raise UnknownKind(f"job {ctx.job_id} no longer exists")
+    result = results.build(task, *read)  # a payload that is not a task's: MalformedTask
+    backend = _backend(result.backend)
+    send_robustly(task_started, backend, result)
+    args, kwargs = result.args, result.kwargs
+    if task.takes_context:
+        value = task.call(PalisadeTaskContext(task_result=result, job=ctx), *args, **kwargs)
+    else:
+        value = task.call(*args, **kwargs)
+    return normalize_json(value)
 
 
 _SIGNAL_NAMES = {

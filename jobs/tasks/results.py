@@ -117,20 +117,54 @@ _LOST = {AttemptOutcome.LOST, AttemptOutcome.REJECTED}
 # The line Python's traceback module prints for the final exception: "pkg.mod.Class: message".
 _TRACEBACK = "Traceback (most recent call last):"
 _CLASS = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+# The note a task's exception gets in the worker (`mark_raised`): the last line of its traceback
+# (after the message and any note of its own), or of its block in an exception group ("  | ").
+RAISED = "task raised "
+_RAISED = re.compile(r"^(?:  \| )?task raised ([A-Za-z_][\w.]*)(?::|$)")
+_NOTE_CHARS = 200
 
 
 def _path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def exception_class_path(error: str) -> str | None:
-    """The class path of the final exception in a traceback as Python formats it, or None.
+def mark_raised(exc: BaseException) -> None:
+    """Name `exc`'s class in a note, `task raised <class path>: <first line of its message>`.
 
-    Python prints the final (outermost) exception last, and its first line after the frames is
-    `module.Qualname: message` (bare `Qualname` for builtins). A message spanning lines follows
-    that line, so the line read is the first unindented one after the last traceback header.
+    Python prints an exception's notes after its message, so the worker's stored traceback ends
+    with this line, which no message can forge: a message is data (a remote service's error body,
+    a user's input) and may hold lines that look like a traceback of something else entirely.
+    """
+    try:
+        first = str(exc).partition("\n")[0][:_NOTE_CHARS]
+    except Exception:  # noqa: BLE001  a raising __str__: the class alone
+        first = ""
+    note = RAISED + _path(type(exc)) + (f": {first}" if first else "")
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list) and notes[-1:] == [note]:
+        return  # the same exception object raised again (a later attempt in this process)
+    try:
+        exc.add_note(note)
+    except Exception:  # noqa: BLE001  `__notes__` set to something else than a list
+        try:
+            exc.__notes__ = [note]
+        except Exception:  # noqa: BLE001  a class that forbids it: the text is parsed as is
+            pass
+
+
+def exception_class_path(error: str) -> str | None:
+    """The class path of the exception an attempt's error text names, or None.
+
+    A task's exception names itself on the last line of its block (`mark_raised`): the last such
+    line is the one read. Text without it (written before that line existed, or an error that did
+    not come from a task's code) is read as Python formats a traceback: the final (outermost)
+    exception is printed last, and its first line after the frames is `module.Qualname: message`
+    (bare `Qualname` for builtins); that reading can be misled by a message holding a traceback.
     """
     lines = error.splitlines()
+    marked = [m.group(1) for m in map(_RAISED.match, lines) if m is not None]
+    if marked:
+        return marked[-1]
     starts = [i for i, line in enumerate(lines) if line == _TRACEBACK]
     if not starts:
         return None

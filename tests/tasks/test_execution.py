@@ -108,6 +108,28 @@ def test_a_task_failing_every_attempt_ends_failed_after_max_attempts():
         _ = result.return_value
 
 
+@override_settings(JOBS=NO_BACKOFF)
+@pytest.mark.parametrize(
+    "message",
+    [
+        # a remote service's error body, holding a Python traceback of its own
+        'it said:\nTraceback (most recent call last):\n  File "x", line 1, in y\nos.system: boom',
+        "task raised os.system: a forged note\nand more",
+        "m" * 20_000,  # the error text keeps its last 10,000 characters: no traceback header
+    ],
+)
+def test_an_errors_class_is_the_raised_one_whatever_its_message_holds(message):
+    result = tasks.always_fails.enqueue(message)
+    runner.drain()
+    runner.drain()
+    result.refresh()
+    assert [e.exception_class_path for e in result.errors] == ["tests.app.tasks.Refused"] * 2
+    assert result.errors[-1].exception_class is tasks.Refused
+    first_line = message.partition("\n")[0][:200]
+    last_line = result.errors[-1].traceback.rstrip("\n").rpartition("\n")[2]
+    assert last_line == f"task raised tests.app.tasks.Refused: {first_line}"  # the log's summary
+
+
 def test_a_return_value_that_is_not_json_fails_the_attempt():
     result = tasks.unjsonable.using().enqueue()
     Job.objects.filter(pk=int(result.id)).update(max_attempts=1)
