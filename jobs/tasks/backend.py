@@ -215,8 +215,10 @@ class PalisadeBackend(BaseTaskBackend):
         job, attempts = read
         task = execution.task_for(job["kind"])
         # A row of a task's kind whose payload is not a task's: results.MalformedTask, a
-        # TaskResultDoesNotExist naming what is wrong (never a TypeError from deep inside).
-        if task is None or results.task_payload(job).backend != self.alias:
+        # TaskResultDoesNotExist naming what is wrong (never a TypeError from deep inside). A
+        # row without "backend" (Job.objects.create, SQL) is the task's own backend's, as the
+        # worker that runs it says (results.as_enqueued).
+        if task is None or results.backend_of(task, results.task_payload(job)) != self.alias:
             raise TaskResultDoesNotExist(f"job {job_id} is not a task of backend {self.alias!r}")
         return results.build(task, job, attempts)
 

@@ -221,6 +221,12 @@ def _tail(error: str) -> str:
     return f": {error}" if error else ""
 
 
+def backend_of(task: Task, payload: TaskPayload) -> str:
+    """The alias of the backend a task's row belongs to: its payload's, else (a row written
+    without one: Job.objects.create, SQL) the task's own."""
+    return payload.backend if payload.backend is not None else task.backend
+
+
 def as_enqueued(task: Task, job: dict[str, Any], payload: TaskPayload) -> Task:
     """The task as it was enqueued (priority, queue, run_after) without validating it again: a
     result stays readable after the settings changed."""
@@ -229,7 +235,7 @@ def as_enqueued(task: Task, job: dict[str, Any], payload: TaskPayload) -> Task:
         priority=job["priority"],
         queue_name=job["queue"],
         run_after=payload.run_after,
-        backend=payload.backend if payload.backend is not None else task.backend,
+        backend=backend_of(task, payload),
     )
     variant = object.__new__(type(task))
     for name, value in values.items():

@@ -253,6 +253,18 @@ def test_a_task_module_outside_the_installed_apps_is_never_imported(tmp_path, mo
     assert "outside_pkg" not in sys.modules and "outside_pkg.mod" not in sys.modules
 
 
+def test_a_task_row_created_without_a_backend_runs_and_its_result_reads_back():
+    """A committed queued row is work however it got there: a task's row written by
+    Job.objects.create with its arguments only is the task's own backend's, to run and to read."""
+    job = Job.objects.create(kind=tasks.add.module_path, payload={"args": [2, 3]})
+    runner.drain()
+    result = tasks.add.get_result(job.pk)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
+    assert result.backend == tasks.add.backend == "default"
+    result.refresh()  # through the backend the result names
+    assert result.args == [2, 3] and result.kwargs == {}
+
+
 def test_tasks_do_not_wait_for_finished_notices_to_be_committed():
     result = tasks.add.enqueue(1, 1)
     runner.drain()
