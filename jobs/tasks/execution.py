@@ -125,7 +125,10 @@ def resolve(kind: str) -> None:
     if inside:
         try:
             import_module(module)
-        except Exception:  # noqa: BLE001  a broken module is that kind's problem: unknown
+        # A broken module is that kind's problem: unknown. So is one that calls sys.exit() when
+        # imported (a script's): the registry's resolvers never raise, and this one is asked in
+        # the middle of a worker's batch, before any job of it has started.
+        except (Exception, SystemExit):  # noqa: BLE001
             logger.exception("could not import %s to find task %s", module, kind)
     if kind not in _tasks:
         with _misses_lock:

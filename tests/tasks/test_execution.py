@@ -265,6 +265,20 @@ def test_a_task_row_created_without_a_backend_runs_and_its_result_reads_back():
     assert result.args == [2, 3] and result.kwargs == {}
 
 
+def test_a_task_module_that_exits_when_imported_fails_only_its_own_job():
+    """Looking for an unknown kind imports its module (inside an installed app): one that calls
+    sys.exit() at import is that kind's problem -- unknown --, not the worker's end."""
+    kind = "tests.app.exits_at_import.run"
+    planted = Job.objects.create(kind=kind, payload={"args": []}, max_attempts=1)
+    result = tasks.add.enqueue(1, 2)
+    assert runner.drain() == 2
+    planted.refresh_from_db()
+    assert planted.state == JobState.FAILED
+    assert f"no handler is registered for kind {kind!r}" in planted.error
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3
+
+
 def test_tasks_do_not_wait_for_finished_notices_to_be_committed():
     result = tasks.add.enqueue(1, 1)
     runner.drain()
