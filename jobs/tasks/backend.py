@@ -24,7 +24,7 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, Warning
 from django.db import transaction
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import Task, TaskResult
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskResult
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
@@ -92,6 +92,18 @@ class PalisadeBackend(BaseTaskBackend):
         """Django's checks (module-level function, context argument, priority -100..100, queue
         in QUEUES, aware run_after), then Palisade's: the module path is a storable kind, and
         the options are within the bounds `@handler` enforces."""
+        # Before Django's own checks, which compare and convert these as they come (a NaN or
+        # text priority, a timedelta run_after: ValueError, TypeError, AttributeError) and let
+        # a whole float or a bool through to be refused by every enqueue (jobs.InvalidOption).
+        if not isinstance(task.priority, int) or isinstance(task.priority, bool):
+            raise InvalidTask(
+                f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
+                f"{TASK_MAX_PRIORITY} (an int, not {type(task.priority).__name__})."
+            )
+        if task.run_after is not None and not isinstance(task.run_after, datetime):
+            raise InvalidTask(
+                f"run_after must be an aware datetime, not {type(task.run_after).__name__}."
+            )
         super().validate_task(task)
         if task.run_after is not None:
             if not timezone.is_aware(task.run_after):
