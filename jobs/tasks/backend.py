@@ -23,9 +23,10 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning
 from django.db import transaction
+from django.tasks import DEFAULT_TASK_QUEUE_NAME
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskResult
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.json import normalize_json
@@ -87,6 +88,20 @@ class PalisadeBackend(BaseTaskBackend):
     # Coroutine tasks run in the worker through Task.call (asgiref's async_to_sync), with the
     # same lease, heartbeats and fenced commit (tests/tasks/test_execution.py).
     supports_async_task = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        """Django's base makes `set(QUEUES)`: a string would be its letters (every task on the
+        queue it names refused as outside them) and a number a TypeError; a name that is not
+        text would fail the checks. Refused here, naming the setting (InvalidTaskBackend)."""
+        queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
+        if not isinstance(queues, list | tuple | set | frozenset) or not all(
+            isinstance(name, str) for name in queues
+        ):
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names, not "
+                f"{repr(queues)[:100]}"
+            )
+        super().__init__(alias, params)
 
     def validate_task(self, task: Task) -> None:
         """Django's checks (module-level function, context argument, priority -100..100, queue
@@ -192,9 +207,18 @@ class PalisadeBackend(BaseTaskBackend):
         )
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
-        """Queue names a job can carry (jobs.E030), and served by this process's workers when
-        JOBS["QUEUES"] limits them (jobs.W031: such a task would wait for ever here)."""
+        """OPTIONS, which are not read (jobs.W032); queue names a job can carry (jobs.E030),
+        served by this process's workers when JOBS["QUEUES"] limits them (jobs.W031: such a task
+        would wait for ever here)."""
         messages: list[CheckMessage] = []
+        if self.options:
+            messages.append(
+                Warning(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] {sorted(map(str, self.options))} are not "
+                    "read: a task's options go in @task(...), the engine's in JOBS",
+                    id="jobs.W032",
+                )
+            )
         try:
             served = jobs_settings().QUEUES
         except ValueError:  # a JOBS value out of range: jobs.E001 says which, not a traceback

@@ -7,7 +7,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+from django.tasks.exceptions import (
+    InvalidTask,
+    InvalidTaskBackend,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+)
 
 import jobs
 from jobs.core import registry
@@ -371,6 +376,24 @@ def test_a_queue_the_workers_do_not_serve_is_a_warning(settings):
     settings.JOBS = {"QUEUES": ["x"]}
     messages = task_backends["default"].check()
     assert [(m.id, "'y'" in m.msg) for m in messages] == [("jobs.W031", True)]
+
+
+@pytest.mark.parametrize(
+    "queues",
+    ["default", b"default", 5, None, [5], ["default", None], {"default": 1}, (q for q in "ab")],
+)
+def test_queues_that_are_not_a_list_of_names_are_refused_by_name(queues):
+    """Django's base makes set(QUEUES): "default" would be the queues 'd', 'e', 'f', ... (every
+    task on 'default' refused as outside them), 5 a TypeError, [5] a TypeError in the checks."""
+    with pytest.raises(InvalidTaskBackend, match=r"TASKS\['other'\]\['QUEUES'\] must be a list"):
+        PalisadeBackend("other", {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": queues})
+
+
+def test_options_are_not_read_and_a_backend_that_has_some_says_so():
+    params = {"BACKEND": "jobs.tasks.PalisadeBackend", "OPTIONS": {"lease_seconds": 5}}
+    messages = PalisadeBackend("other", params).check()
+    assert [m.id for m in messages] == ["jobs.W032"]
+    assert "lease_seconds" in messages[0].msg
 
 
 def test_the_configured_backend_passes_its_checks():
