@@ -25,11 +25,14 @@ get_result contract names for "no such result") rather than a TypeError or Value
 inside.
 """
 
+import json
 import re
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
@@ -80,6 +83,8 @@ def task_payload(job: dict[str, Any]) -> TaskPayload:
     def malformed(what: str) -> MalformedTask:
         return MalformedTask(f"job {job['id']} ({job['kind']}) is not a well-formed task: {what}")
 
+    if isinstance(payload, Undecodable):
+        raise malformed(f"its payload cannot be decoded ({payload.why})")
     if not isinstance(payload, dict):
         raise malformed(f"its payload is {type(payload).__name__}, not an object")
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
@@ -112,6 +117,8 @@ STATUS = {
 }
 JOB_FIELDS = ("id", "kind", "state", "payload", "priority", "queue", "result", "error")
 TIME_FIELDS = ("created_at", "finished_at")
+JSON_FIELDS = ("payload", "result")  # re-read as text when the ORM cannot decode a row (read)
+_AS_TEXT = "__as_text"
 ATTEMPT_FIELDS = ("number", "worker", "claimed_at", "outcome", "error")
 _LOST = {AttemptOutcome.LOST, AttemptOutcome.REJECTED}
 # The line Python's traceback module prints for the final exception: "pkg.mod.Class: message".
@@ -264,6 +271,11 @@ def build(task: Task, job: dict[str, Any], attempts: list[dict[str, Any]]) -> Ta
         worker_ids=[a["worker"] for a in attempts],
     )
     if job["state"] == JobState.SUCCEEDED:
+        if isinstance(job["result"], Undecodable):
+            raise MalformedTask(
+                f"job {job['id']} ({job['kind']}): its result cannot be decoded "
+                f"({job['result'].why})"
+            )
         object.__setattr__(result, "_return_value", job["result"])
     return result
 
@@ -274,24 +286,77 @@ def read(job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     One query for a job that was claimed (its attempts joined to its row: what a running task
     reads for task_started), two for one never claimed.
     """
-    joined = [f"job__{name}" for name in (*JOB_FIELDS, *TIME_FIELDS)]
+    try:
+        return _read(job_id, as_text=False)
+    except (ValueError, RecursionError):  # JSON Python cannot decode: that row's problem alone
+        return _read(job_id, as_text=True)
+
+
+def _read(job_id: int, *, as_text: bool) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    plain, texts = _job_columns("job__", as_text=as_text)
     rows = list(
-        Attempt.objects.filter(job_id=job_id).order_by("number").values(*ATTEMPT_FIELDS, *joined)
+        Attempt.objects.filter(job_id=job_id)
+        .order_by("number")
+        .values(*ATTEMPT_FIELDS, *plain, **texts)
     )
     if rows:
-        job = {name[len("job__") :]: rows[0][name] for name in joined}
+        job = _decoded({name[len("job__") :]: rows[0][name] for name in (*plain, *texts)})
         return job, [{name: row[name] for name in ATTEMPT_FIELDS} for row in rows]
-    job = Job.objects.filter(pk=job_id).values(*JOB_FIELDS, *TIME_FIELDS).first()
-    return (job, []) if job is not None else None
+    plain, texts = _job_columns(as_text=as_text)
+    job = Job.objects.filter(pk=job_id).values(*plain, **texts).first()
+    return (_decoded(job), []) if job is not None else None
 
 
 def read_many(job_ids: list[int]) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
     """`read` for many jobs in two queries (the task_finished thread sends in batches)."""
-    jobs: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {
-        j["id"]: (j, [])
-        for j in Job.objects.filter(pk__in=job_ids).values(*JOB_FIELDS, *TIME_FIELDS)
-    }
+    try:
+        jobs = _read_jobs(job_ids, as_text=False)
+    except (ValueError, RecursionError):  # one row's JSON: it must cost no other job its notice
+        jobs = _read_jobs(job_ids, as_text=True)
     attempts = Attempt.objects.filter(job_id__in=list(jobs)).order_by("job_id", "number")
     for row in attempts.values("job_id", *ATTEMPT_FIELDS):
         jobs[row.pop("job_id")][1].append(row)
     return jobs
+
+
+def _read_jobs(
+    job_ids: list[int], *, as_text: bool
+) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    plain, texts = _job_columns(as_text=as_text)
+    rows = Job.objects.filter(pk__in=job_ids).values(*plain, **texts)
+    return {row["id"]: (_decoded(row), []) for row in rows}
+
+
+# -- JSON columns Python cannot decode --------------------------------------------------------
+# A row written by SQL may hold JSON the database stores and Python cannot decode (a number of
+# 5,001 digits, nesting past the recursion limit). Decoded by the ORM, it fails the whole query:
+# a batch of task_finished notices, or get_result with a ValueError from inside. So a query that
+# fails that way is made again with the JSON columns read as text and decoded row by row: such a
+# row is its own problem (MalformedTask, saying why), and the usual read costs nothing more.
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A JSON column of a job's row that Python cannot decode, and why."""
+
+    why: str
+
+
+def _job_columns(prefix: str = "", *, as_text: bool) -> tuple[list[str], dict[str, Cast]]:
+    names = (*JOB_FIELDS, *TIME_FIELDS)
+    if not as_text:
+        return [prefix + n for n in names], {}
+    plain = [prefix + n for n in names if n not in JSON_FIELDS]
+    return plain, {prefix + n + _AS_TEXT: Cast(prefix + n, TextField()) for n in JSON_FIELDS}
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    for name in JSON_FIELDS:
+        if name + _AS_TEXT not in row:
+            continue  # decoded by the ORM
+        text = row.pop(name + _AS_TEXT)
+        try:
+            row[name] = None if text is None else json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            row[name] = Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}")
+    return row
