@@ -30,6 +30,7 @@ exit hook of jobs.core.registry). A notice still queued past that bound, or in a
 is not sent (signals are in-process notices, never the truth; `get_result()` is).
 """
 
+import asyncio
 import logging
 import os
 import queue
@@ -48,7 +49,7 @@ from django.utils.json import normalize_json
 
 from jobs.context import JobContext
 from jobs.core import registry
-from jobs.core.exceptions import UnknownKind
+from jobs.core.exceptions import JobsError, UnknownKind
 from jobs.tasks import results
 
 logger = logging.getLogger("jobs.tasks")
@@ -71,6 +72,13 @@ class PalisadeTaskContext(TaskContext):  # type: ignore[misc]
     checkpoint, stage, effect, intent, fenced_write; `job.attempt` is the fencing token)."""
 
     job: JobContext
+
+
+class CancelledInTask(JobsError):
+    """asyncio.CancelledError came out of a task's own code (its event loop is async_to_sync's,
+    or it ran one itself): that task's failure, carried as an ordinary exception. Nothing cancels
+    a worker that way from outside, so it must not end the drain as a stop (a BaseException) does:
+    the batch's other jobs run on."""
 
 
 def job_context(context: TaskContext) -> JobContext:
@@ -159,6 +167,9 @@ def _adapter(kind: str) -> registry.HandlerFn:
     def run_task(ctx: JobContext) -> Any:
         try:
             return _run(kind, ctx)
+        except asyncio.CancelledError as exc:
+            results.mark_raised(exc)  # its TaskError names CancelledError, the cause
+            raise CancelledInTask(f"{kind} was cancelled by its own code") from exc
         except BaseException as exc:
             results.mark_raised(exc)  # the class its TaskError names, which no message can forge
             raise

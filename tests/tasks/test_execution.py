@@ -1,6 +1,7 @@
 """Tasks run by the fenced runner in this process: statuses, retries, errors, worker_ids, the
 context, and which Task the worker agrees to run."""
 
+import asyncio
 import importlib.util
 import sys
 
@@ -144,6 +145,19 @@ def test_a_coroutine_task_runs_and_commits():
     runner.drain()
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+
+
+def test_a_coroutine_task_cancelled_by_its_own_code_fails_alone_and_the_drain_goes_on():
+    """CancelledError out of a task's own event loop (async_to_sync's) is that task's failure:
+    no one outside cancels a worker that way, so it must not end the drain as a stop would."""
+    cancelled = tasks.cancels_its_own_work.enqueue()
+    after = tasks.add.enqueue(1, 2)
+    assert runner.drain() == 2
+    cancelled.refresh()
+    after.refresh()
+    assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 3
+    assert cancelled.status == TaskResultStatus.FAILED
+    assert cancelled.errors[0].exception_class is asyncio.CancelledError
 
 
 def test_the_lease_option_reaches_the_running_attempt():
