@@ -4,6 +4,7 @@ context, and which Task the worker agrees to run."""
 import asyncio
 import importlib.util
 import sys
+import traceback
 
 import pytest
 from django.tasks import TaskResultStatus
@@ -12,7 +13,7 @@ from django.test import override_settings
 from jobs.core.exceptions import LeaseLost
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.tasks import LeaseExpired, TaskCancelled
+from jobs.tasks import LeaseExpired, TaskCancelled, results
 from jobs.tasks.execution import wait_for_finished_notices
 from jobs.worker import runner
 from tests.app import tasks
@@ -265,6 +266,21 @@ def test_a_task_module_outside_the_installed_apps_is_never_imported(tmp_path, mo
     assert job.state == JobState.FAILED
     assert f"no handler is registered for kind {kind!r}" in job.error
     assert "outside_pkg" not in sys.modules and "outside_pkg.mod" not in sys.modules
+
+
+def test_an_exception_groups_class_is_read_from_its_own_note_not_its_members():
+    """In a group the note is printed inside the group's block ("  | "), and its members after
+    it, deeper ("    | "): neither a member's note nor a forged line in a message is read."""
+    member = ValueError("m")
+    results.mark_raised(member)  # a member that was a task's exception (a nested call)
+    group = ExceptionGroup("g\ntask raised os.system: forged", [member, KeyError("k")])
+    try:
+        raise group
+    except ExceptionGroup as exc:
+        results.mark_raised(exc)
+        text = traceback.format_exc()
+    assert "  | task raised builtins.ExceptionGroup: g" in text.splitlines()
+    assert results.exception_class_path(text) == "builtins.ExceptionGroup"
 
 
 def test_a_task_row_created_without_a_backend_runs_and_its_result_reads_back():
