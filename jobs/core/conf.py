@@ -70,6 +70,8 @@ def _coerce(name: str, raw: object, default: object, label: str) -> object:
             )
         return tuple(q.strip() for q in items if q.strip()) or None
     if isinstance(default, str):
+        if isinstance(raw, os.PathLike):  # UNRESOLVED_DIR = BASE_DIR / "var" / "unresolved"
+            raw = os.fspath(raw)
         if not isinstance(raw, str):
             raise ValueError(f"{label} = {repr(raw)[:100]} is not text")
         if "\x00" in raw:

@@ -146,3 +146,8 @@ def test_the_queue_names_settings_take_are_the_ones_enqueue_takes():
     from jobs.core.enqueue import QUEUE_NAME
 
     assert bounds.QUEUE_NAME.pattern == QUEUE_NAME.pattern
+
+
+def test_a_path_setting_may_be_a_path(tmp_path):
+    with override_settings(JOBS={"UNRESOLVED_DIR": tmp_path / "unresolved"}):
+        assert jobs_settings().UNRESOLVED_DIR == str(tmp_path / "unresolved")
