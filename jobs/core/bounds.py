@@ -31,6 +31,9 @@ JSON_DEPTH = 64
 ERROR_CHARS = 10_000
 TEXT_CHARS = 200  # unique_key
 KIND_CHARS = 100  # Job.kind is varchar(100)
+# A queue name (jobs.core.enqueue.QUEUE_NAME, which enqueue checks, is this pattern: conf reads
+# it here, as enqueue imports conf; tests/unit/test_conf.py keeps the two in step).
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 # json.dumps escapes NUL as \u0000 (PostgreSQL's jsonb refuses it); an escaped backslash
 # before it ("\\u0000" in the text) is a literal backslash, not NUL, hence the even-run prefix.

@@ -60,8 +60,23 @@ def _coerce(name: str, raw: object, default: object, label: str) -> object:
     if name == "QUEUES":
         if raw is None or raw == "":
             return None
-        items = raw.split(",") if isinstance(raw, str) else list(raw)  # type: ignore[call-overload]
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, list | tuple | set | frozenset) or not all(
+            isinstance(q, str) for q in items
+        ):
+            raise ValueError(
+                f"{label} must be a list of queue names (or one text, the names separated by "
+                f"commas), not {repr(raw)[:100]}"
+            )
         return tuple(q.strip() for q in items if q.strip()) or None
+    if isinstance(default, str):
+        if isinstance(raw, os.PathLike):  # UNRESOLVED_DIR = BASE_DIR / "var" / "unresolved"
+            raw = os.fspath(raw)
+        if not isinstance(raw, str):
+            raise ValueError(f"{label} = {repr(raw)[:100]} is not text")
+        if "\x00" in raw:
+            raise ValueError(f"{label} = {repr(raw)[:100]} holds a NUL character")
+        return raw
     if isinstance(default, bool) and isinstance(raw, str):  # an environment override
         if raw.strip().lower() in {"1", "true", "yes", "on"}:
             return True
@@ -126,6 +141,35 @@ def _check_ranges(cfg: JobsSettings, labels: dict[str, str]) -> None:
             bounds.number_in(labels[name], getattr(cfg, name), limits, integer=integer)
         except InvalidOption as exc:
             raise ValueError(str(exc)) from None
+    _check_names(cfg, labels)
+
+
+# jobs.models.prepared.CHOICES, whose keys these are (tests/unit/test_conf.py keeps them in step).
+ENQUEUE_PREPARE_VALUES = frozenset({"auto", "on", "true", "1", "off", "false", "0"})
+
+
+def _check_names(cfg: JobsSettings, labels: dict[str, str]) -> None:
+    """Refuse names that cannot work, here rather than at each use: queues no job can carry (the
+    workers would serve nothing), an ENQUEUE_PREPARE every enqueue would refuse, a staging
+    storage every staged output would fail on. InvalidOption, a ValueError (jobs.E001), as the
+    enqueue raised for an ENQUEUE_PREPARE it refused."""
+    for queue in cfg.QUEUES or ():
+        if not bounds.QUEUE_NAME.match(queue):
+            raise InvalidOption(
+                f"{labels['QUEUES']} {queue[:100]!r} is not a queue name: it must match "
+                f"{bounds.QUEUE_NAME.pattern}"
+            )
+    if cfg.ENQUEUE_PREPARE.strip().lower() not in ENQUEUE_PREPARE_VALUES:
+        raise InvalidOption(
+            f"{labels['ENQUEUE_PREPARE']} = {cfg.ENQUEUE_PREPARE[:100]!r}: use 'auto' (the "
+            "default), 'on' or 'off'"
+        )
+    storages = getattr(settings, "STORAGES", None) or {}
+    if cfg.STAGING_STORAGE not in storages:
+        raise InvalidOption(
+            f"{labels['STAGING_STORAGE']} = {cfg.STAGING_STORAGE[:100]!r} is not a key of "
+            f"STORAGES {sorted(storages)}"
+        )
 
 
 @receiver(setting_changed)

@@ -23,9 +23,10 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning
 from django.db import transaction
+from django.tasks import DEFAULT_TASK_QUEUE_NAME
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import Task, TaskResult
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskResult
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.json import normalize_json
@@ -88,10 +89,36 @@ class PalisadeBackend(BaseTaskBackend):
     # same lease, heartbeats and fenced commit (tests/tasks/test_execution.py).
     supports_async_task = True
 
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        """Django's base makes `set(QUEUES)`: a string would be its letters (every task on the
+        queue it names refused as outside them) and a number a TypeError; a name that is not
+        text would fail the checks. Refused here, naming the setting (InvalidTaskBackend)."""
+        queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
+        if not isinstance(queues, list | tuple | set | frozenset) or not all(
+            isinstance(name, str) for name in queues
+        ):
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names, not "
+                f"{repr(queues)[:100]}"
+            )
+        super().__init__(alias, params)
+
     def validate_task(self, task: Task) -> None:
         """Django's checks (module-level function, context argument, priority -100..100, queue
         in QUEUES, aware run_after), then Palisade's: the module path is a storable kind, and
         the options are within the bounds `@handler` enforces."""
+        # Before Django's own checks, which compare and convert these as they come (a NaN or
+        # text priority, a timedelta run_after: ValueError, TypeError, AttributeError) and let
+        # a whole float or a bool through to be refused by every enqueue (jobs.InvalidOption).
+        if not isinstance(task.priority, int) or isinstance(task.priority, bool):
+            raise InvalidTask(
+                f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
+                f"{TASK_MAX_PRIORITY} (an int, not {type(task.priority).__name__})."
+            )
+        if task.run_after is not None and not isinstance(task.run_after, datetime):
+            raise InvalidTask(
+                f"run_after must be an aware datetime, not {type(task.run_after).__name__}."
+            )
         super().validate_task(task)
         if task.run_after is not None:
             if not timezone.is_aware(task.run_after):
@@ -180,9 +207,18 @@ class PalisadeBackend(BaseTaskBackend):
         )
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
-        """Queue names a job can carry (jobs.E030), and served by this process's workers when
-        JOBS["QUEUES"] limits them (jobs.W031: such a task would wait for ever here)."""
+        """OPTIONS, which are not read (jobs.W032); queue names a job can carry (jobs.E030),
+        served by this process's workers when JOBS["QUEUES"] limits them (jobs.W031: such a task
+        would wait for ever here)."""
         messages: list[CheckMessage] = []
+        if self.options:
+            messages.append(
+                Warning(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] {sorted(map(str, self.options))} are not "
+                    "read: a task's options go in @task(...), the engine's in JOBS",
+                    id="jobs.W032",
+                )
+            )
         try:
             served = jobs_settings().QUEUES
         except ValueError:  # a JOBS value out of range: jobs.E001 says which, not a traceback
@@ -215,8 +251,10 @@ class PalisadeBackend(BaseTaskBackend):
         job, attempts = read
         task = execution.task_for(job["kind"])
         # A row of a task's kind whose payload is not a task's: results.MalformedTask, a
-        # TaskResultDoesNotExist naming what is wrong (never a TypeError from deep inside).
-        if task is None or results.task_payload(job).backend != self.alias:
+        # TaskResultDoesNotExist naming what is wrong (never a TypeError from deep inside). A
+        # row without "backend" (Job.objects.create, SQL) is the task's own backend's, as the
+        # worker that runs it says (results.as_enqueued).
+        if task is None or results.backend_of(task, results.task_payload(job)) != self.alias:
             raise TaskResultDoesNotExist(f"job {job_id} is not a task of backend {self.alias!r}")
         return results.build(task, job, attempts)
 

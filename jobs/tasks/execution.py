@@ -30,6 +30,7 @@ exit hook of jobs.core.registry). A notice still queued past that bound, or in a
 is not sent (signals are in-process notices, never the truth; `get_result()` is).
 """
 
+import asyncio
 import logging
 import os
 import queue
@@ -48,7 +49,7 @@ from django.utils.json import normalize_json
 
 from jobs.context import JobContext
 from jobs.core import registry
-from jobs.core.exceptions import UnknownKind
+from jobs.core.exceptions import JobsError, UnknownKind
 from jobs.tasks import results
 
 logger = logging.getLogger("jobs.tasks")
@@ -71,6 +72,13 @@ class PalisadeTaskContext(TaskContext):  # type: ignore[misc]
     checkpoint, stage, effect, intent, fenced_write; `job.attempt` is the fencing token)."""
 
     job: JobContext
+
+
+class CancelledInTask(JobsError):
+    """asyncio.CancelledError came out of a task's own code (its event loop is async_to_sync's,
+    or it ran one itself): that task's failure, carried as an ordinary exception. Nothing cancels
+    a worker that way from outside, so it must not end the drain as a stop (a BaseException) does:
+    the batch's other jobs run on."""
 
 
 def job_context(context: TaskContext) -> JobContext:
@@ -125,7 +133,10 @@ def resolve(kind: str) -> None:
     if inside:
         try:
             import_module(module)
-        except Exception:  # noqa: BLE001  a broken module is that kind's problem: unknown
+        # A broken module is that kind's problem: unknown. So is one that calls sys.exit() when
+        # imported (a script's): the registry's resolvers never raise, and this one is asked in
+        # the middle of a worker's batch, before any job of it has started.
+        except (Exception, SystemExit):  # noqa: BLE001
             logger.exception("could not import %s to find task %s", module, kind)
     if kind not in _tasks:
         with _misses_lock:
@@ -154,27 +165,38 @@ def _backend(alias: str) -> Any:
 
 def _adapter(kind: str) -> registry.HandlerFn:
     def run_task(ctx: JobContext) -> Any:
-        task = _tasks.get(kind)
-        if task is None or not isinstance(task, Task):
-            raise UnknownKind(f"{kind} is not a django.tasks Task of a Palisade backend")
-        read = results.read(ctx.job_id)
-        if read is None:  # deleted under us: nothing to report to
-            raise UnknownKind(f"job {ctx.job_id} no longer exists")
-        result = results.build(task, *read)  # a payload that is not a task's: MalformedTask
-        backend = _backend(result.backend)
-        send_robustly(task_started, backend, result)
-        args, kwargs = result.args, result.kwargs
-        if task.takes_context:
-            value = task.call(PalisadeTaskContext(task_result=result, job=ctx), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
-        return normalize_json(value)
+        try:
+            return _run(kind, ctx)
+        except asyncio.CancelledError as exc:
+            results.mark_raised(exc)  # its TaskError names CancelledError, the cause
+            raise CancelledInTask(f"{kind} was cancelled by its own code") from exc
+        except BaseException as exc:
+            results.mark_raised(exc)  # the class its TaskError names, which no message can forge
+            raise
 
     # Named after the task: the kind's code lives in the task's module, which is where the
     # registry (HandlerAlreadyRegistered, tests/unit/test_layout.py) says a kind comes from.
     run_task.__qualname__ = run_task.__name__ = f"task:{kind}"
     run_task.__module__ = kind.rsplit(".", 1)[0]
     return run_task
+
+
+def _run(kind: str, ctx: JobContext) -> Any:
+    task = _tasks.get(kind)
+    if task is None or not isinstance(task, Task):
+        raise UnknownKind(f"{kind} is not a django.tasks Task of a Palisade backend")
+    read = results.read(ctx.job_id)
+    if read is None:  # deleted under us: nothing to report to
+        raise UnknownKind(f"job {ctx.job_id} no longer exists")
+    result = results.build(task, *read)  # a payload that is not a task's: MalformedTask
+    backend = _backend(result.backend)
+    send_robustly(task_started, backend, result)
+    args, kwargs = result.args, result.kwargs
+    if task.takes_context:
+        value = task.call(PalisadeTaskContext(task_result=result, job=ctx), *args, **kwargs)
+    else:
+        value = task.call(*args, **kwargs)
+    return normalize_json(value)
 
 
 _SIGNAL_NAMES = {

@@ -25,11 +25,14 @@ get_result contract names for "no such result") rather than a TypeError or Value
 inside.
 """
 
+import json
 import re
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
@@ -80,6 +83,8 @@ def task_payload(job: dict[str, Any]) -> TaskPayload:
     def malformed(what: str) -> MalformedTask:
         return MalformedTask(f"job {job['id']} ({job['kind']}) is not a well-formed task: {what}")
 
+    if isinstance(payload, Undecodable):
+        raise malformed(f"its payload cannot be decoded ({payload.why})")
     if not isinstance(payload, dict):
         raise malformed(f"its payload is {type(payload).__name__}, not an object")
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
@@ -112,25 +117,61 @@ STATUS = {
 }
 JOB_FIELDS = ("id", "kind", "state", "payload", "priority", "queue", "result", "error")
 TIME_FIELDS = ("created_at", "finished_at")
+JSON_FIELDS = ("payload", "result")  # re-read as text when the ORM cannot decode a row (read)
+_AS_TEXT = "__as_text"
 ATTEMPT_FIELDS = ("number", "worker", "claimed_at", "outcome", "error")
 _LOST = {AttemptOutcome.LOST, AttemptOutcome.REJECTED}
 # The line Python's traceback module prints for the final exception: "pkg.mod.Class: message".
 _TRACEBACK = "Traceback (most recent call last):"
 _CLASS = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+# The note a task's exception gets in the worker (`mark_raised`): the last line of its traceback
+# (after the message and any note of its own), or of its block in an exception group ("  | ").
+RAISED = "task raised "
+_RAISED = re.compile(r"^(?:  \| )?task raised ([A-Za-z_][\w.]*)(?::|$)")
+_NOTE_CHARS = 200
 
 
 def _path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def exception_class_path(error: str) -> str | None:
-    """The class path of the final exception in a traceback as Python formats it, or None.
+def mark_raised(exc: BaseException) -> None:
+    """Name `exc`'s class in a note, `task raised <class path>: <first line of its message>`.
 
-    Python prints the final (outermost) exception last, and its first line after the frames is
-    `module.Qualname: message` (bare `Qualname` for builtins). A message spanning lines follows
-    that line, so the line read is the first unindented one after the last traceback header.
+    Python prints an exception's notes after its message, so the worker's stored traceback ends
+    with this line, which no message can forge: a message is data (a remote service's error body,
+    a user's input) and may hold lines that look like a traceback of something else entirely.
+    """
+    try:
+        first = str(exc).partition("\n")[0][:_NOTE_CHARS]
+    except Exception:  # noqa: BLE001  a raising __str__: the class alone
+        first = ""
+    note = RAISED + _path(type(exc)) + (f": {first}" if first else "")
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list) and notes[-1:] == [note]:
+        return  # the same exception object raised again (a later attempt in this process)
+    try:
+        exc.add_note(note)
+    except Exception:  # noqa: BLE001  `__notes__` set to something else than a list
+        try:
+            exc.__notes__ = [note]
+        except Exception:  # noqa: BLE001  a class that forbids it: the text is parsed as is
+            pass
+
+
+def exception_class_path(error: str) -> str | None:
+    """The class path of the exception an attempt's error text names, or None.
+
+    A task's exception names itself on the last line of its block (`mark_raised`): the last such
+    line is the one read. Text without it (written before that line existed, or an error that did
+    not come from a task's code) is read as Python formats a traceback: the final (outermost)
+    exception is printed last, and its first line after the frames is `module.Qualname: message`
+    (bare `Qualname` for builtins); that reading can be misled by a message holding a traceback.
     """
     lines = error.splitlines()
+    marked = [m.group(1) for m in map(_RAISED.match, lines) if m is not None]
+    if marked:
+        return marked[-1]
     starts = [i for i, line in enumerate(lines) if line == _TRACEBACK]
     if not starts:
         return None
@@ -187,6 +228,12 @@ def _tail(error: str) -> str:
     return f": {error}" if error else ""
 
 
+def backend_of(task: Task, payload: TaskPayload) -> str:
+    """The alias of the backend a task's row belongs to: its payload's, else (a row written
+    without one: Job.objects.create, SQL) the task's own."""
+    return payload.backend if payload.backend is not None else task.backend
+
+
 def as_enqueued(task: Task, job: dict[str, Any], payload: TaskPayload) -> Task:
     """The task as it was enqueued (priority, queue, run_after) without validating it again: a
     result stays readable after the settings changed."""
@@ -195,7 +242,7 @@ def as_enqueued(task: Task, job: dict[str, Any], payload: TaskPayload) -> Task:
         priority=job["priority"],
         queue_name=job["queue"],
         run_after=payload.run_after,
-        backend=payload.backend if payload.backend is not None else task.backend,
+        backend=backend_of(task, payload),
     )
     variant = object.__new__(type(task))
     for name, value in values.items():
@@ -224,6 +271,11 @@ def build(task: Task, job: dict[str, Any], attempts: list[dict[str, Any]]) -> Ta
         worker_ids=[a["worker"] for a in attempts],
     )
     if job["state"] == JobState.SUCCEEDED:
+        if isinstance(job["result"], Undecodable):
+            raise MalformedTask(
+                f"job {job['id']} ({job['kind']}): its result cannot be decoded "
+                f"({job['result'].why})"
+            )
         object.__setattr__(result, "_return_value", job["result"])
     return result
 
@@ -234,24 +286,77 @@ def read(job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     One query for a job that was claimed (its attempts joined to its row: what a running task
     reads for task_started), two for one never claimed.
     """
-    joined = [f"job__{name}" for name in (*JOB_FIELDS, *TIME_FIELDS)]
+    try:
+        return _read(job_id, as_text=False)
+    except (ValueError, RecursionError):  # JSON Python cannot decode: that row's problem alone
+        return _read(job_id, as_text=True)
+
+
+def _read(job_id: int, *, as_text: bool) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    plain, texts = _job_columns("job__", as_text=as_text)
     rows = list(
-        Attempt.objects.filter(job_id=job_id).order_by("number").values(*ATTEMPT_FIELDS, *joined)
+        Attempt.objects.filter(job_id=job_id)
+        .order_by("number")
+        .values(*ATTEMPT_FIELDS, *plain, **texts)
     )
     if rows:
-        job = {name[len("job__") :]: rows[0][name] for name in joined}
+        job = _decoded({name[len("job__") :]: rows[0][name] for name in (*plain, *texts)})
         return job, [{name: row[name] for name in ATTEMPT_FIELDS} for row in rows]
-    job = Job.objects.filter(pk=job_id).values(*JOB_FIELDS, *TIME_FIELDS).first()
-    return (job, []) if job is not None else None
+    plain, texts = _job_columns(as_text=as_text)
+    job = Job.objects.filter(pk=job_id).values(*plain, **texts).first()
+    return (_decoded(job), []) if job is not None else None
 
 
 def read_many(job_ids: list[int]) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
     """`read` for many jobs in two queries (the task_finished thread sends in batches)."""
-    jobs: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {
-        j["id"]: (j, [])
-        for j in Job.objects.filter(pk__in=job_ids).values(*JOB_FIELDS, *TIME_FIELDS)
-    }
+    try:
+        jobs = _read_jobs(job_ids, as_text=False)
+    except (ValueError, RecursionError):  # one row's JSON: it must cost no other job its notice
+        jobs = _read_jobs(job_ids, as_text=True)
     attempts = Attempt.objects.filter(job_id__in=list(jobs)).order_by("job_id", "number")
     for row in attempts.values("job_id", *ATTEMPT_FIELDS):
         jobs[row.pop("job_id")][1].append(row)
     return jobs
+
+
+def _read_jobs(
+    job_ids: list[int], *, as_text: bool
+) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    plain, texts = _job_columns(as_text=as_text)
+    rows = Job.objects.filter(pk__in=job_ids).values(*plain, **texts)
+    return {row["id"]: (_decoded(row), []) for row in rows}
+
+
+# -- JSON columns Python cannot decode --------------------------------------------------------
+# A row written by SQL may hold JSON the database stores and Python cannot decode (a number of
+# 5,001 digits, nesting past the recursion limit). Decoded by the ORM, it fails the whole query:
+# a batch of task_finished notices, or get_result with a ValueError from inside. So a query that
+# fails that way is made again with the JSON columns read as text and decoded row by row: such a
+# row is its own problem (MalformedTask, saying why), and the usual read costs nothing more.
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A JSON column of a job's row that Python cannot decode, and why."""
+
+    why: str
+
+
+def _job_columns(prefix: str = "", *, as_text: bool) -> tuple[list[str], dict[str, Cast]]:
+    names = (*JOB_FIELDS, *TIME_FIELDS)
+    if not as_text:
+        return [prefix + n for n in names], {}
+    plain = [prefix + n for n in names if n not in JSON_FIELDS]
+    return plain, {prefix + n + _AS_TEXT: Cast(prefix + n, TextField()) for n in JSON_FIELDS}
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    for name in JSON_FIELDS:
+        if name + _AS_TEXT not in row:
+            continue  # decoded by the ORM
+        text = row.pop(name + _AS_TEXT)
+        try:
+            row[name] = None if text is None else json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            row[name] = Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}")
+    return row

@@ -3,6 +3,7 @@
 Durations come from the arguments, per attempt, so a test decides how long an attempt runs.
 """
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -90,6 +91,14 @@ def sleepy(context: TaskContext, seconds_by_attempt: dict[str, float]) -> dict[s
 @task
 async def async_add(a: int, b: int) -> int:
     return a + b
+
+
+@task(max_attempts=1)
+async def cancels_its_own_work() -> None:
+    """Awaits work it cancelled: asyncio.CancelledError comes out of the task's own loop."""
+    inner = asyncio.ensure_future(asyncio.sleep(60))
+    inner.cancel()
+    await inner
 
 
 @task(backend="immediate")

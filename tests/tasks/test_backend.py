@@ -7,7 +7,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+from django.tasks.exceptions import (
+    InvalidTask,
+    InvalidTaskBackend,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+)
 
 import jobs
 from jobs.core import registry
@@ -232,9 +237,19 @@ def _refused(**changes):
         (lambda: _refused(priority=101), "priority must be a whole number"),
         (lambda: _refused(priority=-101), "priority must be a whole number"),
         (lambda: _refused(priority=1.5), "priority must be a whole number"),
+        # what enqueue would refuse is refused when the task is made, with Django's error (not a
+        # ValueError or TypeError from Django's own comparison, nor an InvalidOption per enqueue)
+        (lambda: _refused(priority=5.0), "priority must be a whole number"),
+        (lambda: _refused(priority=True), "priority must be a whole number"),
+        (lambda: _refused(priority=float("nan")), "priority must be a whole number"),
+        (lambda: _refused(priority="5"), "priority must be a whole number"),
+        (lambda: _refused(priority=None), "priority must be a whole number"),
         (lambda: _refused(queue_name="nowhere"), "Queue 'nowhere' is not valid"),
         (lambda: _refused(run_after=dt.datetime(2030, 1, 1)), "aware"),
         (lambda: _refused(run_after=dt.datetime(1990, 1, 1, tzinfo=dt.UTC)), "run_after"),
+        (lambda: tasks.add.using(run_after=dt.timedelta(seconds=5)), "not timedelta"),
+        (lambda: tasks.add.using(run_after=dt.date(2030, 1, 1)), "not date"),
+        (lambda: tasks.add.using(run_after="2030-01-01T00:00:00+00:00"), "not str"),
         (lambda: _refused(lease_seconds=0.01), "lease_seconds"),
         (lambda: _refused(max_attempts=0), "max_attempts"),
         (lambda: _refused(timeout=-1), "timeout"),
@@ -361,6 +376,24 @@ def test_a_queue_the_workers_do_not_serve_is_a_warning(settings):
     settings.JOBS = {"QUEUES": ["x"]}
     messages = task_backends["default"].check()
     assert [(m.id, "'y'" in m.msg) for m in messages] == [("jobs.W031", True)]
+
+
+@pytest.mark.parametrize(
+    "queues",
+    ["default", b"default", 5, None, [5], ["default", None], {"default": 1}, (q for q in "ab")],
+)
+def test_queues_that_are_not_a_list_of_names_are_refused_by_name(queues):
+    """Django's base makes set(QUEUES): "default" would be the queues 'd', 'e', 'f', ... (every
+    task on 'default' refused as outside them), 5 a TypeError, [5] a TypeError in the checks."""
+    with pytest.raises(InvalidTaskBackend, match=r"TASKS\['other'\]\['QUEUES'\] must be a list"):
+        PalisadeBackend("other", {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": queues})
+
+
+def test_options_are_not_read_and_a_backend_that_has_some_says_so():
+    params = {"BACKEND": "jobs.tasks.PalisadeBackend", "OPTIONS": {"lease_seconds": 5}}
+    messages = PalisadeBackend("other", params).check()
+    assert [m.id for m in messages] == ["jobs.W032"]
+    assert "lease_seconds" in messages[0].msg
 
 
 def test_the_configured_backend_passes_its_checks():

@@ -1,8 +1,10 @@
 """Tasks run by the fenced runner in this process: statuses, retries, errors, worker_ids, the
 context, and which Task the worker agrees to run."""
 
+import asyncio
 import importlib.util
 import sys
+import traceback
 
 import pytest
 from django.tasks import TaskResultStatus
@@ -11,7 +13,7 @@ from django.test import override_settings
 from jobs.core.exceptions import LeaseLost
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.tasks import LeaseExpired, TaskCancelled
+from jobs.tasks import LeaseExpired, TaskCancelled, results
 from jobs.tasks.execution import wait_for_finished_notices
 from jobs.worker import runner
 from tests.app import tasks
@@ -108,6 +110,28 @@ def test_a_task_failing_every_attempt_ends_failed_after_max_attempts():
         _ = result.return_value
 
 
+@override_settings(JOBS=NO_BACKOFF)
+@pytest.mark.parametrize(
+    "message",
+    [
+        # a remote service's error body, holding a Python traceback of its own
+        'it said:\nTraceback (most recent call last):\n  File "x", line 1, in y\nos.system: boom',
+        "task raised os.system: a forged note\nand more",
+        "m" * 20_000,  # the error text keeps its last 10,000 characters: no traceback header
+    ],
+)
+def test_an_errors_class_is_the_raised_one_whatever_its_message_holds(message):
+    result = tasks.always_fails.enqueue(message)
+    runner.drain()
+    runner.drain()
+    result.refresh()
+    assert [e.exception_class_path for e in result.errors] == ["tests.app.tasks.Refused"] * 2
+    assert result.errors[-1].exception_class is tasks.Refused
+    first_line = message.partition("\n")[0][:200]
+    last_line = result.errors[-1].traceback.rstrip("\n").rpartition("\n")[2]
+    assert last_line == f"task raised tests.app.tasks.Refused: {first_line}"  # the log's summary
+
+
 def test_a_return_value_that_is_not_json_fails_the_attempt():
     result = tasks.unjsonable.using().enqueue()
     Job.objects.filter(pk=int(result.id)).update(max_attempts=1)
@@ -122,6 +146,19 @@ def test_a_coroutine_task_runs_and_commits():
     runner.drain()
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+
+
+def test_a_coroutine_task_cancelled_by_its_own_code_fails_alone_and_the_drain_goes_on():
+    """CancelledError out of a task's own event loop (async_to_sync's) is that task's failure:
+    no one outside cancels a worker that way, so it must not end the drain as a stop would."""
+    cancelled = tasks.cancels_its_own_work.enqueue()
+    after = tasks.add.enqueue(1, 2)
+    assert runner.drain() == 2
+    cancelled.refresh()
+    after.refresh()
+    assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 3
+    assert cancelled.status == TaskResultStatus.FAILED
+    assert cancelled.errors[0].exception_class is asyncio.CancelledError
 
 
 def test_the_lease_option_reaches_the_running_attempt():
@@ -229,6 +266,47 @@ def test_a_task_module_outside_the_installed_apps_is_never_imported(tmp_path, mo
     assert job.state == JobState.FAILED
     assert f"no handler is registered for kind {kind!r}" in job.error
     assert "outside_pkg" not in sys.modules and "outside_pkg.mod" not in sys.modules
+
+
+def test_an_exception_groups_class_is_read_from_its_own_note_not_its_members():
+    """In a group the note is printed inside the group's block ("  | "), and its members after
+    it, deeper ("    | "): neither a member's note nor a forged line in a message is read."""
+    member = ValueError("m")
+    results.mark_raised(member)  # a member that was a task's exception (a nested call)
+    group = ExceptionGroup("g\ntask raised os.system: forged", [member, KeyError("k")])
+    try:
+        raise group
+    except ExceptionGroup as exc:
+        results.mark_raised(exc)
+        text = traceback.format_exc()
+    assert "  | task raised builtins.ExceptionGroup: g" in text.splitlines()
+    assert results.exception_class_path(text) == "builtins.ExceptionGroup"
+
+
+def test_a_task_row_created_without_a_backend_runs_and_its_result_reads_back():
+    """A committed queued row is work however it got there: a task's row written by
+    Job.objects.create with its arguments only is the task's own backend's, to run and to read."""
+    job = Job.objects.create(kind=tasks.add.module_path, payload={"args": [2, 3]})
+    runner.drain()
+    result = tasks.add.get_result(job.pk)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
+    assert result.backend == tasks.add.backend == "default"
+    result.refresh()  # through the backend the result names
+    assert result.args == [2, 3] and result.kwargs == {}
+
+
+def test_a_task_module_that_exits_when_imported_fails_only_its_own_job():
+    """Looking for an unknown kind imports its module (inside an installed app): one that calls
+    sys.exit() at import is that kind's problem -- unknown --, not the worker's end."""
+    kind = "tests.app.exits_at_import.run"
+    planted = Job.objects.create(kind=kind, payload={"args": []}, max_attempts=1)
+    result = tasks.add.enqueue(1, 2)
+    assert runner.drain() == 2
+    planted.refresh_from_db()
+    assert planted.state == JobState.FAILED
+    assert f"no handler is registered for kind {kind!r}" in planted.error
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3
 
 
 def test_tasks_do_not_wait_for_finished_notices_to_be_committed():

@@ -7,14 +7,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 
 import jobs
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.tasks import LeaseExpired, PalisadeBackend
+from jobs.tasks import LeaseExpired, MalformedTask, PalisadeBackend
 from jobs.tasks.execution import _send_finished, wait_for_finished_notices
 from jobs.worker import reaper, runner
 from tests.app import tasks
@@ -166,6 +166,36 @@ def test_a_malformed_task_row_costs_no_other_task_its_task_finished(heard, caplo
     refused = [r.getMessage() for r in caplog.records if f"job {bad.pk} " in r.getMessage()]
     assert refused and all("is not a well-formed task" in m for m in refused), refused
     assert "jobs.tasks.results.MalformedTask" in Job.objects.get(pk=bad.pk).error
+
+
+@pytest.mark.parametrize(
+    "json_text",
+    [
+        '{"backend": "default", "args": [1, %s]}' % ("9" * 5_001),  # past int_max_str_digits
+        '{"backend": "default", "args": [1, 2], "kwargs": {"a": %s}}' % ("[" * 3_000 + "]" * 3_000),
+    ],
+)
+def test_a_task_row_python_cannot_decode_costs_no_other_task_its_task_finished(
+    heard, caplog, json_text
+):
+    """A row written by SQL with JSON the database stores and Python cannot decode (a number of
+    5,001 digits, nesting past the recursion limit): the batch's other notices are sent, and
+    get_result() says what is wrong with that row rather than raising ValueError/RecursionError."""
+    bad = jobs.enqueue(tasks.add.module_path, {"args": [1, 2]}, max_attempts=1)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE jobs_job SET payload = %s WHERE id = %s", [json_text, bad.pk])
+    goods = [tasks.add.enqueue(1, n).id for n in range(3)]
+    runner.drain()
+    assert wait_for_finished_notices(10)
+    assert Job.objects.filter(pk=bad.pk, state="failed").exists()
+    heard.clear()
+    with caplog.at_level(logging.ERROR, logger="jobs.tasks"):
+        _send_finished([bad.pk, *map(int, goods)])  # the bad row first in one batch
+    assert [r.id for name, _, r in heard if name == "finished"] == goods
+    refused = [r.getMessage() for r in caplog.records if f"job {bad.pk} " in r.getMessage()]
+    assert refused and all("cannot be decoded" in m for m in refused), refused
+    with pytest.raises(MalformedTask, match="its payload cannot be decoded"):
+        tasks.add.get_result(bad.pk)
 
 
 @pytest.mark.parametrize("name", ["enqueued", "started", "finished"])

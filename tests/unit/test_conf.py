@@ -108,3 +108,46 @@ def test_a_whole_number_setting_refuses_a_fraction_or_a_flag(value):
 def test_a_whole_number_setting_takes_an_integral_float():
     with override_settings(JOBS={"CLAIM_BATCH": 8.0}):
         assert jobs_settings().CLAIM_BATCH == 8
+
+
+@pytest.mark.parametrize(
+    ("jobs", "message"),
+    [
+        # a TypeError / AttributeError from inside, which no check caught (manage.py check died)
+        ({"QUEUES": 5}, r"JOBS\['QUEUES'\] must be a list of queue names"),
+        ({"QUEUES": ["mail", 5]}, r"JOBS\['QUEUES'\] must be a list of queue names"),
+        # names no job can carry: the workers served nothing, silently
+        ({"QUEUES": ["bad name"]}, r"JOBS\['QUEUES'\] 'bad name' is not a queue name"),
+        ({"QUEUES": "mail,a\x00"}, r"JOBS\['QUEUES'\] 'a\\x00' is not a queue name"),
+        # accepted here, then every enqueue raised InvalidOption
+        ({"ENQUEUE_PREPARE": "maybe"}, r"JOBS\['ENQUEUE_PREPARE'\] = 'maybe': use 'auto'"),
+        # str(None) made the storage alias 'None'; the first staged output failed its job
+        ({"STAGING_STORAGE": None}, r"JOBS\['STAGING_STORAGE'\] = None is not text"),
+        ({"STAGING_STORAGE": "nowhere"}, r"JOBS\['STAGING_STORAGE'\] = 'nowhere' is not a key"),
+        ({"LISTEN_URL": 5}, r"JOBS\['LISTEN_URL'\] = 5 is not text"),
+        ({"UNRESOLVED_DIR": "var/\x00"}, r"JOBS\['UNRESOLVED_DIR'\] .* holds a NUL"),
+    ],
+)
+def test_a_text_or_list_setting_that_cannot_work_is_refused_by_name(jobs, message):
+    with override_settings(JOBS=jobs), pytest.raises(ValueError, match=message):
+        jobs_settings()
+    assert "jobs.E001" in _ids(JOBS=jobs)
+
+
+def test_the_enqueue_prepare_values_are_the_ones_the_enqueue_takes():
+    from jobs.core.conf import ENQUEUE_PREPARE_VALUES
+    from jobs.models.prepared import CHOICES
+
+    assert set(CHOICES) == ENQUEUE_PREPARE_VALUES
+
+
+def test_the_queue_names_settings_take_are_the_ones_enqueue_takes():
+    from jobs.core import bounds
+    from jobs.core.enqueue import QUEUE_NAME
+
+    assert bounds.QUEUE_NAME.pattern == QUEUE_NAME.pattern
+
+
+def test_a_path_setting_may_be_a_path(tmp_path):
+    with override_settings(JOBS={"UNRESOLVED_DIR": tmp_path / "unresolved"}):
+        assert jobs_settings().UNRESOLVED_DIR == str(tmp_path / "unresolved")
