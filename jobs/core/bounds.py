@@ -31,8 +31,8 @@ JSON_DEPTH = 64
 ERROR_CHARS = 10_000
 TEXT_CHARS = 200  # unique_key
 KIND_CHARS = 100  # Job.kind is varchar(100)
-# A queue name (jobs.core.enqueue.QUEUE_NAME, which enqueue checks, is this pattern: conf reads
-# it here, as enqueue imports conf; tests/unit/test_conf.py keeps the two in step).
+# A queue name, as enqueue (jobs.core.enqueue.QUEUE_NAME), the settings and the task backend check
+# it. \Z: "$" would allow a final "\n".
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 # json.dumps escapes NUL as \u0000 (PostgreSQL's jsonb refuses it); an escaped backslash

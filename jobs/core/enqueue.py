@@ -9,7 +9,6 @@ database as it is). Never: writes -- the insert is `Job.objects.enqueue()`
 from the records so the records may use these rules without the rules importing the records back.
 """
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +17,7 @@ from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import InvalidOption, InvalidQueue
 from jobs.core.registry import get_handler
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" allows a final "\n"
+QUEUE_NAME = bounds.QUEUE_NAME  # one pattern for enqueue, the settings and the task backend
 # The savepoint path's tries: under READ COMMITTED each one that fails met a holder that ended
 # before it was read (fast jobs under one key, many producers), so a try is progress; five
 # such in a row raised DuplicateJob. Under REPEATABLE READ a try costs a savepoint, ~1 ms.

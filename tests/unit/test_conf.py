@@ -145,7 +145,7 @@ def test_the_queue_names_settings_take_are_the_ones_enqueue_takes():
     from jobs.core import bounds
     from jobs.core.enqueue import QUEUE_NAME
 
-    assert bounds.QUEUE_NAME.pattern == QUEUE_NAME.pattern
+    assert QUEUE_NAME is bounds.QUEUE_NAME
 
 
 def test_a_path_setting_may_be_a_path(tmp_path):
