@@ -8,6 +8,7 @@ walked every future row of the pick index (hundreds of pages here; 25 ms at 100,
 
 import datetime as dt
 import json
+import time
 from typing import Any
 
 import pytest
@@ -169,13 +170,37 @@ def test_the_due_count_does_not_read_finished_work():
     try:
         table_pages = plant_finished()
         # The first walk since the backlog ran visits its rows and marks their entries dead (a
-        # claim's first walk would have); the count measured is a steady tick's.
+        # claim's first walk would have); the count measured is a steady tick's. It can mark them
+        # only once no other session of this database holds a snapshot from before they ended
+        # (a thread or process an earlier test left still closing its transaction).
+        holders = snapshots_older_than_now(deadline=30.0)
         assert transitions.count_due(8) == 1
         loaded = pages(counted_in_a_transaction, "FROM blocked")
     finally:
         with connection.cursor() as cur:
             cur.execute("ALTER TABLE jobs_job RESET (autovacuum_enabled)")
-    assert loaded < table_pages / 4, (table_pages, loaded)
+    assert loaded < table_pages / 4, (table_pages, loaded, holders)
+
+
+def snapshots_older_than_now(deadline: float) -> list[tuple[Any, ...]]:
+    """Wait (up to `deadline` seconds) until no other session of this database holds a snapshot
+    taken before now; return those still holding one (empty once there are none)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT txid_current()")
+        now = cur.fetchone()[0]
+    give_up = time.monotonic() + deadline
+    while True:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pid, state, left(query, 80) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%s::text::xid)",
+                [str(now % 2**32)],
+            )
+            holders = cur.fetchall()
+        if not holders or time.monotonic() > give_up:
+            return holders
+        time.sleep(0.05)
 
 
 def test_a_row_due_far_ahead_is_deferred_however_it_was_written_and_a_claim_promotes_it():
