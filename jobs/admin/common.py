@@ -5,15 +5,18 @@ Hazard: a list's query string filters by any field (`?worker__contains=...`), an
 accepts may still fail where the SQL is built (`at__year=99999`: no such datetime) or where the
 database reads it (a NUL byte in text, an invalid regular expression). `CheckedChangeList` turns
 each into the admin's own "invalid filter" answer (the list again, with ?e=1), never a 500; every
-jobs screen uses it (`CheckedLookups`).
+jobs screen uses it (`CheckedLookups`). So is a search longer than SEARCH_CHARS, or any other
+parameter longer than PARAM_CHARS, with a message saying so: Django ran a search of 100 KB (one
+clause per word and field: 16-29 s on each screen) and echoed it into every link of the page.
 """
 
 from typing import Any
 
+from django import forms
 from django.apps import apps
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import SEARCH_VAR, ChangeList, ChangeListSearchForm
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.core.paginator import Paginator
 from django.db import DataError, connection, transaction
@@ -94,12 +97,46 @@ def _storable(value: Any) -> Any:
     return value
 
 
+SEARCH_CHARS = 500  # an admin list's search, as the dashboard's (dashboard/forms.py)
+PARAM_CHARS = 2_000  # any other parameter of a list's URL (a filter, an ordering, a page)
+
+
+class BoundedSearchForm(ChangeListSearchForm):
+    """The search box: at most SEARCH_CHARS characters (and, as any CharField, no NUL)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields[SEARCH_VAR] = forms.CharField(
+            required=False,
+            strip=False,
+            max_length=SEARCH_CHARS,
+            error_messages={
+                "max_length": "Search: at most %(limit_value)d characters "
+                "(this one has %(show_value)d); nothing was searched."
+            },
+        )
+
+
 class CheckedChangeList(ChangeList):
     """A list whose filters from the URL fail as an invalid filter, never as a 500: checked
-    before any query (a NUL byte, in any parameter a filter reads), compiled before it runs (a
-    lookup no SQL can state), and counted in a savepoint (a value the database refuses)."""
+    before any query (a NUL byte, in any parameter a filter reads; a search Django's form
+    refuses; a parameter over PARAM_CHARS), compiled before it runs (a lookup no SQL can
+    state), and counted in a savepoint (a value the database refuses)."""
+
+    search_form_class = BoundedSearchForm
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        # Django's own search form has added its message (refused searches search nothing);
+        # the redirect keeps the refused value out of the page's links as well.
+        if not self.search_form_class(request.GET).is_valid():
+            raise IncorrectLookupParameters("search refused")
+        for name, values in request.GET.lists():
+            for value in values:
+                if name != SEARCH_VAR and len(value) > PARAM_CHARS:
+                    messages.error(
+                        request, f"Parameter {name[:80]}: at most {PARAM_CHARS:,} characters."
+                    )
+                    raise IncorrectLookupParameters(f"{name[:80]}: over {PARAM_CHARS} characters")
         for values in self.get_filters_params().values():
             for value in values:
                 _storable(value)
