@@ -196,6 +196,15 @@ class JobDetail:
 MINOR_LIMIT = 10_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
 LOG_ROWS = 50  # the job page's event log: the newest; older ones on job_events pages
 EVENT_PAGE_ROWS = 100
+EVENT_DATA_CHARS = 2_000  # of an event's data in the event log
+
+
+def _with_data_text(events: QuerySet[JobEvent]) -> QuerySet[JobEvent]:
+    """Events whose data is read as (the start of its) text, never decoded: a raw-SQL row
+    nested past Python's limit, or holding a number of more than 4,300 digits, made the job's
+    page and its events pages a 500; a data of megabytes made them that size."""
+    text = Left(Cast("data", TextField()), EVENT_DATA_CHARS + 1)
+    return events.defer("data").annotate(data_text=text)
 
 
 SHOWN_JSON_CHARS = 64 * 1024  # of a payload or result on the job page
@@ -231,13 +240,13 @@ def job_detail(job_id: int, now: datetime | None = None) -> JobDetail | None:
         return None
     attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
     events_qs = JobEvent.objects.filter(job_id=job_id)
-    boundaries = list(events_qs.exclude(type__in=MINOR_TYPES).order_by("id"))
+    boundaries = list(events_qs.exclude(type__in=MINOR_TYPES).defer("data").order_by("id"))
     rejected = list(RejectedWrite.objects.filter(job_id=job_id).order_by("id"))
     newest_minor = events_qs.filter(type__in=MINOR_TYPES).order_by("-id")[:MINOR_LIMIT]
     seen = newest_minor.aggregate(n=Count("id"), last=Max("at"))
     axis = timeline.bounds(attempts, boundaries, rejected, now or timezone.now(), seen["last"])
     minor = minor_marks(job_id, *axis) if axis and seen["n"] else []
-    log = list(events_qs.order_by("-id")[:LOG_ROWS])[::-1]
+    log = list(_with_data_text(events_qs).order_by("-id")[:LOG_ROWS])[::-1]
     total = len(boundaries) + (seen["n"] if seen["n"] < MINOR_LIMIT else events_qs.count())
     return JobDetail(
         job,
@@ -297,7 +306,7 @@ class EventPage:
 def job_events(job_id: int, before: int | None) -> EventPage:
     """A page of a job's events older than `before` (an event id), newest first: one backward
     scan of jobs_event_job_idx (job_id, id) that stops after a page."""
-    qs = JobEvent.objects.filter(job_id=job_id)
+    qs = _with_data_text(JobEvent.objects.filter(job_id=job_id))
     if before is not None:
         qs = qs.filter(pk__lt=before)
     rows = list(qs.order_by("-id")[: EVENT_PAGE_ROWS + 1])

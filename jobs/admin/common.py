@@ -10,6 +10,8 @@ parameter longer than PARAM_CHARS, with a message saying so: Django ran a search
 clause per word and field: 16-29 s on each screen) and echoed it into every link of the page.
 """
 
+import json
+from types import MethodType
 from typing import Any
 
 from django import forms
@@ -19,14 +21,17 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList, ChangeListSearchForm
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.core.paginator import Paginator
-from django.db import DataError, connection, transaction
-from django.db.models import QuerySet
+from django.db import DataError, connection, models, transaction
+from django.db.models import Model, QuerySet, TextField
+from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
 from django.utils.functional import cached_property
+from django.utils.html import format_html
 
 from jobs.core.conf import jobs_settings
 from jobs.core.registry import _handlers
 from jobs.models import Attempt, Job
+from jobs.ops.actions import UNDECODABLE
 from jobs.ops.describe import seconds
 
 
@@ -199,11 +204,62 @@ def without_job_json(qs: QuerySet[Any]) -> QuerySet[Any]:
     )
 
 
+SHOWN_JSON_CHARS = 64 * 1024  # of a JSON column on a record's page
+
+
+def shown_json(text: str | None) -> str:
+    """A JSON column as its text: pretty when Python can decode it, else said and shown raw."""
+    if text is None or text == "null":
+        return "-"
+    if len(text) >= SHOWN_JSON_CHARS:
+        return f"{text}\n... (the first {SHOWN_JSON_CHARS:,} characters)"
+    try:
+        return json.dumps(json.loads(text), indent=2, sort_keys=True)
+    except RecursionError:
+        return f"undecodable: {UNDECODABLE}\n{text[:1000]}"
+    except ValueError:
+        return f"undecodable: {text[:1000]}"
+
+
+def json_column(model: type[Model], name: str) -> Any:
+    """A read-only column showing the JSON column `name` of `model` as its text, read by a
+    query of its own (the row itself is loaded without it): never decoded as a model field."""
+
+    def column(self: Any, obj: Any) -> str:
+        text = (
+            model._default_manager.filter(pk=obj.pk)
+            .annotate(text=Left(Cast(name, TextField()), SHOWN_JSON_CHARS))
+            .values_list("text", flat=True)
+            .first()
+        )
+        return format_html('<pre class="json">{}</pre>', shown_json(text))
+
+    column.short_description = name  # type: ignore[attr-defined]
+    return column
+
+
 class ViewOnlyAdmin(CheckedLookups, admin.ModelAdmin):
+    """A record's screens, view-only. Its own JSON columns (an event's data, an intent's, an
+    effect's recorded result, a schedule's payload) are never decoded: a raw-SQL row nested
+    past Python's limit, or holding a number of more than 4,300 digits, made the list and the
+    record's page a 500. The list loads rows without them; the page shows each as its text."""
+
     paginator = EstimatedCountPaginator
 
+    def __init__(self, model: type[Model], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        self.json_fields = [
+            f.name for f in model._meta.concrete_fields if isinstance(f, models.JSONField)
+        ]
+        for name in self.json_fields:
+            setattr(self, f"{name}_shown", MethodType(json_column(model, name), self))
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return without_job_json(super().get_queryset(request))
+        return without_job_json(super().get_queryset(request)).defer(*self.json_fields)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        return [f"{f}_shown" if f in self.json_fields else f for f in fields]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
