@@ -204,8 +204,12 @@ def _many_attempts_and_rejections(make_job, n: int) -> Job:  # type: ignore[no-u
     )
     RejectedWrite.objects.bulk_create(
         RejectedWrite(
-            job=job, attempt_presented=i, attempt_current=n, state_current="running",
-            worker=f"zombie:{i}", write="heartbeat",
+            job=job,
+            attempt_presented=i,
+            attempt_current=n,
+            state_current="running",
+            worker=f"zombie:{i}",
+            write="heartbeat",
         )  # fmt: skip
         for i in range(1, n + 1)
     )
@@ -226,8 +230,10 @@ def test_a_job_with_many_attempts_and_rejections_shows_the_newest_and_says_so(
     assert {e.attempt for e in detail.events} <= {0, 8, 9, 10, 11, 12}
     assert [r.worker for r in detail.rejected] == [f"zombie:{i}" for i in range(9, 13)]
     assert (detail.attempts_total, detail.rejected_total) == (12, 12)
-    html = client_for(User.objects.create_superuser("root", password="pw")).get(
-        reverse("dashboard:job", args=[job.pk])
-    ).content.decode()
+    html = (
+        client_for(User.objects.create_superuser("root", password="pw"))
+        .get(reverse("dashboard:job", args=[job.pk]))
+        .content.decode()
+    )
     assert "The newest 5 of 12 attempts" in html and "The newest 4 of 12 rejected writes" in html
     assert "zombie:8<" not in html and "zombie:9<" in html
