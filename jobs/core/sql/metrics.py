@@ -147,12 +147,16 @@ def _reclaims(driver: Driver, vendor: str, rows: Rows) -> tuple[str, list[Any]]:
     deadline = _PG_DEADLINE if vendor == "postgresql" else _SQLITE_DEADLINE
     latency = driver.seconds_between("c.at", deadline)
     where, params = rows.where("c")
+    # OFFSET 0: PostgreSQL keeps the subquery, so each row's latency is computed once (flattened,
+    # every bucket's reference computed it again: 20,000 reclaims took 200 ms with the plain
+    # cast, 1.5 s with the jsonpath read, 80-95 ms so). SQLite has no OFFSET without LIMIT.
+    fence = " OFFSET 0" if vendor == "postgresql" else ""
     return (
         "SELECT r.expired_id, CASE WHEN r.seconds >= 0 THEN r.seconds END AS latency FROM ("
         f"SELECT x.id AS expired_id, {latency} AS seconds FROM jobs_jobevent c "
         "JOIN jobs_jobevent x ON x.job_id = c.job_id AND x.attempt = c.attempt - 1 "
         "AND x.type = 'expired' "
-        f"WHERE {where} AND c.type = 'claimed' AND c.attempt > 1) r",
+        f"WHERE {where} AND c.type = 'claimed' AND c.attempt > 1{fence}) r",
         params,
     )
 
