@@ -7,13 +7,21 @@ from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.validators import MaxLengthValidator
+from django.http import QueryDict
 
 from jobs.core.states import JobState
+
+ECHO_CHARS = 100  # a value of a field without a max_length (a time, a state, a cursor)
 
 
 class JobFilterForm(forms.Form):
     """An invalid filter filters nothing: the jobs list shows no rows and these errors
-    (screens.jobs_context), never every job; a bulk action is refused (actions.BulkForm)."""
+    (screens.jobs_context), never every job; a bulk action is refused (actions.BulkForm).
+
+    The form keeps only its own fields' values, and none longer than the field takes: an
+    over-long one is an error naming both lengths, and is never validated, searched or echoed
+    back (a 100 KB search came back twice in the page, and an unknown parameter in its links;
+    `kept` is what the page may show again: screens.jobs_context)."""
 
     state = forms.ChoiceField(choices=[("", "any state"), *JobState.choices], required=False)
     queue = forms.CharField(max_length=64, required=False)
@@ -29,6 +37,36 @@ class JobFilterForm(forms.Form):
     before = forms.IntegerField(
         required=False, min_value=1, max_value=2**63 - 1, widget=forms.HiddenInput
     )
+
+    def __init__(self, data: QueryDict | None = None, *args: Any, **kwargs: Any) -> None:
+        self.overlong: dict[str, int] = {}
+        kept = QueryDict(mutable=True)
+        if data is not None:
+            for name, values in data.lists():
+                field = self.base_fields.get(name)
+                if field is None:
+                    continue
+                limit = getattr(field, "max_length", None) or ECHO_CHARS
+                for value in values:
+                    if len(value) > limit:
+                        self.overlong[name] = len(value)
+                    else:
+                        kept.appendlist(name, value)
+        kept._mutable = False
+        self.kept = kept  # what the page may show again
+        super().__init__(kept if data is not None else None, *args, **kwargs)
+
+    def clean(self) -> dict[str, Any] | None:
+        for name, length in self.overlong.items():
+            field = self.fields[name]
+            limit = getattr(field, "max_length", None) or ECHO_CHARS
+            label = field.label or name.capitalize()
+            self.add_error(
+                name,
+                f"{label}: at most {limit:,} characters (this one has {length:,}); "
+                "nothing was filtered.",
+            )
+        return super().clean()
 
 
 def _bound_username(form: AuthenticationForm) -> None:

@@ -96,7 +96,7 @@ def cron_action(request: HttpRequest) -> HttpResponse:
             done = f"{action}d" if changed else f"was already {action}d"
             messages.success(request, f"{name}: {done}.")
         else:
-            messages.error(request, f"unknown action {action!r}")
+            messages.error(request, f"unknown action {action!r:.80}")
     except cron_controls.ScheduleControlError as exc:
         messages.error(request, str(exc))
     return redirect("dashboard:cron")
@@ -118,7 +118,7 @@ def queue_action(request: HttpRequest) -> HttpResponse:
             shown = "no limit" if limit is None else f"at most {limit} running"
             messages.success(request, f"queue {name}: {shown}.")
         else:
-            messages.error(request, f"unknown action {action!r}")
+            messages.error(request, f"unknown action {action!r:.80}")
     except ValueError as exc:  # a bad name or limit: nothing was written
         messages.error(request, str(exc))
     return redirect("dashboard:queues")

@@ -57,6 +57,7 @@ def _with_charts(o: selectors.Overview) -> dict[str, Any]:
 
 def jobs_context(params: QueryDict) -> dict[str, Any]:
     form, filters = filters_from(params)
+    params = form.kept  # the filter's own fields, none over its length: what the page echoes
     page = selectors.job_page(filters) if filters is not None else selectors.JobPage([], None)
     filters = filters or {}
     following = params.copy()

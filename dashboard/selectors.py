@@ -191,11 +191,45 @@ class JobDetail:
     effects: list[IdempotencyKey] = field(default_factory=list)
     outputs: list[StagedOutput] = field(default_factory=list)  # each with .shown_status
     intents: list[Intent] = field(default_factory=list)
+    attempts_total: int = 0  # more than len(attempts) when only the newest are shown
+    rejected_total: int = 0
+
+
+@dataclass
+class Newest:
+    """The newest `limit` rows of a query, oldest first, and whether there were more."""
+
+    rows: list[Any]
+    more: bool
+    query: QuerySet[Any]
+
+    def total(self) -> int:
+        return self.query.count() if self.more else len(self.rows)
+
+
+def _newest(qs: QuerySet[Any], key: str, limit: int) -> Newest:
+    """A job can have thousands of attempts, boundary events and rejected writes (a zombie's
+    every beat is one): its page showed them all (3,000 attempts and 5,000 rejected writes, a
+    3.7 MB page in 3.5 s). Its page now draws and lists the newest of each."""
+    rows = list(qs.order_by(f"-{key}")[: limit + 1])
+    return Newest(rows[:limit][::-1], len(rows) > limit, qs)
 
 
 MINOR_LIMIT = 10_000  # heartbeats/checkpoints drawn (collapsed) on the timeline
+ATTEMPT_ROWS = 100  # the newest attempts drawn and listed on a job's page
+BOUNDARY_ROWS = 1_000  # the newest boundary events (claims, expiries, ...) it draws
+REJECTED_ROWS = 200  # the newest rejected writes it draws and lists
 LOG_ROWS = 50  # the job page's event log: the newest; older ones on job_events pages
 EVENT_PAGE_ROWS = 100
+EVENT_DATA_CHARS = 2_000  # of an event's data in the event log
+
+
+def _with_data_text(events: QuerySet[JobEvent]) -> QuerySet[JobEvent]:
+    """Events whose data is read as (the start of its) text, never decoded: a raw-SQL row
+    nested past Python's limit, or holding a number of more than 4,300 digits, made the job's
+    page and its events pages a 500; a data of megabytes made them that size."""
+    text = Left(Cast("data", TextField()), EVENT_DATA_CHARS + 1)
+    return events.defer("data").annotate(data_text=text)
 
 
 SHOWN_JSON_CHARS = 64 * 1024  # of a payload or result on the job page
@@ -229,24 +263,35 @@ def job_detail(job_id: int, now: datetime | None = None) -> JobDetail | None:
     )
     if job is None:
         return None
-    attempts = list(Attempt.objects.filter(job_id=job_id).order_by("number"))
+    attempts = _newest(Attempt.objects.filter(job_id=job_id), "number", ATTEMPT_ROWS)
     events_qs = JobEvent.objects.filter(job_id=job_id)
-    boundaries = list(events_qs.exclude(type__in=MINOR_TYPES).order_by("id"))
-    rejected = list(RejectedWrite.objects.filter(job_id=job_id).order_by("id"))
+    drawn = events_qs.exclude(type__in=MINOR_TYPES).defer("data")
+    if attempts.more:  # the boundaries of the attempts shown (and of none: enqueued, ...)
+        drawn = drawn.filter(Q(attempt__gte=attempts.rows[0].number) | Q(attempt__lt=1))
+    boundaries = _newest(drawn, "id", BOUNDARY_ROWS)
+    rejected = _newest(RejectedWrite.objects.filter(job_id=job_id), "id", REJECTED_ROWS)
     newest_minor = events_qs.filter(type__in=MINOR_TYPES).order_by("-id")[:MINOR_LIMIT]
     seen = newest_minor.aggregate(n=Count("id"), last=Max("at"))
-    axis = timeline.bounds(attempts, boundaries, rejected, now or timezone.now(), seen["last"])
+    axis = timeline.bounds(
+        attempts.rows, boundaries.rows, rejected.rows, now or timezone.now(), seen["last"]
+    )
     minor = minor_marks(job_id, *axis) if axis and seen["n"] else []
-    log = list(events_qs.order_by("-id")[:LOG_ROWS])[::-1]
-    total = len(boundaries) + (seen["n"] if seen["n"] < MINOR_LIMIT else events_qs.count())
+    log = list(_with_data_text(events_qs).order_by("-id")[:LOG_ROWS])[::-1]
+    total = (
+        len(boundaries.rows) + seen["n"]
+        if seen["n"] < MINOR_LIMIT and not (attempts.more or boundaries.more)
+        else events_qs.count()
+    )
     return JobDetail(
         job,
-        attempts,
-        boundaries,
+        attempts.rows,
+        boundaries.rows,
         minor,
         log,
-        rejected,
+        rejected.rows,
         total,
+        attempts_total=attempts.total(),
+        rejected_total=rejected.total(),
         payload_json=_shown_json(job.payload_text),  # type: ignore[attr-defined]
         result_json=_shown_json(job.result_text),  # type: ignore[attr-defined]
         effects=list(
@@ -255,7 +300,7 @@ def job_detail(job_id: int, now: datetime | None = None) -> JobDetail | None:
             .annotate(result_text=Left(Cast("result", TextField()), 200))
             .order_by("id")[:WRITE_ROWS]
         ),
-        outputs=_outputs(job_id, {a.number: a.outcome for a in attempts}),
+        outputs=_outputs(job_id, {a.number: a.outcome for a in attempts.rows}),
         intents=list(
             Intent.objects.filter(job_id=job_id).defer("data").order_by("id")[:WRITE_ROWS]
         ),
@@ -297,7 +342,7 @@ class EventPage:
 def job_events(job_id: int, before: int | None) -> EventPage:
     """A page of a job's events older than `before` (an event id), newest first: one backward
     scan of jobs_event_job_idx (job_id, id) that stops after a page."""
-    qs = JobEvent.objects.filter(job_id=job_id)
+    qs = _with_data_text(JobEvent.objects.filter(job_id=job_id))
     if before is not None:
         qs = qs.filter(pk__lt=before)
     rows = list(qs.order_by("-id")[: EVENT_PAGE_ROWS + 1])

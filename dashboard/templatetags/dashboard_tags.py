@@ -11,6 +11,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard import timeline
+from dashboard.selectors import EVENT_DATA_CHARS
 from dashboard.timeline import Bar, Marker, iso_ms
 from jobs.models import Attempt, JobEvent, RejectedWrite
 
@@ -188,8 +189,16 @@ def event_rows(events: list[JobEvent]) -> SafeString:
                 e.attempt,
                 timeline.display(e, "type"),
                 e.worker,
-                format_html("<code>{}</code>", e.data),
+                format_html("<code>{}</code>", _event_data(e)),
             ],
         )
         for e in events
     )
+
+
+def _event_data(event: JobEvent) -> str:
+    """The data as the database gives its text (selectors read it so, never decoded), cut."""
+    text: str = getattr(event, "data_text", None) or ""
+    if len(text) > EVENT_DATA_CHARS:
+        return f"{text[:EVENT_DATA_CHARS]}… (the first {EVENT_DATA_CHARS:,} characters)"
+    return text

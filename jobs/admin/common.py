@@ -5,25 +5,33 @@ Hazard: a list's query string filters by any field (`?worker__contains=...`), an
 accepts may still fail where the SQL is built (`at__year=99999`: no such datetime) or where the
 database reads it (a NUL byte in text, an invalid regular expression). `CheckedChangeList` turns
 each into the admin's own "invalid filter" answer (the list again, with ?e=1), never a 500; every
-jobs screen uses it (`CheckedLookups`).
+jobs screen uses it (`CheckedLookups`). So is a search longer than SEARCH_CHARS, or any other
+parameter longer than PARAM_CHARS, with a message saying so: Django ran a search of 100 KB (one
+clause per word and field: 16-29 s on each screen) and echoed it into every link of the page.
 """
 
+import json
+from types import MethodType
 from typing import Any
 
+from django import forms
 from django.apps import apps
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import SEARCH_VAR, ChangeList, ChangeListSearchForm
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.core.paginator import Paginator
-from django.db import DataError, connection, transaction
-from django.db.models import QuerySet
+from django.db import DataError, connection, models, transaction
+from django.db.models import Model, QuerySet, TextField
+from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
 from django.utils.functional import cached_property
+from django.utils.html import format_html
 
 from jobs.core.conf import jobs_settings
 from jobs.core.registry import _handlers
 from jobs.models import Attempt, Job
+from jobs.ops.actions import UNDECODABLE
 from jobs.ops.describe import seconds
 
 
@@ -94,12 +102,46 @@ def _storable(value: Any) -> Any:
     return value
 
 
+SEARCH_CHARS = 500  # an admin list's search, as the dashboard's (dashboard/forms.py)
+PARAM_CHARS = 2_000  # any other parameter of a list's URL (a filter, an ordering, a page)
+
+
+class BoundedSearchForm(ChangeListSearchForm):
+    """The search box: at most SEARCH_CHARS characters (and, as any CharField, no NUL)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields[SEARCH_VAR] = forms.CharField(
+            required=False,
+            strip=False,
+            max_length=SEARCH_CHARS,
+            error_messages={
+                "max_length": "Search: at most %(limit_value)d characters "
+                "(this one has %(show_value)d); nothing was searched."
+            },
+        )
+
+
 class CheckedChangeList(ChangeList):
     """A list whose filters from the URL fail as an invalid filter, never as a 500: checked
-    before any query (a NUL byte, in any parameter a filter reads), compiled before it runs (a
-    lookup no SQL can state), and counted in a savepoint (a value the database refuses)."""
+    before any query (a NUL byte, in any parameter a filter reads; a search Django's form
+    refuses; a parameter over PARAM_CHARS), compiled before it runs (a lookup no SQL can
+    state), and counted in a savepoint (a value the database refuses)."""
+
+    search_form_class = BoundedSearchForm
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        # Django's own search form has added its message (refused searches search nothing);
+        # the redirect keeps the refused value out of the page's links as well.
+        if not self.search_form_class(request.GET).is_valid():
+            raise IncorrectLookupParameters("search refused")
+        for name, values in request.GET.lists():
+            for value in values:
+                if name != SEARCH_VAR and len(value) > PARAM_CHARS:
+                    messages.error(
+                        request, f"Parameter {name[:80]}: at most {PARAM_CHARS:,} characters."
+                    )
+                    raise IncorrectLookupParameters(f"{name[:80]}: over {PARAM_CHARS} characters")
         for values in self.get_filters_params().values():
             for value in values:
                 _storable(value)
@@ -162,11 +204,62 @@ def without_job_json(qs: QuerySet[Any]) -> QuerySet[Any]:
     )
 
 
+SHOWN_JSON_CHARS = 64 * 1024  # of a JSON column on a record's page
+
+
+def shown_json(text: str | None) -> str:
+    """A JSON column as its text: pretty when Python can decode it, else said and shown raw."""
+    if text is None or text == "null":
+        return "-"
+    if len(text) >= SHOWN_JSON_CHARS:
+        return f"{text}\n... (the first {SHOWN_JSON_CHARS:,} characters)"
+    try:
+        return json.dumps(json.loads(text), indent=2, sort_keys=True)
+    except RecursionError:
+        return f"undecodable: {UNDECODABLE}\n{text[:1000]}"
+    except ValueError:
+        return f"undecodable: {text[:1000]}"
+
+
+def json_column(model: type[Model], name: str) -> Any:
+    """A read-only column showing the JSON column `name` of `model` as its text, read by a
+    query of its own (the row itself is loaded without it): never decoded as a model field."""
+
+    def column(self: Any, obj: Any) -> str:
+        text = (
+            model._default_manager.filter(pk=obj.pk)
+            .annotate(text=Left(Cast(name, TextField()), SHOWN_JSON_CHARS))
+            .values_list("text", flat=True)
+            .first()
+        )
+        return format_html('<pre class="json">{}</pre>', shown_json(text))
+
+    column.short_description = name  # type: ignore[attr-defined]
+    return column
+
+
 class ViewOnlyAdmin(CheckedLookups, admin.ModelAdmin):
+    """A record's screens, view-only. Its own JSON columns (an event's data, an intent's, an
+    effect's recorded result, a schedule's payload) are never decoded: a raw-SQL row nested
+    past Python's limit, or holding a number of more than 4,300 digits, made the list and the
+    record's page a 500. The list loads rows without them; the page shows each as its text."""
+
     paginator = EstimatedCountPaginator
 
+    def __init__(self, model: type[Model], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        self.json_fields = [
+            f.name for f in model._meta.concrete_fields if isinstance(f, models.JSONField)
+        ]
+        for name in self.json_fields:
+            setattr(self, f"{name}_shown", MethodType(json_column(model, name), self))
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return without_job_json(super().get_queryset(request))
+        return without_job_json(super().get_queryset(request)).defer(*self.json_fields)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        return [f"{f}_shown" if f in self.json_fields else f for f in fields]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -26,6 +26,7 @@ logger = logging.getLogger("jobs.metrics")
 
 PENDING_SECONDS = 60.0  # how long an id skipped over (its transaction still open) is looked for
 MAX_PENDING = 10_000
+MAX_LOGGED_IDS = 20  # malformed rows named in one warning
 GAP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300)
 RECLAIM_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 START_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -64,6 +65,7 @@ class Tally:
     reclaims: Hist = field(default_factory=lambda: Hist.empty(RECLAIM_BUCKETS))
     rejected: Counter[str] = field(default_factory=Counter)
     wasted: float = 0.0
+    malformed: int = 0  # rows left out of a figure because a value in them could not be read
     rows: int = 0  # rows read
 
     def __add__(self, other: "Tally") -> "Tally":
@@ -75,6 +77,7 @@ class Tally:
             self.reclaims + other.reclaims,
             self.rejected + other.rejected,
             self.wasted + other.wasted,
+            self.malformed + other.malformed,
             self.rows + other.rows,
         )
 
@@ -90,9 +93,23 @@ def events(rows: sql.Rows) -> Tally:
         t.success_attempts.update(dict(sql.success_attempts(cur, rows)))
         t.gaps = Hist.from_row(sql.heartbeat_gaps(cur, rows, GAP_BUCKETS))
         t.starts = Hist.from_row(sql.start_latency(driver, cur, rows, START_BUCKETS))
-        t.reclaims = Hist.from_row(
-            sql.reclaim_latency(driver, connection.vendor, cur, rows, RECLAIM_BUCKETS)
+        histogram, t.malformed = sql.reclaim_latency(
+            driver, connection.vendor, cur, rows, RECLAIM_BUCKETS
         )
+        t.reclaims = Hist.from_row(histogram)
+        if t.malformed:
+            # A row anyone planted stays with itself: it is left out of the histogram (never
+            # the scrape's failure), counted in jobs_metrics_malformed_events_total, and named
+            # here once per process (each row is read once).
+            bad = sql.malformed_reclaims(driver, connection.vendor, cur, rows, MAX_LOGGED_IDS)
+            logger.warning(
+                "metrics: %s expired event(s) without a readable lease_expires_at (a deadline "
+                "timestamp not after the next claim) left out of jobs_reclaim_latency_seconds: "
+                "jobs_jobevent ids %s%s",
+                t.malformed,
+                ", ".join(map(str, bad)),
+                " ..." if t.malformed > len(bad) else "",
+            )
     return t
 
 

@@ -87,6 +87,7 @@ CATALOGUE = {
     "jobs_reclaim_latency_seconds": "Lease expiry to the next claim of that job.",
     "jobs_enqueue_to_start_seconds": "Job due (enqueued or run_at) to its first claim.",
     "jobs_lease_too_short": "1 for a kind whose recent heartbeat gaps approach its lease.",
+    "jobs_metrics_malformed_events_total": "Event rows left out of a figure: a value unreadable.",
     "jobs_metrics_scrape_seconds": "Time this scrape took to collect (almost all of it queries).",
     "jobs_queue_paused": "1 for a queue an operator paused (claims skip it).",
     "jobs_queue_concurrency_limit": "A queue's limit of jobs running at once, across clusters.",
@@ -233,6 +234,7 @@ def collect_families() -> list[Metric]:
         _histogram(tally.gaps, "jobs_heartbeat_gap_seconds", history.GAP_BUCKETS),
         _histogram(tally.reclaims, "jobs_reclaim_latency_seconds", history.RECLAIM_BUCKETS),
         _histogram(tally.starts, "jobs_enqueue_to_start_seconds", history.START_BUCKETS),
+        _counter("jobs_metrics_malformed_events_total", tally.malformed),
     ]
 
     families.append(_lease_family())

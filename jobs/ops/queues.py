@@ -109,7 +109,9 @@ def validate_limit(limit: Any) -> None:
 
 def validate_name(name: Any) -> None:
     if not isinstance(name, str) or not QUEUE_NAME.match(name):
-        raise ValueError(f"queue {name!r} is not a queue name: it must match {QUEUE_NAME.pattern}")
+        raise ValueError(
+            f"queue {name!r:.80} is not a queue name: it must match {QUEUE_NAME.pattern}"
+        )
 
 
 def _check_actor(actor: Any) -> str:

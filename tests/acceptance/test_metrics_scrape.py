@@ -36,6 +36,21 @@ def scrape(client) -> dict[str, float]:
     return samples
 
 
+@pytest.fixture(autouse=True)
+def fresh_tallies(monkeypatch):
+    """This process's tallies start empty: a test before this one (tests/ops/test_metrics.py)
+    scraped rows inside its own transaction that were then rolled back, and a tally kept
+    counting them (in production a scrape only ever reads committed rows)."""
+    from jobs.ops import history, metrics
+
+    monkeypatch.setattr(
+        metrics, "_event_tally", history.Incremental("jobs_jobevent", history.events)
+    )
+    monkeypatch.setattr(
+        metrics, "_rejection_tally", history.Incremental("jobs_rejectedwrite", history.rejections)
+    )
+
+
 def test_metrics_after_a_zombie_run_in_worker_processes(start_qcluster, client, settings):
     settings.JOBS_METRICS_TOKEN = "t0ken"
     cluster = start_qcluster()

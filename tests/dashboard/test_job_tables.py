@@ -3,14 +3,17 @@
 the labels the template printed."""
 
 import re
+from html import escape
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models import Model
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard.selectors import EVENT_DATA_CHARS
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 
 pytestmark = pytest.mark.django_db
@@ -60,7 +63,7 @@ def test_the_job_tables_escape_every_value_and_keep_their_markup(operator_client
 
     (event,) = rows(html, 'class="grid events"')
     assert 'class="ev-claimed"' in event and "&lt;img" in event
-    assert "{&#x27;x&#x27;: &#x27;&lt;img" in event  # the data as the template printed it
+    assert "{&quot;x&quot;: &quot;&lt;img" in event  # the data as the database gives its text
 
 
 @pytest.mark.parametrize(
@@ -81,3 +84,36 @@ def test_display_gives_what_get_foo_display_gives(model: type[Model], field: str
     for value in [*values, "not-a-choice"]:
         obj = model(**{field: value})
         assert display(obj, field) == getattr(obj, f"get_{field}_display")()
+
+
+NESTED = "[" * 5000 + "]" * 5000  # valid jsonb, beyond Python's recursion limit
+HUGE_NUMBER = '{"n": 1e5000}'  # jsonb keeps every digit; Python refuses an int of over 4,300
+
+
+@pytest.mark.parametrize("data", [NESTED, HUGE_NUMBER], ids=["nested", "huge-number"])
+def test_an_event_python_cannot_decode_is_shown_as_its_text(
+    operator_client: Client, make_job: Any, data: str
+) -> None:
+    """Before: one raw-SQL event like this made its job's page and events pages a 500."""
+    job = make_job(state="running", attempt=1)
+    event = JobEvent.objects.create(job=job, attempt=1, type="claimed", worker="w:1")
+    JobEvent.objects.create(job=job, attempt=1, type="heartbeat", worker="w:1")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE jobs_jobevent SET data = %s::jsonb WHERE id = %s RETURNING data::text",
+            [data, event.pk],
+        )
+        stored = cur.fetchone()[0]
+    for url in (reverse("dashboard:job", args=[job.pk]), f"/jobs/{job.pk}/events/"):
+        response = operator_client.get(url)
+        assert response.status_code == 200, url
+        assert escape(stored[:50]) in response.content.decode()
+
+
+def test_a_huge_event_data_is_cut_in_the_log(operator_client: Client, make_job: Any) -> None:
+    """Before: an event holding 5 MB of data made its job's page 5 MB."""
+    job = make_job(state="running", attempt=1)
+    JobEvent.objects.create(job=job, attempt=1, type="claimed", data={"s": "z" * 5_000_000})
+    for url in (reverse("dashboard:job", args=[job.pk]), f"/jobs/{job.pk}/events/"):
+        html = operator_client.get(url).content.decode()
+        assert f"(the first {EVENT_DATA_CHARS:,} characters)" in html and len(html) < 100_000

@@ -167,3 +167,34 @@ def test_a_payload_search_pages_through_older_windows_and_says_what_it_searched(
         before, pages = page.context["page"].next_before, pages + 1
     assert found == [wanted.pk]
     assert pages <= 3  # windows of 3 below the first: 8 jobs in all
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+@pytest.mark.parametrize(
+    "name, limit", [("q", 500), ("kind", 100), ("queue", 64), ("since", 100), ("before", 100)]
+)
+def test_an_overlong_filter_is_refused_by_name_and_never_echoed(
+    operator_client: Client, make_job: Callable[..., Job], name: str, limit: int, htmx: bool
+) -> None:
+    """Before: a 100 KB search was refused but came back twice in the page (the input, the
+    live socket's query), and a parameter no filter reads came back in every link."""
+    make_job(kind="test.echo")
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    value = "zq" * 50_000
+    response = operator_client.get(
+        reverse("dashboard:jobs"), {name: value, "junk": value}, **headers
+    )
+    assert response.status_code == 200 and list(response.context["page"].jobs) == []
+    html = response.content.decode()
+    assert f"at most {limit:,} characters (this one has 100,000)" in html
+    assert "zqzq" not in html and len(html) < 50_000
+
+
+def test_an_unknown_parameter_is_left_out_of_the_pages_links(
+    operator_client: Client, make_job: Callable[..., Job]
+) -> None:
+    make_job(kind="test.echo")
+    html = operator_client.get(
+        reverse("dashboard:jobs"), {"kind": "test.echo", "junk": "zq"}
+    ).content.decode()
+    assert "junk" not in html and "kind=test.echo" in html

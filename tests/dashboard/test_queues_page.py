@@ -276,3 +276,17 @@ def test_settled_minutes_are_read_once_per_process_and_the_last_two_minutes_ever
     html = operator_client.get(url).content.decode()
     assert _cell(_row(html, "mail"), "failed") == "2"  # the settled minute is not read again
     assert long_ago not in queues._settled  # a minute that left the hour is forgotten
+
+
+@pytest.mark.parametrize("field", ["name", "action"])
+def test_an_overlong_name_or_action_comes_back_cut_in_the_message(
+    queue_operator: User, field: str
+) -> None:
+    """Before: a 100 KB queue name or action came back whole in the error message, stored in
+    the session (too large for the messages cookie) and printed on the next page."""
+    client = client_for(queue_operator)
+    sent = {"name": "mail", "action": "pause", field: "zq" * 50_000}
+    response = client.post(reverse("dashboard:queue-action"), sent, follow=True)
+    html = response.content.decode()
+    assert response.status_code == 200 and "zqzq" in html and "zq" * 100 not in html
+    assert queue_ops.controls() == {}

@@ -77,3 +77,31 @@ def test_the_admin_lists_and_shows_rows_about_an_undecodable_job(
     shown = admin_client.get(f"/admin/jobs/{name}/{row.pk}/change/")
     assert shown.status_code == 200, name
     assert f"/admin/jobs/job/{undecodable.pk}/change/" in shown.content.decode()
+
+
+@pytest.mark.parametrize("data", [NESTED, HUGE], ids=["nested", "huge-number"])
+def test_a_records_own_json_python_cannot_decode_is_shown_as_its_text(admin_client, make_job, data):
+    """Before: an event, intent, effect or schedule whose own JSON Python cannot decode made
+    its admin list and its page a 500 (their job's JSON was already never read)."""
+    job = make_job(state="running", attempt=1)
+    rows = {
+        "jobevent": (JobEvent.objects.create(job=job, attempt=1, type="claimed"), "data"),
+        "intent": (
+            Intent.objects.create(job=job, attempt=1, step="h", key=f"{job.pk}:h", target="t"),
+            "data",
+        ),
+        "idempotencykey": (
+            IdempotencyKey.objects.create(key=f"{job.pk}:m", job=job, step="m", attempt=1),
+            "result",
+        ),
+    }
+    for model, (row, column) in rows.items():
+        with connection.cursor() as cur:
+            cur.execute(
+                f"UPDATE jobs_{model} SET {column} = %s::jsonb WHERE id = %s", [data, row.pk]
+            )
+        listing = admin_client.get(f"/admin/jobs/{model}/")
+        assert listing.status_code == 200, model
+        page = admin_client.get(f"/admin/jobs/{model}/{row.pk}/change/")
+        assert page.status_code == 200, model
+        assert '<pre class="json">' in page.content.decode(), model

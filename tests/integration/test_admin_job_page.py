@@ -113,3 +113,16 @@ def test_the_dashboard_shows_an_undecodable_payload_and_refuses_its_copy(admin_c
     assert admin_client.get("/jobs/").status_code == 200
     text = admin_client.post(f"/jobs/{job_id}/act/copy/", HTTP_HX_REQUEST="true").content.decode()
     assert "refused: its payload cannot be decoded" in text
+
+
+def test_the_job_page_inlines_show_the_newest_rows_and_say_so(admin_client, make_job, monkeypatch):
+    """Before: every attempt and rejected write was inlined (3,000 and 5,000: 14 MB in 36 s)."""
+    from jobs.admin import job as job_admin
+    from tests.dashboard.test_job_page_bounds import _many_attempts_and_rejections
+
+    monkeypatch.setattr(job_admin, "INLINE_ROWS", 5)
+    job = _many_attempts_and_rejections(make_job, 12)
+    html = _page(admin_client, job)
+    assert "the newest 5 of 12" in html.lower()
+    assert "zombie:7<" not in html and "zombie:8<" in html
+    assert html.count("w:7<") == 0 and html.count("w:8<") >= 1

@@ -1,9 +1,12 @@
 """/metrics: names, values derived from the tables, incremental counting, protection."""
 
+import logging
 import time
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.core import transitions
@@ -192,3 +195,43 @@ def test_kinds_planted_by_raw_rows_are_capped_in_labels(client, monkeypatch):
         "jobs_lease_too_short{kind=planted.k1}",
         "jobs_lease_too_short{kind=planted.k2}",
     ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"lease_expires_at": "garbage"},
+        {"lease_expires_at": "2026-02-30T10:00:00+00:00"},  # no such day
+        {"lease_expires_at": "infinity"},
+        {"lease_expires_at": 12345},
+        {"lease_expires_at": ["2026-01-01T00:00:00+00:00"]},
+        {"charged": True},  # no deadline at all
+        ["not", "an", "object"],
+        {"lease_expires_at": "2999-01-01T00:00:00+00:00"},  # after the claim that followed it
+    ],
+)
+def test_a_malformed_expired_event_is_skipped_and_counted_alone(
+    client, make_job, monkeypatch, caplog, data
+):
+    # One hand-inserted `expired` event whose deadline cannot be read used to fail the reclaim
+    # histogram's statement, and with it every scrape; it is left out, logged and counted.
+    monkeypatch.setattr(metrics, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(
+        metrics, "_event_tally", history.Incremental("jobs_jobevent", history.events)
+    )
+    good, bad = make_job(attempt=2), make_job(attempt=2)
+    past = timezone.now() - timedelta(seconds=3)
+    for job, evidence in ((good, {"lease_expires_at": past.isoformat()}), (bad, data)):
+        expired = JobEvent.objects.create(
+            job=job, attempt=1, type="expired", worker="r", data=evidence
+        )
+        JobEvent.objects.create(job=job, attempt=2, type="claimed", worker="w")
+    with caplog.at_level(logging.WARNING, logger="jobs.metrics"):
+        samples = scrape(client)
+    assert f"jobs_jobevent ids {expired.pk}" in caplog.text  # the bad one, planted last
+    assert samples["jobs_reclaims_total"] == 2
+    assert samples["jobs_reclaim_latency_seconds_count"] == 1
+    assert 2 < samples["jobs_reclaim_latency_seconds_sum"] < 60
+    assert samples["jobs_metrics_malformed_events_total"] == 1
+    assert samples["jobs_claims_total"] == 2  # everything else is still scraped
