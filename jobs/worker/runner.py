@@ -12,8 +12,9 @@ which commits it within twice FLUSH_SECONDS whatever its batch-mates do, or at o
 ends (while the runner claims the next one; the runner commits itself if the last batch's commit
 is still on its way). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
 timeout) fails that job with its own error, commits the batch's successes and releases the jobs
-never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
-attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
+never started -- then propagates. A SIGKILL cannot be caught: qcluster's main process sees the
+worker die and reclaims its jobs at once (jobs/worker/rescue.py; else their leases run out),
+charging only the attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
 
 A handler that runs past its execution timeout (`@handler(timeout=...)`, else Q_TIMEOUT) fails
 alone: the background thread fails its attempt, settles its batch and ends this worker process,
