@@ -30,6 +30,7 @@ it at once) and ends this worker process after ABANDON_SECONDS -- the abandoned 
 in between change zero rows and are recorded like any zombie's.
 """
 
+import contextvars
 import logging
 import os
 import socket
@@ -104,7 +105,10 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
 
 def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     try:
-        result = handler.fn(ctx)
+        # In a copy of the drain's context: what the handler activates there (Django's
+        # timezone.activate, translation.activate, any ContextVar) ends with it, not in the
+        # worker's next job.
+        result = contextvars.copy_context().run(handler.fn, ctx)
     except LeaseLost:
         return Outcome(succeeded=False, lost=True)
     except Exception as exc:  # noqa: BLE001  a handler's failure is data: classified, written once

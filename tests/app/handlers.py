@@ -344,3 +344,55 @@ def timeout_in_c(ctx: JobContext) -> dict[str, Any]:
 def timeout_short(ctx: JobContext) -> dict[str, Any]:
     """A kind with a short execution timeout; the tests swap in what it does around it."""
     return {"attempt": ctx.attempt}
+
+
+# What test.session changes (`{"change": [...]}`), each as a careless handler would leave it.
+SESSION_CHANGES = {
+    "statement_timeout": "SET statement_timeout = '1234s'",
+    "search_path": "SET search_path TO pg_catalog",
+    "set_config": "SELECT set_config('statement_timeout', '4321s', false)",
+    "advisory_lock": "SELECT pg_advisory_lock(7, 7)",
+    "temp_table": "CREATE TEMP TABLE leftover (n int)",
+}
+
+
+def session_state() -> dict[str, Any]:
+    """What this thread's session and Django activations look like now."""
+    from django.db import connection
+    from django.utils import timezone, translation
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT current_setting('statement_timeout'), current_setting('search_path'), "
+            "(SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' "
+            "AND pid = pg_catalog.pg_backend_pid()), "
+            "pg_catalog.to_regclass('pg_temp.leftover') IS NOT NULL"
+        )
+        timeout, path, locks, temp = cur.fetchone()
+    return {
+        "statement_timeout": timeout,
+        "search_path": path,
+        "advisory_locks": locks,
+        "temp_table": temp,
+        "timezone": timezone.get_current_timezone_name(),
+        "language": translation.get_language(),
+    }
+
+
+@handler("test.session")
+def session(ctx: JobContext) -> dict[str, Any]:
+    """Returns the session as it found it (session_state), then leaves behind what
+    `payload["change"]` names: SESSION_CHANGES' statements, "timezone", "language"."""
+    from django.db import connection
+    from django.utils import timezone, translation
+
+    found = session_state()
+    for change in ctx.payload.get("change", []):
+        if change == "timezone":
+            timezone.activate("Asia/Tokyo")
+        elif change == "language":
+            translation.activate("fr")
+        else:
+            with connection.cursor() as cur:
+                cur.execute(SESSION_CHANGES[change])
+    return found
