@@ -114,7 +114,7 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     except Exception as exc:  # noqa: BLE001  a handler's failure is data: classified, written once
         if refused_at_commit(ctx, exc):  # its transaction's COMMIT refused a stale token write
             return Outcome(succeeded=False, lost=True)
-        return Outcome(succeeded=False, error=traceback.format_exc())
+        return Outcome(succeeded=False, error=traceback.format_exc() + _hint(exc))
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
     except InvalidPayload as exc:
@@ -124,6 +124,21 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
         why = "".join(traceback.format_exception_only(exc)).strip()  # safe if str(exc) raises
         return Outcome(succeeded=False, error=f"handler returned an unusable result: {why}")
     return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
+
+
+_DAEMONIC = "daemonic processes are not allowed to have children"
+
+
+def _hint(exc: Exception) -> str:
+    """What a handler's error means where Python's own message does not say (its failure only)."""
+    if isinstance(exc, AssertionError) and _DAEMONIC in str(exc):
+        return (
+            "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
+            "Process, Pool and ProcessPoolExecutor cannot start children there. Use subprocess "
+            "(subprocess.run([sys.executable, ...])), threads for I/O, or one job per part "
+            "(jobs.enqueue): docs/operations.md#what-a-handler-leaves-on-its-worker)"
+        )
+    return ""
 
 
 def drain(

@@ -187,7 +187,8 @@ def script(ctx: JobContext) -> Any:
     `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"|...}` (a
     transaction left open -- `atomic_other` on the alias "other" --, or a session parameter
     changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
-    (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
+    (a non-daemon thread left running forever), `{"multiprocessing": "process"|"pool"}` (a
+    child started by multiprocessing), `{"fork_child": "exit"|"return"}` (a child
     forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM
     deadline of its own, raising, left pending if the handler raises first),
     `{"bad": ...}` for values no payload can carry (a NUL or a
@@ -225,6 +226,17 @@ def script(ctx: JobContext) -> Any:
                 raise SystemExit(0)  # sys.exit() where os._exit() was meant
             return {"child": os.getpid()}  # returns into the drain it was forked from
         time.sleep(float(p.get("after_fork", 0.0)))  # the parent goes on meanwhile
+    if "multiprocessing" in p:  # a child process through multiprocessing, as a handler might
+        import concurrent.futures
+        import multiprocessing
+
+        if p["multiprocessing"] == "pool":
+            with concurrent.futures.ProcessPoolExecutor(1) as pool:
+                return pool.submit(abs, -1).result()
+        child = multiprocessing.Process(target=abs, args=(-1,))
+        child.start()
+        child.join()
+        return child.exitcode
     if p.get("leak_thread"):  # a non-daemon thread that never ends
         import threading
 
