@@ -139,7 +139,7 @@ class Driver:
             "a.running_confirmed_at IS NOT NULL, a.worker, j.lease_expires_at, j.heartbeat_at "
             "FROM jobs_job j JOIN jobs_attempt a ON a.job_id = j.id AND a.number = j.attempt "
             f"WHERE j.state = '{RUNNING}' AND a.worker = %(owner)s AND a.outcome = '{OPEN}' "
-            f"AND a.claimed_at < {self.later('ago')} ORDER BY j.id LIMIT %(limit)s",
+            f"AND a.claimed_at <= {self.later('ago')} ORDER BY j.id LIMIT %(limit)s",
             {"owner": owner, "ago": -gone_for, "limit": limit},
         )
         return [ExpiredRow(*r) for r in cur.fetchall()]
@@ -150,7 +150,7 @@ class Driver:
         return (
             "EXISTS (SELECT 1 FROM jobs_attempt o WHERE o.job_id = %(id)s "
             "AND o.number = %(attempt)s AND o.worker = %(owner)s "
-            f"AND o.outcome = '{OPEN}' AND o.claimed_at < {self.later('ago')})"
+            f"AND o.outcome = '{OPEN}' AND o.claimed_at <= {self.later('ago')})"
         )
 
     def read_attempt_outcome(self, cur: CursorWrapper, job_id: int, attempt: int) -> str | None:
