@@ -71,7 +71,6 @@ _SESSION_SQL = re.compile(
     r"(?:false|%s|%\(\w+\)s|\$\d+)\s*\)",
     re.IGNORECASE,
 )
-_touched = [False]  # a statement of the running handler touched the session (see above)
 
 
 def touches_session(sql: str) -> bool:
@@ -79,9 +78,10 @@ def touches_session(sql: str) -> bool:
 
 
 def _watch(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
-    """The execute wrapper on the drain's connection while a handler runs."""
-    if not _touched[0] and isinstance(sql, str) and _SESSION_SQL.search(sql) is not None:
-        _touched[0] = True
+    """The execute wrapper on the drain's connection while a handler runs: marks the connection
+    (Django's, of this thread) when a statement touches the session."""
+    if isinstance(sql, str) and _SESSION_SQL.search(sql) is not None:
+        context["connection"].jobs_session_touched = True
     return execute(sql, params, many, context)
 
 
@@ -182,7 +182,7 @@ def after(found: Before) -> str:
         wrappers.pop()
     elif _watch in wrappers:  # the handler left a wrapper of its own on top
         wrappers.remove(_watch)
-    touched, _touched[0] = _touched[0], False
+    touched = conn.__dict__.pop("jobs_session_touched", False)
     if not alarm_pending and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         _cancel_alarm()
     raw = conn.connection

@@ -17,7 +17,8 @@ killed by it, by the OOM killer or by an operator -- goes to jobs.worker.rescue,
 the jobs it held at once, as the reaper would once their leases ran out (charged alike).
 
 Never: writes to the database except through jobs.worker.completer (`time_out`: the overrun
-attempt's fenced fail, its batch-mates' fenced releases), and never touches another worker's
+attempt's fenced fail, its batch-mates' fenced releases) and, on the main process's thread,
+jobs.worker.rescue (a dead worker's reclaims), and never touches another worker's
 job: a timeout ends only the process that overran. It never starts the cluster's shutdown grace
 (a stop of one worker is not a stop of the cluster).
 
