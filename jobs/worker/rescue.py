@@ -13,8 +13,8 @@ meanwhile is untouched. It is recorded like any reclaim: the attempt ends `expir
 
 Never: rescues a pid that a live process holds (the watchdog's `_dead` asks the kernel: no such
 process, or our own exited child not yet reaped); an attempt claimed after the pid was seen dead
-(a new process that reused the pid) fails the guard. A rescue the database cannot take now (an outage) is tried
-again at each look for RETRY_SECONDS; after that the reaper has the jobs by their leases anyway.
+(a new process that reused the pid) fails the guard. A rescue the database cannot take now (an
+outage) is tried again at each look for RETRY_SECONDS; after that the leases decide, as before.
 """
 
 import logging
