@@ -42,8 +42,9 @@ logger = logging.getLogger("jobs.runner")
 # non-daemon threads its handlers left running before it leaves without them: more than the
 # platform's own exit work takes (jobs.core.registry.EXIT_HOOK_SECONDS).
 EXIT_THREADS_SECONDS = 5.0
-# The exit status of a worker process that left without such threads: not 0, so a supervisor
-# (and django-q2's sentinel log) sees that it did not end cleanly.
+# The exit status of a worker process that left without such threads: not 0, so whatever reads
+# its status (a process monitor, a test, multiprocessing's exitcode) sees that it did not end
+# cleanly; the error line names the threads (django-q2's sentinel only logs the replacement).
 EXIT_LEAKED_THREADS = 3
 
 # 0.0: no stop requested; otherwise the time.monotonic() at which the grace period ends.
