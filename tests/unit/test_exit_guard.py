@@ -1,6 +1,6 @@
 """The exit guard (jobs.worker.shutdown): a worker process that a handler's non-daemon thread
 would hold alive forever leaves without it -- and says so with a non-zero exit status and an
-error line, so a supervisor (and django-q2's sentinel) sees an exit that abandoned running code.
+error line, so whatever reads its status sees an exit that abandoned running code.
 A real worker-like process (a multiprocessing child, as django-q2's workers are): the guard runs in
 its exit, which a test cannot fake in-process."""
 
