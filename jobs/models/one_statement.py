@@ -154,8 +154,9 @@ def _built(
 @async_unsafe
 def _execute(conn: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
     """One round trip: the statement's only row, or None."""
-    if conn.queries_logged or conn.execute_wrappers:  # Django must see it: its own cursor
-        with conn.cursor() as cur:
+    wraps = conn.execute_wrappers  # but a `transparent` one's (jobs.worker.hygiene's: its SETs)
+    if conn.queries_logged or (wraps and not all(getattr(w, "transparent", 0) for w in wraps)):
+        with conn.cursor() as cur:  # Django must see it (a query log, a wrapper): its cursor
             cur.execute(sql, params)
             return cur.fetchone()  # type: ignore[no-any-return]
     # What conn.cursor() and its execute() check, without their wrappers' cost.

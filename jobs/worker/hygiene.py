@@ -22,15 +22,26 @@ A process the handler forked that comes back into the drain (it returned, or rai
 should have called `os._exit`) shares the worker's sockets and jobs: it exits at once
 (`leave_forked_child`), before it could touch either.
 
+Session state the server does not report -- `SET statement_timeout`, `SET search_path` (before
+PostgreSQL 18), `SET ROLE`, a session-level advisory lock, a temporary table, `LISTEN`,
+`set_config(..., false)`, `RESET`/`DISCARD` -- is seen from the handler's own statements: while
+a handler runs, an execute wrapper on the drain's connection (Django's `execute_wrapper`, so
+the ORM and `connection.cursor()`) marks the connection when a statement's text does one of
+those (`touches_session`); it is closed after the handler like one whose reported parameters
+changed (the server drops the locks and temporary tables, and the next job gets a fresh
+session). Not seen: such a statement sent through the driver's own cursor
+(`connection.connection.cursor()`) or made inside a server-side function. Django's per-thread
+activations (`timezone.activate`, `translation.activate`) live in context variables: the runner
+runs each handler in a copy of its context (jobs.worker.runner), so they end with the handler.
+
 Never: a round trip. The looks are local (Django's flags, libpq's transaction status and the
 parameters the server reports on every change), so the drain's hot path pays microseconds.
 A connection the handler closed and reopened is held to the parameters of the one it replaced.
-Parameters the server does not report (`statement_timeout`, `search_path` before PostgreSQL 18)
-are not seen here; a drain whose claim fails closes its connection anyway.
 """
 
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -49,6 +60,34 @@ _READ_ONLY, _TIME_ZONE, _AUTHORIZATION, _DATE_STYLE = (
     b"DateStyle",
 )
 _IDLE, _INERROR = 0, 3  # libpq's PQTRANS_IDLE, PQTRANS_INERROR
+
+# A statement that leaves state on the session the server does not report: a SET that is not
+# LOCAL (or of the transaction), RESET, DISCARD, LISTEN, LOAD, a temporary table, a session-level
+# advisory lock (the _xact_ ones end with the transaction), set_config(..., false or a parameter).
+_SESSION_SQL = re.compile(
+    r"(?:^|;)\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b|LISTEN\b"
+    r"|LOAD\b|CREATE\s+(?:(?:GLOBAL|LOCAL)\s+)?(?:TEMP|UNLOGGED\s+TEMP))|\bINTO\s+TEMP"
+    r"|\bpg_(?:try_)?advisory_lock|\bset_config\s*\((?:[^()]|\([^()]*\))*?,\s*"
+    r"(?:false|%s|%\(\w+\)s|\$\d+)\s*\)",
+    re.IGNORECASE,
+)
+
+
+def touches_session(sql: str) -> bool:
+    return _SESSION_SQL.search(sql) is not None
+
+
+def _watch(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+    """The execute wrapper on the drain's connection while a handler runs: marks the connection
+    (Django's, of this thread) when a statement touches the session."""
+    if isinstance(sql, str) and _SESSION_SQL.search(sql) is not None:
+        context["connection"].jobs_session_touched = True
+    return execute(sql, params, many, context)
+
+
+# enqueue's one-statement path (jobs.models.one_statement) need not go through Django's cursor
+# for this wrapper: its statement is ours and touches no session state.
+_watch.transparent = True  # type: ignore[attr-defined]
 
 # The driver's connection last seen before a handler, and its parameters then: read once per
 # connection (the drain's connection lives for many jobs), compared after each handler.
@@ -87,6 +126,7 @@ def before() -> Before:
     raw = conn.connection
     if raw is not None and raw is not _seen[0]:
         _seen[:] = [raw, _params(raw)]
+    conn.execute_wrappers.append(_watch)
     return conn, signal.getitimer(signal.ITIMER_REAL)[0] > 0, _forks[0]
 
 
@@ -137,6 +177,12 @@ def after(found: Before) -> str:
     """Look at what the handler left; reset the connection if it is unfit. Returns why the job
     must fail ("" if it need not): a transaction it left open, whose writes are rolled back."""
     conn, alarm_pending, _ = found
+    wrappers = conn.execute_wrappers
+    if wrappers and wrappers[-1] is _watch:
+        wrappers.pop()
+    elif _watch in wrappers:  # the handler left a wrapper of its own on top
+        wrappers.remove(_watch)
+    touched = conn.__dict__.pop("jobs_session_touched", False)
     if not alarm_pending and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         _cancel_alarm()
     raw = conn.connection
@@ -151,13 +197,15 @@ def after(found: Before) -> str:
     # A connection the handler opened anew (it closed the drain's) is held to the parameters
     # of the one it replaced: a new connection from the same settings reports the same ones.
     changed = not left and raw is not None and _seen[0] is not None and _params(raw) != _seen[1]
+    changed = changed or (touched and not left and conn.connection is not None)
     if not left and not changed:
         return ""
     _reset(conn)
     if changed:
         logger.warning(
-            "a handler changed session parameters of the worker's connection; it was closed so "
-            "the next job starts on a fresh one (use SET LOCAL inside a transaction instead)"
+            "a handler changed the session of the worker's connection (a session parameter, an "
+            "advisory lock, a temporary table); it was closed so the next job starts on a fresh "
+            "one (use SET LOCAL, pg_advisory_xact_lock inside a transaction instead)"
         )
         return ""
     logger.warning("a handler returned %s; rolled back and the connection closed", left)

@@ -13,12 +13,17 @@ first heartbeat interval -- is requeued uncharged. Its job is confirmed explicit
 a job that kills its worker is charged at its next run and ends with its own error; a "never
 started" verdict costs nothing per job (the confirmation rides on the heartbeat).
 
+Rescue: a worker process qcluster's main process saw die (jobs.worker.rescue) has its open
+attempts reclaimed at once, decided and charged the same way; the statement requires the attempt
+to be that process's, still open, and claimed before it was seen dead, instead of an expired lease.
+
 Hazards: one row the database refuses must not stop the others: each reclaim is its own statement
 and a refused one is logged and skipped. A lost race is not a stale write (the reaper holds no
 attempt): it is counted in `lost_races`, never recorded as a RejectedWrite.
 """
 
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db import DatabaseError, InterfaceError, OperationalError
@@ -54,10 +59,22 @@ def _handler(kind: str) -> Handler | None:
 
 def reap(worker: str, limit: int = 200) -> int:
     """Reclaim up to `limit` expired leases; return how many this call reclaimed."""
+    return _reclaim_all(transitions.find_expired(limit), worker, None)
+
+
+def rescue(owner: str, seen_dead_at: float, worker: str, limit: int = 200) -> int:
+    """Reclaim at once the jobs whose open attempts worker process `owner` ("<host>:<pid>",
+    seen dead at time.monotonic() `seen_dead_at`) claimed before then (jobs.worker.rescue):
+    decided and charged like an expiry, without waiting out the lease."""
+    rows = transitions.find_held_by(owner, time.monotonic() - seen_dead_at, limit)
+    return _reclaim_all(rows, worker, seen_dead_at)
+
+
+def _reclaim_all(rows: list[ExpiredRow], worker: str, seen_dead_at: float | None) -> int:
     reclaimed = 0
-    for row in transitions.find_expired(limit):
+    for row in rows:
         try:
-            reclaimed += _reclaim(row, worker)
+            reclaimed += _reclaim(row, worker, seen_dead_at)
         except (OperationalError, InterfaceError):
             raise
         except DatabaseError:
@@ -66,18 +83,24 @@ def reap(worker: str, limit: int = 200) -> int:
     return reclaimed
 
 
-def _reclaim(row: ExpiredRow, worker: str) -> int:
+def _reclaim(row: ExpiredRow, worker: str, seen_dead_at: float | None = None) -> int:
     cfg = jobs_settings()
     limit = policy.max_attempts_for(row.max_attempts, _handler(row.kind), cfg)
     charged = policy.charged_attempts(row.attempt, row.attempts_released)
     decision = policy.decide_expiry(charged, limit)
     terminal = row.confirmed and not decision.retry
-    error = (
-        f"attempt {row.attempt} (charged attempt {charged} of {limit}) ran on {row.worker} and "
+    why = (
         "its lease expired: the worker stopped heartbeating (killed, stalled or cut off)"
+        if seen_dead_at is None
+        else "its worker process exited without ending it (killed: SIGKILL, out of memory)"
     )
+    error = f"attempt {row.attempt} (charged attempt {charged} of {limit}) ran on {row.worker} "
+    error += f"and {why}"
+    # A rescue's fence: the attempt was claimed before its process was seen dead (as long ago
+    # as now, measured when the statement is built, not when the rows were read).
+    gone_for = None if seen_dead_at is None else time.monotonic() - seen_dead_at
     if not transitions.reclaim_expired(
-        row, terminal=terminal, charged=row.confirmed, worker=worker, error=error
+        row, terminal=terminal, charged=row.confirmed, worker=worker, error=error, gone_for=gone_for
     ):
         stats.lost_races += 1
         logger.debug("job %s attempt %s: reclaim lost its race", row.id, row.attempt)

@@ -12,8 +12,9 @@ which commits it within twice FLUSH_SECONDS whatever its batch-mates do, or at o
 ends (while the runner claims the next one; the runner commits itself if the last batch's commit
 is still on its way). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
 timeout) fails that job with its own error, commits the batch's successes and releases the jobs
-never started -- then propagates. A SIGKILL cannot be caught: the reaper then charges only the
-attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
+never started -- then propagates. A SIGKILL cannot be caught: qcluster's main process sees the
+worker die and reclaims its jobs at once (jobs/worker/rescue.py; else their leases run out),
+charging only the attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
 
 A handler that runs past its execution timeout (`@handler(timeout=...)`, else Q_TIMEOUT) fails
 alone: the background thread fails its attempt, settles its batch and ends this worker process,
@@ -29,6 +30,7 @@ it at once) and ends this worker process after ABANDON_SECONDS -- the abandoned 
 in between change zero rows and are recorded like any zombie's.
 """
 
+import contextvars
 import logging
 import os
 import socket
@@ -103,13 +105,16 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
 
 def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     try:
-        result = handler.fn(ctx)
+        # In a copy of the drain's context: what the handler activates there (Django's
+        # timezone.activate, translation.activate, any ContextVar) ends with it, not in the
+        # worker's next job.
+        result = contextvars.copy_context().run(handler.fn, ctx)
     except LeaseLost:
         return Outcome(succeeded=False, lost=True)
     except Exception as exc:  # noqa: BLE001  a handler's failure is data: classified, written once
         if refused_at_commit(ctx, exc):  # its transaction's COMMIT refused a stale token write
             return Outcome(succeeded=False, lost=True)
-        return Outcome(succeeded=False, error=traceback.format_exc())
+        return Outcome(succeeded=False, error=traceback.format_exc() + _hint(exc))
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
     except InvalidPayload as exc:
@@ -119,6 +124,21 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
         why = "".join(traceback.format_exception_only(exc)).strip()  # safe if str(exc) raises
         return Outcome(succeeded=False, error=f"handler returned an unusable result: {why}")
     return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
+
+
+_DAEMONIC = "daemonic processes are not allowed to have children"
+
+
+def _hint(exc: Exception) -> str:
+    """What a handler's error means where Python's own message does not say (its failure only)."""
+    if isinstance(exc, AssertionError) and _DAEMONIC in str(exc):
+        return (
+            "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
+            "Process, Pool and ProcessPoolExecutor cannot start children there. Use subprocess "
+            "(subprocess.run([sys.executable, ...])), threads for I/O, or one job per part "
+            "(jobs.enqueue): docs/operations.md#what-a-handler-leaves-on-its-worker)"
+        )
+    return ""
 
 
 def drain(

@@ -42,6 +42,10 @@ logger = logging.getLogger("jobs.runner")
 # non-daemon threads its handlers left running before it leaves without them: more than the
 # platform's own exit work takes (jobs.core.registry.EXIT_HOOK_SECONDS).
 EXIT_THREADS_SECONDS = 5.0
+# The exit status of a worker process that left without such threads: not 0, so whatever reads
+# its status (a process monitor, a test, multiprocessing's exitcode) sees that it did not end
+# cleanly; the error line names the threads (django-q2's sentinel only logs the replacement).
+EXIT_LEAKED_THREADS = 3
 
 # 0.0: no stop requested; otherwise the time.monotonic() at which the grace period ends.
 _grace_ends_at = multiprocessing.RawValue("d", 0.0)
@@ -130,19 +134,23 @@ def _exit_without_leaked_threads() -> None:
     gone -- a recycled worker stayed alive and idle for good, the cluster one worker short.
     The exit goes on as usual (the platform's own non-daemon thread, jobs.tasks' notices sent at
     exit, finishes within its bound); a daemonic thread ends the process EXIT_THREADS_SECONDS
-    later if it is still there (what such threads owed belongs to attempts already ended)."""
+    later if it is still there (what such threads owed belongs to attempts already ended), with
+    status EXIT_LEAKED_THREADS: an exit that abandoned running code is not a clean one."""
     threading.Thread(target=_leave_later, name="jobs-exit-guard", daemon=True).start()
 
 
 def _leave_later() -> None:
     time.sleep(EXIT_THREADS_SECONDS)  # the process normally ends meanwhile, and this with it
     left = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
-    logger.warning(
-        "worker process %s exits without %s thread(s) a handler left running: %s",
+    logger.error(
+        "worker process %s exits with status %s, %.0f s after its exit began, without %s "
+        "non-daemon thread(s) a handler left running: %s",
         os.getpid(),
+        EXIT_LEAKED_THREADS,
+        EXIT_THREADS_SECONDS,
         len(left),
         ", ".join(left[:5]),
     )
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(EXIT_LEAKED_THREADS)

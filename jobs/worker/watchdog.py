@@ -12,11 +12,13 @@ queued, bounded by EXIT_HOOK_SECONDS; os._exit would kill their thread first), a
 worker process, which django-q2's sentinel replaces (jobs.worker.runner). `Watchdog`, a thread
 of qcluster's main process, logs every worker that timed out, and SIGKILLs one still alive
 KILL_MARGIN_SECONDS after its deadline (or after its settling budget): a handler stuck in C code
-that holds the GIL, so that no thread of its process can run. Such an attempt then ends by its
-lease (the reaper), like any killed worker's.
+that holds the GIL, so that no thread of its process can run. Every worker it sees dead --
+killed by it, by the OOM killer or by an operator -- goes to jobs.worker.rescue, which reclaims
+the jobs it held at once, as the reaper would once their leases ran out (charged alike).
 
 Never: writes to the database except through jobs.worker.completer (`time_out`: the overrun
-attempt's fenced fail, its batch-mates' fenced releases), and never touches another worker's
+attempt's fenced fail, its batch-mates' fenced releases) and, on the main process's thread,
+jobs.worker.rescue (a dead worker's reclaims), and never touches another worker's
 job: a timeout ends only the process that overran. It never starts the cluster's shutdown grace
 (a stop of one worker is not a stop of the cluster).
 
@@ -40,7 +42,7 @@ from jobs.context import Held
 from jobs.core import registry
 from jobs.core.conf import jobs_settings
 from jobs.core.transitions import Claimed, Fence
-from jobs.worker import completer
+from jobs.worker import completer, rescue
 from jobs.worker.heartbeat import Heartbeater
 
 logger = logging.getLogger("jobs.runner")
@@ -80,7 +82,11 @@ def claim_slot(sender: object = None, **kwargs: object) -> None:
         logger.warning("worker %s runs without a timeout watchdog (slot table locked)", os.getpid())
         return
     try:
-        for i, slot in enumerate(_slots):
+        # A free slot first: one whose worker died is left to the main process for a moment
+        # (it rescues that worker's jobs: jobs.worker.rescue), then reused.
+        free = [i for i, slot in enumerate(_slots) if slot.pid == 0]
+        for i in free or range(SLOTS):
+            slot = _slots[i]
             # Free, or its worker died unnoticed -- but not one whose timeout the main process
             # has yet to report (a replacement spawned at once would erase it).
             if slot.pid == 0 or (slot.state != TIMED_OUT and not _alive(slot.pid)):
@@ -248,9 +254,38 @@ def _frozen(pid: int, slot: _Slot, now: float) -> bool:
     return slot.lease > 0 and now - _since(pid, slot) > slot.lease + KILL_MARGIN_SECONDS
 
 
+_killed: set[int] = set()  # workers this watchdog SIGKILLed, watched until they are gone
+_noted: set[int] = set()  # workers seen dead and handed to the rescuer
+
+
+def _dead(pid: int) -> bool:
+    """No process has this pid, or it is our exited child not yet reaped (not reusable yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _state(pid) == "Z" and _ours(pid)
+
+
+def _note_exits(now: float) -> None:
+    """Hand every worker seen dead to the rescuer, once (its jobs are reclaimed at once)."""
+    pids = {slot.pid for slot in _slots if slot.pid} | _killed
+    for pid in pids:
+        if not _dead(pid):
+            _noted.discard(pid)  # alive (again: a pid reused)
+        elif pid not in _noted:
+            _noted.add(pid)
+            rescue.exited(pid, now)
+    _noted.intersection_update(pids)
+    _killed.difference_update(_noted)
+
+
 def look(now: float) -> None:
     """In the main process: log the workers that timed out, kill those stuck past it, or past
-    their running attempt's lease with no thread able to run."""
+    their running attempt's lease with no thread able to run; hand the dead to the rescuer."""
+    _note_exits(now)
     for slot in _slots:
         pid, state = slot.pid, slot.state
         if pid == 0:
@@ -262,8 +297,8 @@ def look(now: float) -> None:
             if _frozen(pid, slot, now):
                 logger.error(
                     "worker %s: no thread of it has run for %.0f s, past the lease of %g s of "
-                    "job %s attempt %s (a handler holding the GIL in C code?): killed; the job's "
-                    "lease decides it",
+                    "job %s attempt %s (a handler holding the GIL in C code?): killed; its jobs "
+                    "are reclaimed",
                     pid,
                     now - _since(pid, slot),
                     slot.lease,
@@ -288,8 +323,8 @@ def look(now: float) -> None:
             if _ours(pid):
                 logger.error(
                     "worker %s: job %s attempt %s is still running %.0f s past its task timeout "
-                    "of %g s and its process does not answer (stuck in C code?): killed; the "
-                    "job's lease decides it",
+                    "of %g s and its process does not answer (stuck in C code?): killed; its "
+                    "jobs are reclaimed",
                     pid,
                     slot.job_id,
                     slot.attempt,
@@ -306,6 +341,7 @@ def look(now: float) -> None:
 
 def _kill(pid: int) -> None:
     _seen_stopped.pop(pid, None)
+    _killed.add(pid)  # its slot is freed now: watched until it is gone, then rescued
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -332,6 +368,8 @@ class Watchdog:
             now = time.monotonic()
             try:
                 tick(last, now)
+                if rescue.pending():
+                    rescue.run()
             except Exception:  # noqa: BLE001  the watchdog must outlive any one error
                 logger.exception("timeout watchdog: look failed")
             last = now

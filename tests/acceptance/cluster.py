@@ -321,7 +321,9 @@ class Reclaimed:
     second: Attempt
 
 
-def pause_first_attempt_until_reclaimed(cluster: QCluster, job_id: int) -> Reclaimed:
+def pause_first_attempt_until_reclaimed(
+    cluster: QCluster, job_id: int, *, before_first_beat: bool = True
+) -> Reclaimed:
     """SIGSTOP the worker inside attempt 1's `test.sleep`; wait for the reaper and attempt 2.
 
     The worker is stopped while its handler sleeps (its main thread is in nanosleep), so once
@@ -331,7 +333,10 @@ def pause_first_attempt_until_reclaimed(cluster: QCluster, job_id: int) -> Recla
     runner's commit, presented on the connection that made the claim, is the zombie's first stale
     write and is recorded while the heartbeat thread is still connecting. Stopped earlier (before
     the sleep began) or later (after a heartbeat), the resumed zombie's heartbeat could find the
-    lease gone first and the commit would never be presented.
+    lease gone first and the commit would never be presented. That order is still a race with the
+    heartbeat thread's connecting on a loaded machine: a test that must see a stale write reach
+    the database resumes the zombie inside `heartbeats_held_back` instead, and passes
+    `before_first_beat=False` (it then need not be stopped before the first heartbeat).
     """
     first = wait_for_attempt(job_id, 1, poll=0.01)
     zombie = worker_pid(first.worker)
@@ -348,10 +353,26 @@ def pause_first_attempt_until_reclaimed(cluster: QCluster, job_id: int) -> Recla
     assert Job.objects.filter(pk=job_id, state="running", attempt=1).exists(), (
         f"attempt 1 ended before its worker was stopped: {describe(job_id)}"
     )
-    assert first.heartbeat_at - first.claimed_at < timedelta(seconds=HEARTBEAT_SECONDS / 2), (
-        "the worker was stopped only after its first heartbeat; see this function's docstring"
-    )
+    assert not before_first_beat or (
+        first.heartbeat_at - first.claimed_at < timedelta(seconds=HEARTBEAT_SECONDS / 2)
+    ), "the worker was stopped only after its first heartbeat; see this function's docstring"
     wait_for_outcome(job_id, 1, {"expired"})
     second = wait_for_attempt(job_id, 2)
     assert worker_pid(second.worker) != zombie, "the stopped process cannot have claimed again"
     return Reclaimed(job_id, zombie, paused_at, first, second)
+
+
+@contextmanager
+def heartbeats_held_back(conn: Any) -> Iterator[None]:
+    """While inside, no heartbeat of any worker can run: `conn` (a second connection,
+    PostgreSQL) holds `jobs_job` in SHARE mode, which every UPDATE of the table waits for -- a
+    stale heartbeat too, although its row no longer matches (a row lock would not stop it: an
+    UPDATE locks only the rows its WHERE still finds). A stale write takes nothing that
+    conflicts: the fenced statements only read the job row (ACCESS SHARE) and recording a
+    refusal checks its foreign key (ROW SHARE, FOR KEY SHARE). So a zombie resumed inside
+    presents its next write to the database before its heartbeat can find the lease gone and
+    stop it, whichever of its threads the kernel runs first. Every other write of `jobs_job`
+    (claims, commits, the reaper) waits too: keep the block short."""
+    with conn.transaction():
+        conn.execute("LOCK TABLE jobs_job IN SHARE MODE")
+        yield

@@ -27,3 +27,18 @@ def test_a_child_forked_by_a_handler_never_ends_the_parents_attempt(start_qclust
     after = [enqueue("test.echo", {"n": n}) for n in range(3)]
     for other in after:
         wait_for_state(other.pk, "succeeded", timeout=15)
+
+
+def test_a_handler_using_multiprocessing_fails_with_what_to_use_instead(start_qcluster):
+    """django-q2's workers are daemonic processes, which multiprocessing refuses children: the
+    handler's job fails alone, and its error says why and what works (jobs.worker.runner)."""
+    start_qcluster(JOBS_WORKERS="1")
+    jobs_ = [
+        enqueue("test.script", {"multiprocessing": how}, max_attempts=1)
+        for how in ("process", "pool")
+    ]
+    for job in jobs_:
+        failed = wait_for_state(job.pk, "failed", timeout=20)
+        assert "daemonic processes are not allowed to have children" in failed.error
+        assert "Use subprocess" in failed.error and "jobs.enqueue" in failed.error
+    wait_for_state(enqueue("test.echo").pk, "succeeded", timeout=15)

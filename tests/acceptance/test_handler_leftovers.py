@@ -36,3 +36,22 @@ def test_a_worker_whose_handler_left_a_transaction_open_goes_on_committing(start
         what="no job left running",
         job_id=leaving.pk,
     )
+
+
+def test_session_state_a_handler_left_is_gone_for_the_workers_next_job(start_qcluster):
+    """SET statement_timeout / search_path, set_config, an advisory lock, a temporary table,
+    timezone.activate and translation.activate, all left by one job: the next job of the same
+    worker process finds its session as the job before that one did."""
+    from tests.app.handlers import SESSION_CHANGES
+
+    start_qcluster(JOBS_WORKERS="1")
+    before = enqueue("test.session", priority=10)
+    change = [*SESSION_CHANGES, "timezone", "language"]
+    leaving = enqueue("test.session", {"change": change}, priority=5)
+    after = enqueue("test.session")
+    for job in (before, leaving, after):
+        wait_for_state(job.pk, "succeeded", timeout=20)
+    before.refresh_from_db()
+    after.refresh_from_db()
+    assert after.result == before.result
+    assert after.result["advisory_locks"] == 0 and not after.result["temp_table"]

@@ -11,6 +11,7 @@ two drains."""
 import pytest
 
 from jobs import enqueue
+from jobs.worker import shutdown
 from tests.acceptance.cluster import wait_for_state, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
@@ -32,3 +33,4 @@ def test_a_worker_with_a_leaked_thread_is_recycled_and_the_cluster_keeps_working
     for job in after:
         wait_for_state(job.pk, "succeeded", timeout=20)
     assert "thread(s) a handler left running: leaked-by-handler" in cluster.log()
+    assert f"exits with status {shutdown.EXIT_LEAKED_THREADS}," in cluster.log()

@@ -187,7 +187,8 @@ def script(ctx: JobContext) -> Any:
     `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"|...}` (a
     transaction left open -- `atomic_other` on the alias "other" --, or a session parameter
     changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
-    (a non-daemon thread left running forever), `{"fork_child": "exit"|"return"}` (a child
+    (a non-daemon thread left running forever), `{"multiprocessing": "process"|"pool"}` (a
+    child started by multiprocessing), `{"fork_child": "exit"|"return"}` (a child
     forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM
     deadline of its own, raising, left pending if the handler raises first),
     `{"bad": ...}` for values no payload can carry (a NUL or a
@@ -225,6 +226,17 @@ def script(ctx: JobContext) -> Any:
                 raise SystemExit(0)  # sys.exit() where os._exit() was meant
             return {"child": os.getpid()}  # returns into the drain it was forked from
         time.sleep(float(p.get("after_fork", 0.0)))  # the parent goes on meanwhile
+    if "multiprocessing" in p:  # a child process through multiprocessing, as a handler might
+        import concurrent.futures
+        import multiprocessing
+
+        if p["multiprocessing"] == "pool":
+            with concurrent.futures.ProcessPoolExecutor(1) as pool:
+                return pool.submit(abs, -1).result()
+        child = multiprocessing.Process(target=abs, args=(-1,))
+        child.start()
+        child.join()
+        return child.exitcode
     if p.get("leak_thread"):  # a non-daemon thread that never ends
         import threading
 
@@ -344,3 +356,55 @@ def timeout_in_c(ctx: JobContext) -> dict[str, Any]:
 def timeout_short(ctx: JobContext) -> dict[str, Any]:
     """A kind with a short execution timeout; the tests swap in what it does around it."""
     return {"attempt": ctx.attempt}
+
+
+# What test.session changes (`{"change": [...]}`), each as a careless handler would leave it.
+SESSION_CHANGES = {
+    "statement_timeout": "SET statement_timeout = '1234s'",
+    "search_path": "SET search_path TO pg_catalog",
+    "set_config": "SELECT set_config('statement_timeout', '4321s', false)",
+    "advisory_lock": "SELECT pg_advisory_lock(7, 7)",
+    "temp_table": "CREATE TEMP TABLE leftover (n int)",
+}
+
+
+def session_state() -> dict[str, Any]:
+    """What this thread's session and Django activations look like now."""
+    from django.db import connection
+    from django.utils import timezone, translation
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT current_setting('statement_timeout'), current_setting('search_path'), "
+            "(SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' "
+            "AND pid = pg_catalog.pg_backend_pid()), "
+            "pg_catalog.to_regclass('pg_temp.leftover') IS NOT NULL"
+        )
+        timeout, path, locks, temp = cur.fetchone()
+    return {
+        "statement_timeout": timeout,
+        "search_path": path,
+        "advisory_locks": locks,
+        "temp_table": temp,
+        "timezone": timezone.get_current_timezone_name(),
+        "language": translation.get_language(),
+    }
+
+
+@handler("test.session")
+def session(ctx: JobContext) -> dict[str, Any]:
+    """Returns the session as it found it (session_state), then leaves behind what
+    `payload["change"]` names: SESSION_CHANGES' statements, "timezone", "language"."""
+    from django.db import connection
+    from django.utils import timezone, translation
+
+    found = session_state()
+    for change in ctx.payload.get("change", []):
+        if change == "timezone":
+            timezone.activate("Asia/Tokyo")
+        elif change == "language":
+            translation.activate("fr")
+        else:
+            with connection.cursor() as cur:
+                cur.execute(SESSION_CHANGES[change])
+    return found

@@ -129,6 +129,30 @@ class Driver:
         )
         return [ExpiredRow(*r) for r in cur.fetchall()]
 
+    def find_held_by(
+        self, cur: CursorWrapper, owner: str, gone_for: float, limit: int
+    ) -> list[ExpiredRow]:
+        """Running jobs whose current attempt is still open on worker `owner`, claimed more than
+        `gone_for` seconds ago (before its process was seen dead): what a rescue may release."""
+        cur.execute(
+            "SELECT j.id, j.attempt, j.kind, j.max_attempts, j.attempts_released, "
+            "a.running_confirmed_at IS NOT NULL, a.worker, j.lease_expires_at, j.heartbeat_at "
+            "FROM jobs_job j JOIN jobs_attempt a ON a.job_id = j.id AND a.number = j.attempt "
+            f"WHERE j.state = '{RUNNING}' AND a.worker = %(owner)s AND a.outcome = '{OPEN}' "
+            f"AND a.claimed_at <= {self.later('ago')} ORDER BY j.id LIMIT %(limit)s",
+            {"owner": owner, "ago": -gone_for, "limit": limit},
+        )
+        return [ExpiredRow(*r) for r in cur.fetchall()]
+
+    def owner_exited(self) -> str:
+        """The rescue's guard, in place of the lease's expiry: the job's current attempt is
+        still open on %(owner)s and was claimed before that process was seen dead."""
+        return (
+            "EXISTS (SELECT 1 FROM jobs_attempt o WHERE o.job_id = %(id)s "
+            "AND o.number = %(attempt)s AND o.worker = %(owner)s "
+            f"AND o.outcome = '{OPEN}' AND o.claimed_at <= {self.later('ago')})"
+        )
+
     def read_attempt_outcome(self, cur: CursorWrapper, job_id: int, attempt: int) -> str | None:
         cur.execute(
             "SELECT outcome FROM jobs_attempt WHERE job_id = %(id)s AND number = %(attempt)s",
@@ -194,13 +218,18 @@ class Driver:
         charged: bool,
         worker: str,
         error: str,
+        gone_for: float | None = None,
     ) -> bool:
         """The reaper's compare-and-set: only a still-running, still-expired, same-attempt row.
 
         An uncharged reclaim (the handler was never confirmed running) re-checks that no
         confirmation landed since the reaper read the row, counts the attempt as released and
         keeps the job's place (its run_at), as a release does; a charged one is due now.
+        `gone_for` (a rescue): the attempt's worker process was seen dead that many seconds ago;
+        instead of an expired lease the row must still be that worker's open attempt, claimed
+        before then (`owner_exited`).
         """
+        guard = f"lease_expires_at < {self.now}" if gone_for is None else self.owner_exited()
         state = JobState.FAILED if terminal else JobState.QUEUED
         cur.execute(
             "UPDATE jobs_job SET state = %(state)s, lease_expires_at = NULL, "
@@ -210,7 +239,7 @@ class Driver:
             "attempts_released = attempts_released + CASE WHEN %(charged)s THEN 0 ELSE 1 END, "
             f"updated_at = {self.now} "
             f"WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}' "
-            f"AND lease_expires_at < {self.now} AND (%(charged)s OR NOT EXISTS ("
+            f"AND {guard} AND (%(charged)s OR NOT EXISTS ("
             "SELECT 1 FROM jobs_attempt a WHERE a.job_id = %(id)s AND a.number = %(attempt)s "
             "AND a.running_confirmed_at IS NOT NULL))",
             {
@@ -220,6 +249,8 @@ class Driver:
                 "terminal": terminal,
                 "charged": charged,
                 "error": error,
+                "owner": row.worker,
+                "ago": -(gone_for or 0.0),
             },
         )
         if cur.rowcount != 1:
@@ -233,7 +264,7 @@ class Driver:
             f"{self.seconds_since('heartbeat_at')})",
             {"id": row.id, "attempt": row.attempt},
         )
-        evidence = expiry_evidence(row, charged)
+        evidence = expiry_evidence(row, charged, worker_exited=gone_for is not None)
         self.insert_event(cur, row.id, row.attempt, EventType.EXPIRED, worker, evidence)
         if terminal:
             data = dumps({"reason": "expired", "error": error[-500:]})

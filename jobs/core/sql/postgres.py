@@ -308,8 +308,10 @@ class PostgresDriver(Driver):
         )
         return int(cur.fetchone()[0]) == 1
 
-    def reclaim_expired(self, cur, row, *, terminal, charged, worker, error):  # type: ignore[no-untyped-def]
+    def reclaim_expired(self, cur, row, *, terminal, charged, worker, error, gone_for=None):  # type: ignore[no-untyped-def]
         since = "EXTRACT(EPOCH FROM clock_timestamp() - a.heartbeat_at)"
+        # The lease ran out -- or (a rescue) the attempt is still its exited worker's.
+        guard = "lease_expires_at < clock_timestamp()" if gone_for is None else self.owner_exited()
         cur.execute(
             f"""
             WITH reclaimed AS (
@@ -324,7 +326,7 @@ class PostgresDriver(Driver):
                            + CASE WHEN %(charged)s THEN 0 ELSE 1 END,
                        updated_at = clock_timestamp()
                  WHERE id = %(id)s AND attempt = %(attempt)s AND state = '{RUNNING}'
-                       AND lease_expires_at < clock_timestamp()
+                       AND {guard}
                        AND (%(charged)s OR NOT EXISTS (
                            SELECT 1 FROM jobs_attempt c WHERE c.job_id = %(id)s
                               AND c.number = %(attempt)s AND c.running_confirmed_at IS NOT NULL))
@@ -362,7 +364,9 @@ class PostgresDriver(Driver):
                 "charged": charged,
                 "error": error,
                 "worker": worker,
-                "evidence": expiry_evidence(row, charged),
+                "owner": row.worker,
+                "ago": -(gone_for or 0.0),
+                "evidence": expiry_evidence(row, charged, worker_exited=gone_for is not None),
                 "failure": dumps({"reason": "expired", "error": error[-500:]}),
             },
         )

@@ -96,16 +96,18 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
-def expiry_evidence(row: ExpiredRow, charged: bool) -> str:
-    """The expired event's data: what the reaper decided on (database clock)."""
-    return dumps(
-        {
-            "charged": charged,
-            "worker": row.worker,
-            "lease_expires_at": _iso(row.lease_expires_at),
-            "heartbeat_at": _iso(row.heartbeat_at),
-        }
-    )
+def expiry_evidence(row: ExpiredRow, charged: bool, worker_exited: bool = False) -> str:
+    """The expired event's data: what the reaper decided on (database clock). `worker_exited`:
+    not a lease that ran out but a worker process seen dead by its cluster (a rescue)."""
+    evidence = {
+        "charged": charged,
+        "worker": row.worker,
+        "lease_expires_at": _iso(row.lease_expires_at),
+        "heartbeat_at": _iso(row.heartbeat_at),
+    }
+    if worker_exited:
+        evidence["worker_exited"] = True
+    return dumps(evidence)
 
 
 # json.dumps builds an encoder per call when given separators; encode() keeps no state.

@@ -6,7 +6,7 @@ is a lost lease, recorded and raised as LeaseLost. Split by who writes:
 
 - fence.py       -- `Fence`, the transaction a fenced statement runs in, recording rejections;
 - worker.py      -- a worker's: claim, heartbeat, checkpoint, commit, fail, release, poison;
-- maintenance.py -- the reaper's: find expired leases, reclaim them;
+- maintenance.py -- the reaper's: find expired leases (or an exited worker's), reclaim them;
 - operator.py    -- an operator's: requeue, cancel, retry now.
 
 Callers use this package's names (`transitions.claim(...)`), never a submodule's private ones.
@@ -21,7 +21,7 @@ from jobs.core.transitions.fence import (
     record_rejected,
     rejection_landed,
 )
-from jobs.core.transitions.maintenance import find_expired, reclaim_expired
+from jobs.core.transitions.maintenance import find_expired, find_held_by, reclaim_expired
 from jobs.core.transitions.operator import OperatorResult, cancel, requeue, retry_now
 from jobs.core.transitions.worker import (
     checkpoint,
@@ -55,6 +55,7 @@ __all__ = [
     "count_due",
     "fail",
     "find_expired",
+    "find_held_by",
     "heartbeat",
     "heartbeat_many",
     "joining_callers_transaction",

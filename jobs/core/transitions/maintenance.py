@@ -17,20 +17,36 @@ logger = logging.getLogger("jobs.fencing")
 
 
 def reclaim_expired(
-    row: ExpiredRow, *, terminal: bool, charged: bool, worker: str, error: str = ""
+    row: ExpiredRow,
+    *,
+    terminal: bool,
+    charged: bool,
+    worker: str,
+    error: str = "",
+    gone_for: float | None = None,
 ) -> bool:
     """The reaper's compare-and-set; False when a commit, beat or other reaper got there first.
+
+    `gone_for` (a rescue, jobs.worker.rescue): the attempt's worker process was seen dead that
+    many seconds ago; the row must still be that worker's open attempt, claimed before then,
+    instead of past its lease.
 
     A lost race is not a stale write (the reaper holds no attempt), so it is not recorded as a
     rejection; the reaper counts it on its own.
     """
     with fenced_statement(), connection.cursor() as cur:
         won = driver().reclaim_expired(
-            cur, row, terminal=terminal, charged=charged, worker=worker, error=error
+            cur,
+            row,
+            terminal=terminal,
+            charged=charged,
+            worker=worker,
+            error=error,
+            gone_for=gone_for,
         )
     if won:
         evidence = {
-            "event": "reclaim",
+            "event": "reclaim" if gone_for is None else "rescue",
             "job_id": row.id,
             "kind": row.kind,
             "attempt": row.attempt,
@@ -42,7 +58,8 @@ def reclaim_expired(
             "reaper": worker,
         }
         logger.warning(
-            "lease reclaimed: job=%(job_id)s kind=%(kind)s attempt=%(attempt)s "
+            ("lease reclaimed" if gone_for is None else "worker exited, lease reclaimed")
+            + ": job=%(job_id)s kind=%(kind)s attempt=%(attempt)s "
             "worker=%(worker)s last_heartbeat=%(last_heartbeat)s "
             "lease_expires_at=%(lease_expires_at)s charged=%(charged)s terminal=%(terminal)s",
             evidence,
@@ -58,3 +75,10 @@ def _iso(value: Any) -> str | None:
 def find_expired(limit: int) -> list[ExpiredRow]:
     with connection.cursor() as cur:
         return driver().find_expired(cur, limit)
+
+
+def find_held_by(owner: str, gone_for: float, limit: int) -> list[ExpiredRow]:
+    """The running jobs whose current attempt worker `owner` (seen dead `gone_for` seconds ago)
+    claimed before then and never ended."""
+    with connection.cursor() as cur:
+        return driver().find_held_by(cur, owner, gone_for, limit)

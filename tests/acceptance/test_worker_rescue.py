@@ -1,0 +1,53 @@
+"""A worker process SIGKILLed in the middle of a job (the OOM killer, kill -9) does not leave
+that job waiting out its whole lease: qcluster's main process sees the worker die and reclaims
+the jobs it held at once (jobs.worker.rescue), charged and recorded like any reclaim.
+
+Real qcluster, a 30 s lease: before the rescue, the job ran again 30-31 s after the kill (its
+lease); with it, within a second."""
+
+import pytest
+
+from jobs import enqueue
+from jobs.models import Attempt, JobEvent
+from tests.acceptance.cluster import (
+    wait_for_attempt,
+    wait_for_state,
+    wait_until,
+    worker_pid,
+)
+from tests.conftest import database_now
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+LEASE_SECONDS = 30.0
+RERUN_WITHIN_SECONDS = 5.0  # a look every 0.25 s, a claim woken by the requeue's NOTIFY
+
+
+def test_a_sigkilled_workers_job_runs_again_at_once_not_after_its_lease(start_qcluster):
+    cluster = start_qcluster(JOBS_LEASE_SECONDS=str(LEASE_SECONDS))
+    job = enqueue("test.sleep", {"seconds_by_attempt": {"1": 300, "2": 0}}, max_attempts=3)
+    first = wait_for_attempt(job.pk, 1)
+    wait_until(  # a heartbeat confirmed the handler running: the attempt is charged
+        lambda: Attempt.objects.filter(
+            job_id=job.pk, number=1, running_confirmed_at__isnull=False
+        ).exists(),
+        timeout=10,
+        what="attempt 1's handler to be confirmed running",
+        job_id=job.pk,
+    )
+    killed_at = database_now()
+    cluster.kill(worker_pid(first.worker))
+
+    second = wait_for_attempt(job.pk, 2, timeout=LEASE_SECONDS + 10)
+    rerun = (second.claimed_at - killed_at).total_seconds()
+    assert rerun < RERUN_WITHIN_SECONDS, f"attempt 2 began {rerun:.2f} s after the SIGKILL"
+    assert worker_pid(second.worker) != worker_pid(first.worker)
+
+    done = wait_for_state(job.pk, "succeeded")
+    assert (done.attempt, done.attempts_released) == (2, 0)  # attempt 1 was charged
+    first.refresh_from_db()
+    assert first.outcome == "expired"
+    (expired,) = JobEvent.objects.filter(job_id=job.pk, attempt=1, type="expired")
+    assert expired.data["worker_exited"] is True and expired.data["charged"] is True
+    assert expired.data["worker"] == first.worker
+    assert f"worker exited, lease reclaimed: job={job.pk} " in cluster.log()

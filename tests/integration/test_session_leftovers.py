@@ -1,0 +1,82 @@
+"""Session state a handler leaves that PostgreSQL does not report -- `SET statement_timeout`,
+`SET search_path`, `set_config(..., false)`, a session-level advisory lock, a temporary table --
+and Django's per-thread `timezone.activate` / `translation.activate` end with that handler
+(jobs.worker.hygiene, jobs.worker.runner): the next job on the same worker connection finds
+the session as the worker had it. Before, each leaked into every later job of the worker: a
+statement_timeout it never asked for, tables resolved in another schema, a lock held forever,
+times shown in Tokyo. In-process drains on PostgreSQL: the handler shares the drain's
+connection, as in a worker."""
+
+import pytest
+from django.db import connection
+from django.utils import timezone, translation
+
+import jobs
+from jobs.worker import hygiene, runner
+from tests.app.handlers import SESSION_CHANGES, session_state
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _deactivate():
+    yield  # a failure must not leak into later tests either
+    timezone.deactivate()
+    translation.deactivate()
+    connection.close()
+
+
+@pytest.mark.parametrize("change", [*SESSION_CHANGES, "timezone", "language"])
+def test_what_a_handler_leaves_on_the_session_ends_with_it(change: str) -> None:
+    expected = session_state()  # the worker's session before any handler
+    leaving = jobs.enqueue("test.session", {"change": [change]}, priority=5)
+    probe = jobs.enqueue("test.session")
+    assert runner.drain(budget_seconds=20) == 2
+    leaving.refresh_from_db()
+    probe.refresh_from_db()
+    assert leaving.state == probe.state == "succeeded"
+    assert leaving.result == expected
+    assert probe.result == expected, change
+    assert session_state() == expected
+
+
+def test_a_handler_that_touches_nothing_keeps_the_drains_connection() -> None:
+    jobs.enqueue("test.session", {"change": []})
+    connection.ensure_connection()
+    raw = connection.connection
+    assert runner.drain(budget_seconds=20) == 1
+    assert connection.connection is raw  # no reconnect paid by a well-behaved handler
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE jobs_job SET state = 'queued' WHERE id = 1",
+        "SET LOCAL statement_timeout = 5",
+        "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        "SELECT pg_advisory_xact_lock(1)",
+        "SELECT set_config('jobs.fence', 'on', true)",
+        "SELECT 1",
+    ],
+)
+def test_statements_that_leave_nothing_on_the_session_are_not_taken_for_changes(sql: str):
+    assert not hygiene.touches_session(sql)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        *SESSION_CHANGES.values(),
+        "set search_path = x",
+        "SELECT 1; SET ROLE nobody",
+        "RESET ALL",
+        "DISCARD ALL",
+        "LISTEN x",
+        "SELECT pg_try_advisory_lock_shared(1)",
+        "SELECT set_config('statement_timeout', %s, %s)",
+        "CREATE GLOBAL TEMPORARY TABLE t (n int)",
+        "SELECT 1 INTO TEMP t",
+    ],
+)
+def test_statements_that_leave_state_on_the_session_are_seen(sql: str):
+    assert hygiene.touches_session(sql)
