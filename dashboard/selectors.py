@@ -16,12 +16,14 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Lookup, Max, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinute
 from django.utils import timezone
 
 from dashboard import timeline
 from dashboard.filters import SCAN_ROWS, bounded_ids, driver_of, filtered
 from dashboard.timeline import MINOR_TYPES
+from jobs.core.sql.metrics import rescued
 from jobs.core.states import JobState
 from jobs.models import Attempt, IdempotencyKey, Intent, Job, JobEvent, RejectedWrite, StagedOutput
 
@@ -265,7 +267,13 @@ def job_detail(job_id: int, now: datetime | None = None) -> JobDetail | None:
         return None
     attempts = _newest(Attempt.objects.filter(job_id=job_id), "number", ATTEMPT_ROWS)
     events_qs = JobEvent.objects.filter(job_id=job_id)
-    drawn = events_qs.exclude(type__in=MINOR_TYPES).defer("data")
+    # `rescued`: an expired event written by a rescue (its worker process died), read by the
+    # database from the data that stays undecoded here (a raw-SQL row may hold anything).
+    drawn = (
+        events_qs.exclude(type__in=MINOR_TYPES)
+        .defer("data")
+        .annotate(rescued=RawSQL(rescued(connection.vendor, "jobs_jobevent"), []))
+    )
     if attempts.more:  # the boundaries of the attempts shown (and of none: enqueued, ...)
         drawn = drawn.filter(Q(attempt__gte=attempts.rows[0].number) | Q(attempt__lt=1))
     boundaries = _newest(drawn, "id", BOUNDARY_ROWS)
