@@ -578,16 +578,23 @@ def _max_id(model: Any) -> int:
 
 
 def _unresolved_expired(recent: QuerySet[Attempt]) -> list[Attempt]:
-    """Expired attempts with no write of theirs recorded since: the worker may still be running."""
+    """Expired attempts with no write of theirs recorded since: the worker may still be running.
+    Not a rescued one: its worker process was seen dead by its cluster (no zombie can follow)."""
     expired = list(recent.filter(outcome="expired").order_by("-id")[:200])
     if not expired:
         return []
+    jobs = {a.job_id for a in expired}
     heard = set(
-        RejectedWrite.objects.filter(job_id__in={a.job_id for a in expired}).values_list(
-            "job_id", "attempt_presented"
-        )
+        RejectedWrite.objects.filter(job_id__in=jobs).values_list("job_id", "attempt_presented")
     )
-    return [a for a in expired if (a.job_id, a.number) not in heard][:50]
+    died = {
+        (job_id, attempt)
+        for job_id, attempt, rescue in JobEvent.objects.filter(job_id__in=jobs, type="expired")
+        .annotate(rescue=RawSQL(rescued(connection.vendor, "jobs_jobevent"), []))
+        .values_list("job_id", "attempt", "rescue")
+        if rescue
+    }
+    return [a for a in expired if (a.job_id, a.number) not in heard | died][:50]
 
 
 def latest_event_id() -> int:

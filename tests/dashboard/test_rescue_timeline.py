@@ -65,3 +65,18 @@ def test_an_expired_event_that_only_looks_like_a_rescue_is_a_plain_expiry(
     assert JobEvent.objects.filter(job=job, type="expired").exists()
     html = _lanes(_page(operator_client, job.pk))
     assert 'class="mark mark-expired"' in html and "mark-worker-exited" not in html
+
+
+def test_a_rescued_attempt_is_no_zombie_suspect_on_the_workers_page(
+    operator_client: Client, make_job: Any
+) -> None:
+    """Expired attempts not heard from since are listed as possible zombies; a rescued one's
+    worker process is known dead, so it is not one of them. A lease that ran out still is."""
+    rescued = make_job(state=JobState.RUNNING, attempt=1, worker=DEAD)
+    assert reaper.rescue(DEAD, time.monotonic(), "rescue:1") == 1
+    lapsed = make_job(state=JobState.RUNNING, attempt=1, lease_in=-5, worker="host-b:7")
+    assert reaper.reap("reaper:1") == 1
+    html = operator_client.get(reverse("dashboard:workers")).content.decode()
+    suspects = html.split("Expired attempts not heard from since")[1].split("Live workers")[0]
+    assert f'href="/jobs/{lapsed.pk}/"' in suspects
+    assert f'href="/jobs/{rescued.pk}/"' not in suspects
