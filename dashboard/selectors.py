@@ -16,12 +16,14 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Lookup, Max, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce, Greatest, Left, TruncMinute
 from django.utils import timezone
 
 from dashboard import timeline
 from dashboard.filters import SCAN_ROWS, bounded_ids, driver_of, filtered
 from dashboard.timeline import MINOR_TYPES
+from jobs.core.sql.metrics import rescued
 from jobs.core.states import JobState
 from jobs.models import Attempt, IdempotencyKey, Intent, Job, JobEvent, RejectedWrite, StagedOutput
 
@@ -265,7 +267,13 @@ def job_detail(job_id: int, now: datetime | None = None) -> JobDetail | None:
         return None
     attempts = _newest(Attempt.objects.filter(job_id=job_id), "number", ATTEMPT_ROWS)
     events_qs = JobEvent.objects.filter(job_id=job_id)
-    drawn = events_qs.exclude(type__in=MINOR_TYPES).defer("data")
+    # `rescued`: an expired event written by a rescue (its worker process died), read by the
+    # database from the data that stays undecoded here (a raw-SQL row may hold anything).
+    drawn = (
+        events_qs.exclude(type__in=MINOR_TYPES)
+        .defer("data")
+        .annotate(rescued=RawSQL(rescued(connection.vendor, "jobs_jobevent"), []))
+    )
     if attempts.more:  # the boundaries of the attempts shown (and of none: enqueued, ...)
         drawn = drawn.filter(Q(attempt__gte=attempts.rows[0].number) | Q(attempt__lt=1))
     boundaries = _newest(drawn, "id", BOUNDARY_ROWS)
@@ -570,16 +578,23 @@ def _max_id(model: Any) -> int:
 
 
 def _unresolved_expired(recent: QuerySet[Attempt]) -> list[Attempt]:
-    """Expired attempts with no write of theirs recorded since: the worker may still be running."""
+    """Expired attempts with no write of theirs recorded since: the worker may still be running.
+    Not a rescued one: its worker process was seen dead by its cluster (no zombie can follow)."""
     expired = list(recent.filter(outcome="expired").order_by("-id")[:200])
     if not expired:
         return []
+    jobs = {a.job_id for a in expired}
     heard = set(
-        RejectedWrite.objects.filter(job_id__in={a.job_id for a in expired}).values_list(
-            "job_id", "attempt_presented"
-        )
+        RejectedWrite.objects.filter(job_id__in=jobs).values_list("job_id", "attempt_presented")
     )
-    return [a for a in expired if (a.job_id, a.number) not in heard][:50]
+    died = {
+        (job_id, attempt)
+        for job_id, attempt, rescue in JobEvent.objects.filter(job_id__in=jobs, type="expired")
+        .annotate(rescue=RawSQL(rescued(connection.vendor, "jobs_jobevent"), []))
+        .values_list("job_id", "attempt", "rescue")
+        if rescue
+    }
+    return [a for a in expired if (a.job_id, a.number) not in heard | died][:50]
 
 
 def latest_event_id() -> int:

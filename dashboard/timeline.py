@@ -87,6 +87,7 @@ class Bar:
     tail_left: float = 0.0
     tail_width: float = 0.0
     markers: list[Marker] = field(default_factory=list)
+    worker_died: bool = False  # ended by a rescue: its worker process died, no lease ran out
 
 
 @dataclass
@@ -127,6 +128,22 @@ def _collapse(markers: list[Marker]) -> list[Marker]:
 def _event_label(e: JobEvent) -> str:
     worker = f" by {e.worker}" if e.worker else ""
     return f"{display(e, 'type')} (attempt {e.attempt}){worker} at {iso_ms(e.at)}"
+
+
+def _rescued(e: JobEvent) -> bool:
+    """An `expired` event a rescue wrote (selectors annotate `rescued` from its data)."""
+    return e.type == "expired" and bool(getattr(e, "rescued", False))
+
+
+def _event_marker(e: JobEvent, axis: _Axis) -> Marker:
+    if not _rescued(e):
+        return Marker(axis.pos(e.at), e.type, "", e.at, event=e)
+    by = f" by {e.worker}" if e.worker else ""
+    label = (
+        f"Worker process died: attempt {e.attempt} reclaimed at once{by} at {iso_ms(e.at)} "
+        "(not a lease expiry)"
+    )
+    return Marker(axis.pos(e.at), "worker-exited", label, e.at)
 
 
 def _rejected_label(r: RejectedWrite) -> str:
@@ -220,13 +237,14 @@ def _bar(
     ended = a.ended_at or now
     left, right = axis.pos(a.claimed_at), axis.pos(ended)
     mine = [r for r in rejected if r.attempt_presented == a.number]
-    markers = [Marker(axis.pos(e.at), e.type, "", e.at, event=e) for e in events]
+    markers = [_event_marker(e, axis) for e in events]
     markers += [Marker(axis.pos(at), type_, "", at, n) for type_, at, n in minor]  # lazy labels
     if a.heartbeat_at and a.heartbeat_at != a.claimed_at:
         label = f"Last heartbeat of attempt {a.number} at {iso_ms(a.heartbeat_at)}"
         markers.append(Marker(axis.pos(a.heartbeat_at), "heartbeat", label, a.heartbeat_at))
     markers += [Marker(axis.pos(r.at), "rejected", _rejected_label(r), r.at) for r in mine]
     bar = Bar(a, left, max(right - left, 0.4), won=_won(job, a), markers=_collapse(markers))
+    bar.worker_died = a.outcome == "expired" and any(_rescued(e) for e in events)
     last_write = max((r.at for r in mine), default=None)
     if last_write and last_write > ended:
         bar.tail_left, bar.tail_width = right, max(axis.pos(last_write) - right, 0.2)

@@ -347,12 +347,17 @@ def _check_messes(jobs: dict[int, Any], attempts: list[tuple[Any, ...]],
         worker, claimed, ended = first[2], first[5], first[6]
         if ended is None or worker_pid(worker) in killed:
             continue
-        if any(f.get("kind") == "term_cluster" and f.get("wall", 0) + f.get("seconds", 0) >= claimed
-               for f in faults):  # fmt: skip
-            continue  # a cluster stopped during or after it: its worker may be gone
         later = [a for a in attempts if a[5] > ended]
-        if len(later) >= CLAIMS_AFTER_MESS and not any(a[2] == worker for a in later):
-            zero["mess_worker_stopped_claiming"].append((job, mess, worker, len(later)))
+        if len(later) < CLAIMS_AFTER_MESS or any(a[2] == worker for a in later):
+            continue
+        # A cluster stopped while it ran or before its worker had had CLAIMS_AFTER_MESS claims'
+        # time to claim again: its worker may be gone. (Any stop ending after the claim excused
+        # it, however late: one SIGTERM near the end of a run excused every mess before it.)
+        chances = sorted(a[5] for a in later)[CLAIMS_AFTER_MESS - 1]
+        if any(f.get("kind") == "term_cluster" and f.get("wall", 0) + f.get("seconds", 0) >= claimed
+               and f.get("wall", 0) <= chances for f in faults):  # fmt: skip
+            continue
+        zero["mess_worker_stopped_claiming"].append((job, mess, worker, len(later)))
     zero["mess_hit_another_attempt"] = [
         (a[0], a[1], a[4][:120]) for a in attempts
         if (a[0], a[1]) not in messy and MESS_LEAKED.search(a[4])

@@ -109,7 +109,11 @@ def timeline_lane(bar: Bar) -> SafeString:
         won=" won" if bar.won else "",
         left=bar.left,
         width=bar.width,
-        shown=timeline.display(a, "outcome"),
+        shown=(
+            f"{timeline.display(a, 'outcome')}: worker process died"
+            if bar.worker_died
+            else timeline.display(a, "outcome")
+        ),
         claimed=iso_ms(a.claimed_at),
         ended=ended,
         commit=" · commit won" if bar.won else "",

@@ -293,6 +293,9 @@ class JobAdmin(CheckedLookups, admin.ModelAdmin):
             raise PermissionDenied(f"no action {action!r}")
         if not actions.may_act(request.user):
             raise PermissionDenied(f"needs staff and {actions.PERMISSION}")
+        if not Job.objects.filter(pk=job_id).exists():  # no confirmation for a missing job
+            self.message_user(request, f"No job {job_id}: nothing to {action}.", messages.ERROR)
+            return redirect("admin:jobs_job_changelist")
         page = reverse("admin:jobs_job_change", args=[job_id])
         if request.method == "POST":
             form = ConfirmedAttempt(request.POST)

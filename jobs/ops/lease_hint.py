@@ -9,7 +9,9 @@ heartbeat interval. If an attempt that did *not* expire still went more than hal
 without a beat, the next slightly longer pause will cost the lease (and the work). If attempts
 expired after silences shorter than three leases and commits were rejected, a longer lease would
 have kept that work; silences far beyond the lease are stalls or kills that no lease should
-cover -- fencing is what handles those.
+cover -- fencing is what handles those. A rescued attempt (its worker process seen dead, the job
+reclaimed at once by jobs.worker.rescue) also ends `expired` after a short silence, but no lease
+would have kept it: it is counted apart and never taken as evidence either way.
 """
 
 from collections import defaultdict
@@ -21,7 +23,6 @@ from jobs.core import policy
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import UnknownKind
 from jobs.core.registry import get_handler
-from jobs.core.sql import driver_for
 from jobs.core.sql import metrics as sql
 
 RECENT_ATTEMPTS = 10_000
@@ -39,6 +40,17 @@ class LeaseHint:
     near_miss_expiries: int  # expired after a silence shorter than three leases
     too_short: bool
     advice: str
+    rescued: int = 0  # expired because the worker process died (in `expired`, not in `near`)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One ended attempt as the hint reads it."""
+
+    lease: float
+    outcome: str
+    gap: float | None  # its longest silence between accepted beats (database clock)
+    rescued: bool  # expired because its worker process died, not because its lease ran out
 
 
 def _lease(kind: str, job_lease: float | None) -> float:
@@ -58,7 +70,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def lease_hints(limit: int = RECENT_ATTEMPTS) -> list[LeaseHint]:
     with connection.cursor() as cur:
-        rows = sql.recent_attempts(driver_for(connection.vendor), cur, limit)
+        rows = sql.recent_attempts(connection.vendor, cur, limit)
         cur.execute(
             "SELECT j.kind, COUNT(*) FROM (SELECT job_id FROM jobs_rejectedwrite "
             "WHERE write = 'commit' ORDER BY id DESC LIMIT %s) r "
@@ -66,19 +78,20 @@ def lease_hints(limit: int = RECENT_ATTEMPTS) -> list[LeaseHint]:
             [limit],
         )
         rejected = dict(cur.fetchall())
-    by_kind: dict[str, list[tuple[float, str, float | None]]] = defaultdict(list)
-    for kind, job_lease, outcome, gap in rows:
-        by_kind[kind].append((_lease(kind, job_lease), outcome, gap))
+    by_kind: dict[str, list[Seen]] = defaultdict(list)
+    for kind, job_lease, outcome, gap, rescued in rows:
+        by_kind[kind].append(Seen(_lease(kind, job_lease), outcome, gap, bool(rescued)))
     return [
         _verdict(kind, seen, int(rejected.get(kind, 0))) for kind, seen in sorted(by_kind.items())
     ]
 
 
-def _verdict(kind: str, seen: list[tuple[float, str, float | None]], rejected: int) -> LeaseHint:
-    lease = min(lease for lease, _, _ in seen)
-    healthy = [gap for _, outcome, gap in seen if outcome != "expired" and gap is not None]
-    expired = [(lease_, gap) for lease_, outcome, gap in seen if outcome == "expired"]
-    near = sum(1 for lease_, gap in expired if gap is not None and gap < 3 * lease_)
+def _verdict(kind: str, seen: list[Seen], rejected: int) -> LeaseHint:
+    lease = min(s.lease for s in seen)
+    healthy = [s.gap for s in seen if s.outcome != "expired" and s.gap is not None]
+    expired = [s for s in seen if s.outcome == "expired" and not s.rescued]
+    rescued = sum(1 for s in seen if s.outcome == "expired" and s.rescued)
+    near = sum(1 for s in expired if s.gap is not None and s.gap < 3 * s.lease)
     p99, worst = _percentile(healthy, 0.99), max(healthy) if healthy else None
     advice, too_short = "", False
     if worst is not None and worst > lease / 2:
@@ -102,6 +115,22 @@ def _verdict(kind: str, seen: list[tuple[float, str, float | None]], rejected: i
             f"{kind}: {len(expired)} expiries after long silences (stalls or kills); a longer "
             "lease would not have saved them: fencing rejected whatever they wrote late."
         )
+    if rescued:
+        died = (
+            f"{rescued} attempts ended when their worker process died (rescued at once; "
+            "no lease would have kept them)."
+        )
+        advice = f"{advice} {died}" if advice else f"{kind}: {died}"
     return LeaseHint(
-        kind, lease, len(seen), len(expired), rejected, p99, worst, near, too_short, advice
+        kind,
+        lease,
+        len(seen),
+        len(expired) + rescued,
+        rejected,
+        p99,
+        worst,
+        near,
+        too_short,
+        advice,
+        rescued,
     )

@@ -65,7 +65,10 @@ ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 10)
 CATALOGUE = {
     "jobs_stale_writes_rejected_total": "Fenced writes that changed zero rows, by write.",
     "jobs_claims_total": "Claims (each made a new attempt).",
-    "jobs_reclaims_total": "Expired leases reclaimed by the reaper.",
+    "jobs_reclaims_total": (
+        "Attempts reclaimed: leases the reaper found expired, and rescues of the jobs of a "
+        "worker process seen dead (their expired event's data says worker_exited)."
+    ),
     "jobs_succeeded_total": "Jobs committed as succeeded.",
     "jobs_failed_total": "Jobs that ended failed (last attempt failed or expired, or poisoned).",
     "jobs_effects_deduplicated_total": "Effects not performed again: the sum of repeats.",
@@ -84,7 +87,10 @@ CATALOGUE = {
     "jobs_attempts_per_success": "Attempts a job took to succeed.",
     "jobs_wasted_work_seconds_total": "Runtime of attempts whose commit was rejected.",
     "jobs_heartbeat_gap_seconds": "Longest time between accepted beats, per ended attempt.",
-    "jobs_reclaim_latency_seconds": "Lease expiry to the next claim of that job.",
+    "jobs_reclaim_latency_seconds": (
+        "Lease expiry to the next claim of that job (rescues, reclaimed before their lease "
+        "ran out, are left out)."
+    ),
     "jobs_enqueue_to_start_seconds": "Job due (enqueued or run_at) to its first claim.",
     "jobs_lease_too_short": "1 for a kind whose recent heartbeat gaps approach its lease.",
     "jobs_metrics_malformed_events_total": "Event rows left out of a figure: a value unreadable.",

@@ -6,9 +6,12 @@ Real qcluster, a 30 s lease: before the rescue, the job ran again 30-31 s after 
 lease); with it, within a second."""
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import enqueue
 from jobs.models import Attempt, JobEvent
+from jobs.ops import metrics
+from jobs.ops.lease_hint import lease_hints
 from tests.acceptance.cluster import (
     wait_for_attempt,
     wait_for_state,
@@ -51,3 +54,31 @@ def test_a_sigkilled_workers_job_runs_again_at_once_not_after_its_lease(start_qc
     assert expired.data["worker_exited"] is True and expired.data["charged"] is True
     assert expired.data["worker"] == first.worker
     assert f"worker exited, lease reclaimed: job={job.pk} " in cluster.log()
+
+
+def test_a_rescue_in_the_figures_is_a_reclaim_not_a_malformed_event_nor_a_lease_too_short(
+    start_qcluster, monkeypatch
+):
+    """/metrics and the lease hint read a real rescue's expired event (deadline after the next
+    claim, a short silence): a reclaim, left out of the reclaim latency without being called
+    malformed, and no evidence that the lease is too short."""
+    cluster = start_qcluster(JOBS_LEASE_SECONDS=str(LEASE_SECONDS))
+    job = enqueue("test.sleep", {"seconds_by_attempt": {"1": 300, "2": 0}}, max_attempts=3)
+    first = wait_for_attempt(job.pk, 1)
+    cluster.kill(worker_pid(first.worker))
+    wait_for_state(job.pk, "succeeded", timeout=LEASE_SECONDS + 10)
+    assert JobEvent.objects.get(job_id=job.pk, type="expired").data["worker_exited"] is True
+    monkeypatch.setattr(metrics, "SETTLE_SECONDS", 0.0)
+    fresh = metrics.history.Incremental("jobs_jobevent", metrics.history.events)
+    monkeypatch.setattr(metrics, "_event_tally", fresh)
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+        if not s.labels or s.name == "jobs_lease_too_short"
+    }
+    assert samples["jobs_reclaims_total"] == 1
+    assert samples["jobs_metrics_malformed_events_total"] == 0
+    assert samples["jobs_reclaim_latency_seconds_count"] == 0
+    (hint,) = [h for h in lease_hints() if h.kind == "test.sleep"]
+    assert (hint.rescued, hint.near_miss_expiries, hint.too_short) == (1, 0, False)

@@ -126,3 +126,17 @@ def test_the_job_page_inlines_show_the_newest_rows_and_say_so(admin_client, make
     assert "the newest 5 of 12" in html.lower()
     assert "zombie:7<" not in html and "zombie:8<" in html
     assert html.count("w:7<") == 0 and html.count("w:8<") >= 1
+
+
+@pytest.mark.parametrize("job_id", ["999999", str(2**63), "9" * 40])  # none, past bigint
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_a_button_for_a_job_that_does_not_exist_says_so_without_a_confirmation(
+    admin_client, job_id, method
+):
+    url = f"/admin/jobs/job/{job_id}/act/cancel/"
+    response = getattr(admin_client, method)(url, follow=True)
+    assert response.status_code == 200
+    assert response.redirect_chain[-1][0] == "/admin/jobs/job/"
+    body = response.content.decode()
+    assert f"No job {job_id}: nothing to cancel." in body
+    assert "Cancel job" not in body  # no confirmation, no button

@@ -125,3 +125,14 @@ def test_an_id_no_bigint_holds_is_no_such_job_and_the_others_are_done(make_job, 
 def test_an_argument_the_database_cannot_read_is_a_command_error(admin_user, args):
     with pytest.raises(CommandError, match="lone surrogates|NUL"):
         run(*args)
+
+
+@pytest.mark.parametrize("bad", ["-5", "0", "-0"])
+@pytest.mark.parametrize("command", ["cancel", "requeue", "show"])
+def test_an_id_below_one_is_refused_not_silently_skipped(make_job, admin_user, command, bad):
+    job = make_job()
+    args = ("show", bad) if command == "show" else (command, str(job.pk), bad, "--user", "root")
+    with pytest.raises(CommandError, match="not a job id"):
+        run(*args)
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED  # nothing done: the command stopped before acting

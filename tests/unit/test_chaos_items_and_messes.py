@@ -123,6 +123,12 @@ def test_a_mess_harms_only_its_own_attempt() -> None:
     old_stop = [{"kind": "term_cluster", "wall": -3.0, "seconds": 1.3}]
     checker._check_messes(jobs, leaked, [], set(), old_stop, zero, info)
     assert len(zero["mess_worker_stopped_claiming"]) == 1
+    # nor does one begun after its worker had let CLAIMS_AFTER_MESS claims go by (the 20th
+    # later claim is at 20.0): a SIGTERM near a run's end excused every mess before it
+    zero = {name: [] for name in checker.INVARIANTS}
+    late_stop = [{"kind": "term_cluster", "wall": 100.0, "seconds": 1.3}]
+    checker._check_messes(jobs, leaked, [], set(), late_stop, zero, info)
+    assert len(zero["mess_worker_stopped_claiming"]) == 1
 
 
 def test_the_item_audit_records_inserts_and_deletes_by_their_writers() -> None:

@@ -138,11 +138,25 @@ _SQLITE_DEADLINE = (
 )
 
 
+def rescued(vendor: str, alias: str) -> str:
+    """True for an `expired` event written by a rescue (jobs.worker.rescue: its data says
+    `worker_exited`), whatever else the row holds: a rescue ends an attempt before its lease runs
+    out, so its deadline falls after the next claim and its silence says nothing of the lease."""
+    if vendor == "postgresql":
+        return f"COALESCE({alias}.data @> '{{\"worker_exited\": true}}'::jsonb, false)"
+    return (
+        f"COALESCE(CASE WHEN json_valid({alias}.data) "
+        f"THEN json_type({alias}.data, '$.worker_exited') = 'true' END, 0)"
+    )
+
+
 def _reclaims(driver: Driver, vendor: str, rows: Rows) -> tuple[str, list[Any]]:
-    """Claims in range that follow an expired attempt: (expired event id, latency or NULL).
+    """Claims in range that follow an expired attempt, rescues left out: (expired event id,
+    latency or NULL).
 
     The latency is NULL where the deadline cannot be read or falls after the claim (the reaper
     reclaims only a lease that has run out, by the database clock, so only a planted row can).
+    A rescue's deadline does fall after the claim: it has no lease-expiry latency to measure.
     """
     deadline = _PG_DEADLINE if vendor == "postgresql" else _SQLITE_DEADLINE
     latency = driver.seconds_between("c.at", deadline)
@@ -155,7 +169,7 @@ def _reclaims(driver: Driver, vendor: str, rows: Rows) -> tuple[str, list[Any]]:
         "SELECT r.expired_id, CASE WHEN r.seconds >= 0 THEN r.seconds END AS latency FROM ("
         f"SELECT x.id AS expired_id, {latency} AS seconds FROM jobs_jobevent c "
         "JOIN jobs_jobevent x ON x.job_id = c.job_id AND x.attempt = c.attempt - 1 "
-        "AND x.type = 'expired' "
+        f"AND x.type = 'expired' AND NOT {rescued(vendor, 'x')} "
         f"WHERE {where} AND c.type = 'claimed' AND c.attempt > 1{fence}) r",
         params,
     )
@@ -240,13 +254,15 @@ def effects_deduplicated(cur: CursorWrapper) -> int:
     return int(cur.fetchone()[0])
 
 
-def recent_attempts(driver: Driver, cur: CursorWrapper, limit: int) -> list[tuple[Any, ...]]:
-    """The newest ended attempts: (kind, job lease, outcome, longest gap), for the lease hint."""
+def recent_attempts(vendor: str, cur: CursorWrapper, limit: int) -> list[tuple[Any, ...]]:
+    """The newest ended attempts: (kind, job lease, outcome, longest gap, rescued), for the
+    lease hint (`rescued`: expired because its worker process died, not its lease)."""
     arms = " ".join(f"WHEN '{event}' THEN '{outcome}'" for event, outcome in ENDING.items())
     cur.execute(
-        "SELECT j.kind, j.lease_seconds, a.outcome, a.heartbeat_gap_max FROM ("
-        "SELECT job_id, attempt, type FROM jobs_jobevent "
-        f"WHERE type IN ({', '.join(repr(t) for t in ENDING)}) ORDER BY id DESC LIMIT %s) e "
+        "SELECT j.kind, j.lease_seconds, a.outcome, a.heartbeat_gap_max, e.rescued FROM ("
+        f"SELECT x.job_id, x.attempt, x.type, {rescued(vendor, 'x')} AS rescued "
+        "FROM jobs_jobevent x "
+        f"WHERE x.type IN ({', '.join(repr(t) for t in ENDING)}) ORDER BY x.id DESC LIMIT %s) e "
         "JOIN jobs_attempt a ON a.job_id = e.job_id AND a.number = e.attempt "
         f"AND a.outcome = CASE e.type {arms} END "
         "JOIN jobs_job j ON j.id = e.job_id",

@@ -9,6 +9,7 @@ job "change" permission. `prune` (retention, jobs.ops.retention) deletes finishe
 days with their history, in batches; it is a maintenance task for cron or a deploy hook.
 """
 
+import argparse
 import getpass
 import os
 from typing import Any
@@ -36,6 +37,18 @@ def _first_line(text: str, width: int = 100) -> str:
     return line[0][:width]
 
 
+def job_id(text: str) -> int:
+    """A job id from argv: a whole number of at least 1 (ids start at 1). `-5` or `0` was
+    dropped without a word ("0 changed, 0 skipped"); one past bigint is still no such job."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a job id: {text[:80]!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a job id: {value} (ids start at 1)")
+    return value
+
+
 class Command(BaseCommand):
     help = (
         "Operate jobs without a browser: status, list, show, requeue, cancel, retry, copy, prune, "
@@ -49,10 +62,10 @@ class Command(BaseCommand):
         self._filters(ls)
         ls.add_argument("--limit", type=int, default=20)
         show = sub.add_parser("show", help="one job with its attempt history")
-        show.add_argument("job_id", type=int)
+        show.add_argument("job_id", type=job_id)
         for name in actions.ACTIONS:
             act = sub.add_parser(name, help=f"{name} jobs (fenced, audited)")
-            act.add_argument("job_ids", type=int, nargs="*")
+            act.add_argument("job_ids", type=job_id, nargs="*")
             self._filters(act)
             act.add_argument(
                 "--all-matching", action="store_true", help="every job matching the filters"
