@@ -38,8 +38,8 @@ from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
 from jobs.core.exceptions import JobsError, LeaseLost
-from jobs.core.states import AttemptOutcome, JobState
-from jobs.models import Attempt, Job
+from jobs.core.states import AttemptOutcome, EventType, JobState
+from jobs.models import Attempt, Job, JobEvent
 
 
 class TaskCancelled(JobsError):
@@ -192,6 +192,12 @@ def _attempt_error(attempt: dict[str, Any]) -> TaskError | None:
     if outcome == AttemptOutcome.FAILED:
         path = exception_class_path(text) or _path(AttemptFailed)
         return TaskError(exception_class_path=path, traceback=text or f"{where} failed")
+    if outcome == AttemptOutcome.EXPIRED and attempt.get("worker_exited"):
+        return TaskError(  # rescued: qcluster saw the worker process dead (jobs.worker.rescue)
+            exception_class_path=_path(LeaseExpired),
+            traceback=f"{where}: its worker process died (seen exited by its cluster, e.g. "
+            "killed) and the job was reclaimed at once",
+        )
     if outcome == AttemptOutcome.EXPIRED:
         return TaskError(
             exception_class_path=_path(LeaseExpired),
@@ -301,7 +307,9 @@ def _read(job_id: int, *, as_text: bool) -> tuple[dict[str, Any], list[dict[str,
     )
     if rows:
         job = _decoded({name[len("job__") :]: rows[0][name] for name in (*plain, *texts)})
-        return job, [{name: row[name] for name in ATTEMPT_FIELDS} for row in rows]
+        attempts = [{name: row[name] for name in ATTEMPT_FIELDS} for row in rows]
+        _mark_exited({job_id: (job, attempts)})
+        return job, attempts
     plain, texts = _job_columns(as_text=as_text)
     job = Job.objects.filter(pk=job_id).values(*plain, **texts).first()
     return (_decoded(job), []) if job is not None else None
@@ -316,7 +324,29 @@ def read_many(job_ids: list[int]) -> dict[int, tuple[dict[str, Any], list[dict[s
     attempts = Attempt.objects.filter(job_id__in=list(jobs)).order_by("job_id", "number")
     for row in attempts.values("job_id", *ATTEMPT_FIELDS):
         jobs[row.pop("job_id")][1].append(row)
+    _mark_exited(jobs)
     return jobs
+
+
+def _mark_exited(jobs: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
+    """Set `worker_exited` on each expired attempt whose `expired` event says its worker process
+    was seen dead (a rescue, not a lease that ran out). One query, only if any attempt expired."""
+    expired = {
+        (job_id, a["number"]): a
+        for job_id, (_, attempts) in jobs.items()
+        for a in attempts
+        if a["outcome"] == AttemptOutcome.EXPIRED
+    }
+    if not expired:
+        return
+    events = JobEvent.objects.filter(
+        job_id__in={job_id for job_id, _ in expired},
+        type=EventType.EXPIRED,
+        data__worker_exited=True,
+    )
+    for key in events.values_list("job_id", "attempt"):
+        if key in expired:
+            expired[key]["worker_exited"] = True
 
 
 def _read_jobs(

@@ -314,3 +314,35 @@ def test_tasks_do_not_wait_for_finished_notices_to_be_committed():
     runner.drain()
     assert Job.objects.get(pk=int(result.id)).state == JobState.SUCCEEDED
     assert wait_for_finished_notices(10)
+
+
+def test_a_task_whose_worker_process_died_says_so_not_that_its_lease_expired():
+    # A SIGKILLed worker's attempt is reclaimed at once by qcluster's main process (a rescue:
+    # its `expired` event says worker_exited). Before, the result still read "its lease expired
+    # (the worker stopped heartbeating...)", sending whoever read it after a stall.
+    import time
+
+    from jobs.core import transitions
+    from jobs.worker import reaper
+
+    result = tasks.add.enqueue(1, 2)
+    (claimed,) = transitions.claim("host-x:4242", limit=1, lease_seconds=300)
+    assert claimed.fence.job_id == int(result.id)
+    assert reaper.rescue("host-x:4242", time.monotonic(), "main:1") == 1
+    result.refresh()
+    (error,) = result.errors
+    assert error.exception_class is LeaseExpired
+    assert "its worker process died" in error.traceback
+    assert "heartbeating" not in error.traceback
+
+
+def test_a_task_whose_lease_ran_out_still_says_its_lease_expired():
+    from jobs.core import transitions
+    from tests.integration.attempts import expire_and_reap
+
+    result = tasks.add.enqueue(1, 2)
+    transitions.claim("host-x:4243", limit=1, lease_seconds=300)
+    expire_and_reap(int(result.id))
+    result.refresh()
+    (error,) = result.errors
+    assert "its lease expired (the worker stopped heartbeating" in error.traceback
