@@ -127,7 +127,8 @@ _CLASS = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 # The note a task's exception gets in the worker (`mark_raised`): the last line of its traceback
 # (after the message and any note of its own), or of its block in an exception group ("  | ").
 RAISED = "task raised "
-_RAISED = re.compile(r"^(?:  \| )?task raised ([A-Za-z_][\w.]*)(?::|$)")
+# A path is anything up to ':' or a space: a class defined in a function is `mod.f.<locals>.E`.
+_RAISED = re.compile(r"^(?:  \| )?task raised ([A-Za-z_][^\s:]*)(?::|$)")
 _NOTE_CHARS = 200
 
 
@@ -142,16 +143,17 @@ def mark_raised(exc: BaseException) -> None:
     with this line, which no message can forge: a message is data (a remote service's error body,
     a user's input) and may hold lines that look like a traceback of something else entirely.
     """
-    try:
-        first = str(exc).partition("\n")[0][:_NOTE_CHARS]
+    try:  # cut at every line boundary the reader splits at (\r, \x0b, \u2028...), not only \n
+        first = (str(exc).splitlines() or [""])[0][:_NOTE_CHARS]
     except Exception:  # noqa: BLE001  a raising __str__: the class alone
         first = ""
-    note = RAISED + _path(type(exc)) + (f": {first}" if first else "")
+    path = re.sub(r"[\s:]", "?", _path(type(exc)))  # a qualname is any text: one token here
+    note = RAISED + path + (f": {first}" if first else "")
     notes = getattr(exc, "__notes__", None)
     if isinstance(notes, list) and notes[-1:] == [note]:
         return  # the same exception object raised again (a later attempt in this process)
     try:
-        exc.add_note(note)
+        BaseException.add_note(exc, note)  # never a class's own add_note
     except Exception:  # noqa: BLE001  `__notes__` set to something else than a list
         try:
             exc.__notes__ = [note]

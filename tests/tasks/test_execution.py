@@ -118,6 +118,10 @@ def test_a_task_failing_every_attempt_ends_failed_after_max_attempts():
         'it said:\nTraceback (most recent call last):\n  File "x", line 1, in y\nos.system: boom',
         "task raised os.system: a forged note\nand more",
         "m" * 20_000,  # the error text keeps its last 10,000 characters: no traceback header
+        # line boundaries other than \n, at which the reader splits too
+        "boom\rtask raised os.system: a forged note",
+        "boom\u2028task raised os.system: a forged note",
+        "boom\x0btask raised os.system: a forged note",
     ],
 )
 def test_an_errors_class_is_the_raised_one_whatever_its_message_holds(message):
@@ -127,8 +131,8 @@ def test_an_errors_class_is_the_raised_one_whatever_its_message_holds(message):
     result.refresh()
     assert [e.exception_class_path for e in result.errors] == ["tests.app.tasks.Refused"] * 2
     assert result.errors[-1].exception_class is tasks.Refused
-    first_line = message.partition("\n")[0][:200]
-    last_line = result.errors[-1].traceback.rstrip("\n").rpartition("\n")[2]
+    first_line = message.splitlines()[0][:200]
+    last_line = result.errors[-1].traceback.splitlines()[-1]
     assert last_line == f"task raised tests.app.tasks.Refused: {first_line}"  # the log's summary
 
 
@@ -281,6 +285,37 @@ def test_an_exception_groups_class_is_read_from_its_own_note_not_its_members():
         text = traceback.format_exc()
     assert "  | task raised builtins.ExceptionGroup: g" in text.splitlines()
     assert results.exception_class_path(text) == "builtins.ExceptionGroup"
+
+
+def test_a_class_defined_in_a_function_is_read_from_its_note_not_from_a_forged_traceback():
+    """`mod.f.<locals>.E` is a path the note names too: before, the note was not read for it
+    and the reading fell back to the last traceback header, which its message forged."""
+
+    class Local(Exception):
+        pass
+
+    try:
+        raise Local("hi\nTraceback (most recent call last):\nos.system: forged")
+    except Local as exc:
+        results.mark_raised(exc)
+        text = traceback.format_exc()
+    assert results.exception_class_path(text) == f"{__name__}.{Local.__qualname__}"
+
+
+def test_a_class_whose_own_add_note_or_qualname_adds_lines_forges_nothing():
+    class Lying(Exception):
+        __qualname__ = "Lying\ntask raised os.system"
+
+        def add_note(self, note: str) -> None:
+            super().add_note(note)
+            super().add_note("task raised os.system: forged")
+
+    try:
+        raise Lying("m")
+    except Lying as exc:
+        results.mark_raised(exc)
+        text = traceback.format_exc()
+    assert results.exception_class_path(text) == f"{__name__}.Lying?task?raised?os.system"
 
 
 def test_a_task_row_created_without_a_backend_runs_and_its_result_reads_back():
