@@ -40,6 +40,7 @@ class AttemptWork:
     intents: dict[str, IntentRow] = field(default_factory=dict)  # by step: last one recorded
     chars: int = 0  # of the intents' JSON text
     ended: bool = False  # forgotten: its final write is decided, nothing more is recorded
+    read: bool = False  # its commit read it (peek): what is recorded now would not be committed
 
 
 _lock = threading.Lock()
@@ -62,7 +63,7 @@ def open_work(fence: Fence) -> AttemptWork:
 
 def _refuse_if_ended(work: AttemptWork, what: str) -> None:
     """Under _lock."""
-    if work.ended:
+    if work.ended or work.read:
         exc = AttemptEnded(work.fence.job_id, work.fence.attempt, what)
         logger.warning("%s (a thread the handler left running?)", exc)
         raise exc
@@ -109,10 +110,15 @@ class Recorded:
 
 
 def peek(fence: Fence) -> Recorded | None:
-    """The attempt's work if it recorded any and has not ended."""
+    """The attempt's work if it recorded any and has not ended, as its commit reads it (after
+    the handler returned): from now on a record is refused -- made between this read and the
+    commit's forget(), it was in no commit and dropped without a word."""
     with _lock:
         work = _open.get(_key(fence))
-        if work is None or work.ended or not (work.staged or work.intents):
+        if work is None or work.ended:
+            return None
+        work.read = True
+        if not (work.staged or work.intents):
             return None
         return Recorded(work.staged, dict(work.intents), work.chars)
 

@@ -196,3 +196,42 @@ def test_a_late_restage_never_deletes_the_file_its_attempt_committed(
     assert dict(StagedOutput.objects.values_list("name", "status")) == {"result.txt": "promoted"}
     result = tmp_path / Job.objects.get().result_ref / "result.txt"
     assert result.read_bytes() == b"the result"
+
+
+@pytest.mark.parametrize("record", ["intent", "stage"])
+def test_a_record_after_the_commit_read_the_attempts_work_is_refused_not_dropped(
+    monkeypatch, record
+):
+    # The commit reads the attempt's work (peek), writes, then forgets it. Before, a leaked
+    # thread's record in between was accepted -- into no commit -- and dropped by the forget
+    # without a word: an intent never performed, a staged file its commit never named.
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.intent("publish", "webhook", HOOK)
+    out: dict[str, BaseException] = {}
+    read = pending.peek
+
+    def read_then_a_leaked_record(fence):  # type: ignore[no-untyped-def]
+        work = read(fence)
+
+        def leaked() -> None:
+            try:
+                if record == "intent":
+                    running.ctx.intent("late", "webhook", HOOK)
+                else:
+                    running.ctx.stage("late.txt", b"late")
+            except BaseException as exc:  # noqa: BLE001  handed to the test
+                out["error"] = exc
+            finally:
+                connection.close()  # this thread's own
+
+        thread = threading.Thread(target=leaked, name="leaked-by-handler")
+        thread.start()
+        thread.join(10)
+        return work
+
+    monkeypatch.setattr(pending, "peek", read_then_a_leaked_record)
+    running.commit("ok")
+    assert isinstance(out.get("error"), AttemptEnded), out
+    assert list(Intent.objects.values_list("step", flat=True)) == ["publish"]
+    assert not StagedOutput.objects.filter(name="late.txt", status="staged").exists()
