@@ -144,7 +144,7 @@ def mark_raised(exc: BaseException) -> None:
     a user's input) and may hold lines that look like a traceback of something else entirely.
     """
     try:  # cut at every line boundary the reader splits at (\r, \x0b, \u2028...), not only \n
-        first = (str(exc).splitlines() or [""])[0][:_NOTE_CHARS]
+        first = (str(exc)[:_NOTE_CHARS].splitlines() or [""])[0]  # cut first: a huge message
     except Exception:  # noqa: BLE001  a raising __str__: the class alone
         first = ""
     path = re.sub(r"[\s:]", "?", _path(type(exc)))  # a qualname is any text: one token here
