@@ -9,8 +9,9 @@ anything; jobs.worker.completer reads it when it commits and forgets it after.
 
 Hazards: the handler adds in the runner's thread while the background heartbeat thread may commit
 the same attempt, hence the lock. A thread the handler left running may record after the attempt
-ended: the work is marked ended by `forget`, and a record then raises AttemptEnded (a LeaseLost)
-instead of making a new entry that nothing would ever commit or forget. The registry holds the
+ended: the work is marked read by the commit's `peek` and ended by `forget`, and a record after
+either raises AttemptEnded (a LeaseLost) instead of making an entry that nothing would ever commit
+(and, between the two, that forget would drop without a word). The registry holds the
 work weakly: an attempt that never reaches a final write here (handed back unstarted, a stop)
 leaves nothing behind once its Held is gone. A process that dies loses it with everything else.
 """
