@@ -17,6 +17,12 @@ class LeaseLost(JobsError):
         self.attempt = attempt
         self.write = write
 
+    def __reduce__(self) -> tuple[type["LeaseLost"], tuple[int, int, str]]:
+        # Exception pickles as cls(*self.args) -- the message alone, which this __init__ does
+        # not take: a LeaseLost raised in a child process (a handler's process pool) came back
+        # as a TypeError instead.
+        return type(self), (self.job_id, self.attempt, self.write)
+
 
 class AttemptEnded(LeaseLost):
     """Something was recorded (an intent, a staged output) for an attempt whose final write is

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 MAX_ANSWER = 64 * 1024
 MAX_INTERIM = 16  # 1xx answers read past before a final one: more is no answer (unknown)
+MAX_INTERIM_HEADERS, MAX_HEADER_LINE = 100, 65536  # per 1xx answer, as http.client's own bounds
 
 
 class OutcomeUnknown(Exception):
@@ -74,8 +75,11 @@ class FinalAnswer(http.client.HTTPResponse):
     of them (a receiver streaming them would keep a relay thread reading at full speed until
     the deadline) -- stay unknown.
 
-    Overrides http.client's private `_read_status` (begin() reads each status line through it);
-    tests/integration/test_webhook_interim.py fails if a Python release changes that."""
+    Overrides http.client's private `_read_status` (begin() reads each status line through it,
+    in 3.12 to 3.14; there is no public hook for interim answers) and nothing else private: an
+    interim answer's headers are skipped here, bounded like http.client's own. Its private
+    `_read_headers` took a second, required argument in 3.14: called with one, every 103 was a
+    TypeError. tests/integration/test_webhook_interim.py fails if a Python release changes that."""
 
     interim = 0  # answers read past so far (100 included: begin() skips a 100's headers)
 
@@ -88,7 +92,18 @@ class FinalAnswer(http.client.HTTPResponse):
                     raise http.client.HTTPException(f"more than {MAX_INTERIM} 1xx answers")
             if not 100 < status < 200 or status == 101:
                 return version, status, reason
-            http.client._read_headers(self.fp)  # type: ignore[attr-defined]  # bounded as a header
+            _skip_headers(self.fp)
+
+
+def _skip_headers(fp: Any) -> None:
+    """Read past an interim answer's header lines, bounded as http.client bounds a header."""
+    for _ in range(MAX_INTERIM_HEADERS + 1):
+        line = fp.readline(MAX_HEADER_LINE + 1)
+        if len(line) > MAX_HEADER_LINE:
+            raise http.client.LineTooLong("header line")
+        if line in (b"\r\n", b"\n", b""):  # the blank line ending them, or the end of file
+            return
+    raise http.client.HTTPException(f"more than {MAX_INTERIM_HEADERS} headers in a 1xx answer")
 
 
 class Call:

@@ -31,7 +31,7 @@ the relay token (the receiver contract, docs/effects.md).
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
@@ -55,7 +55,7 @@ from jobs.models import Intent, JobEvent
 logger = logging.getLogger("jobs.outbox")
 
 RELAY_BATCH = 20
-RELAY_LEASE_SECONDS = 60.0  # far above a call's total deadline (the webhook's: 10 s, at most 25)
+RELAY_LEASE_SECONDS = 60.0  # far above a call's deadline (the relay's, 30 s, for every target)
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 300.0  # seconds: doubling from the first, capped
 MAX_INTENT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 2000
@@ -253,6 +253,14 @@ def _again(c: Claim, relay: str, error: str, unknown: bool) -> str:
     return "unknown" if unknown else "failed"
 
 
+def past_deadline(c: Claim, relay: str, seconds: float) -> str:
+    """`c`'s call has run `seconds`, past the relay's deadline: handed back with backoff as an
+    unknown outcome, fenced by its token while its lease is still the relay's own (the next try
+    reconciles under a higher token; the late call's own marks then change nothing)."""
+    why = f"no answer within the relay's {seconds:g} s deadline: outcome unknown"
+    return _again(c, relay, why, unknown=True)
+
+
 def not_started(c: Claim, relay: str, why: str) -> str:
     """`c`'s call never began (its thread did not start): handed back with backoff, its outcome
     as it was (nothing was sent, nor checked)."""
@@ -281,12 +289,18 @@ def _reconcile(c: Claim, target: Any, relay: str) -> str | None:
     return None
 
 
-def handle(c: Claim, relay: str, lease_seconds: float = RELAY_LEASE_SECONDS) -> str:
+def handle(
+    c: Claim,
+    relay: str,
+    lease_seconds: float = RELAY_LEASE_SECONDS,
+    renewed: Callable[[Claim], None] | None = None,
+) -> str:
     """Reconcile if an earlier call's outcome is unknown, perform, mark. Returns what happened:
     performed, reconciled, unknown, failed, parked or taken-over (for tests and logs).
 
     Starting to perform renews the claim's lease, so every intent gets a whole lease (far above
-    a call's deadline) from the moment its own call begins.
+    a call's deadline) from the moment its own call begins; `renewed(c)` is told then (the
+    embedded relay times its deadline from it, jobs/effects/relay.py).
     """
 
     target = get_target(c.target)
@@ -301,6 +315,8 @@ def handle(c: Claim, relay: str, lease_seconds: float = RELAY_LEASE_SECONDS) -> 
     )
     if not started:
         return "taken-over"
+    if renewed is not None:
+        renewed(c)
     try:
         _call(c, target, "perform")
     except Refused as exc:  # not performed: retried with backoff

@@ -9,8 +9,9 @@ anything; jobs.worker.completer reads it when it commits and forgets it after.
 
 Hazards: the handler adds in the runner's thread while the background heartbeat thread may commit
 the same attempt, hence the lock. A thread the handler left running may record after the attempt
-ended: the work is marked ended by `forget`, and a record then raises AttemptEnded (a LeaseLost)
-instead of making a new entry that nothing would ever commit or forget. The registry holds the
+ended: the work is marked read by the commit's `peek` and ended by `forget`, and a record after
+either raises AttemptEnded (a LeaseLost) instead of making an entry that nothing would ever commit
+(and, between the two, that forget would drop without a word). The registry holds the
 work weakly: an attempt that never reaches a final write here (handed back unstarted, a stop)
 leaves nothing behind once its Held is gone. A process that dies loses it with everything else.
 """
@@ -40,6 +41,7 @@ class AttemptWork:
     intents: dict[str, IntentRow] = field(default_factory=dict)  # by step: last one recorded
     chars: int = 0  # of the intents' JSON text
     ended: bool = False  # forgotten: its final write is decided, nothing more is recorded
+    read: bool = False  # its commit read it (peek): what is recorded now would not be committed
 
 
 _lock = threading.Lock()
@@ -62,7 +64,7 @@ def open_work(fence: Fence) -> AttemptWork:
 
 def _refuse_if_ended(work: AttemptWork, what: str) -> None:
     """Under _lock."""
-    if work.ended:
+    if work.ended or work.read:
         exc = AttemptEnded(work.fence.job_id, work.fence.attempt, what)
         logger.warning("%s (a thread the handler left running?)", exc)
         raise exc
@@ -109,10 +111,15 @@ class Recorded:
 
 
 def peek(fence: Fence) -> Recorded | None:
-    """The attempt's work if it recorded any and has not ended."""
+    """The attempt's work if it recorded any and has not ended, as its commit reads it (after
+    the handler returned): from now on a record is refused -- made between this read and the
+    commit's forget(), it was in no commit and dropped without a word."""
     with _lock:
         work = _open.get(_key(fence))
-        if work is None or work.ended or not (work.staged or work.intents):
+        if work is None or work.ended:
+            return None
+        work.read = True
+        if not (work.staged or work.intents):
             return None
         return Recorded(work.staged, dict(work.intents), work.chars)
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 MAX_SLOW = 64  # lanes remembered slow: each is a range the reserved claim leaves out
+MAX_ABANDONED = 64  # calls given up on, still running, that take no thread from the others
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class _Call:
     lane: str
     reserved: bool
     started: float
+    abandoned: bool = False  # past the relay's deadline: its thread runs on, its slot is freed
 
 
 class Slots:
@@ -87,6 +89,17 @@ class Slots:
             self._calls[handle] = _Call(lane, reserved, self.clock())
             return handle
 
+    def abandon(self, handle: int) -> None:
+        """The call's deadline passed (jobs/effects/relay.py): its thread cannot be stopped and
+        runs on, but its thread slot is freed for the others. It still counts in its lane (a
+        hanging lane never has more than `per_lane` calls out, given up on or not), and, past
+        MAX_ABANDONED such calls, in the threads too: a relay never piles up threads unbounded."""
+        with self._lock:
+            call = self._calls.get(handle)
+            if call is not None:
+                call.abandoned = True
+                self._mark(call.lane, self.clock())
+
     def end(self, handle: int) -> None:
         with self._lock:
             call = self._calls.pop(handle, None)
@@ -98,10 +111,13 @@ class Slots:
         first and start() their calls before planning the reserved ones: it counts them."""
         with self._lock:
             slow = self._slow_now()
-            busy = Counter(c.lane for c in self._calls.values())
-            in_reserve = Counter(c.lane for c in self._calls.values() if c.reserved)
+            calls = self._calls.values()
+            busy = Counter(c.lane for c in calls)
+            in_reserve = Counter(c.lane for c in calls if c.reserved and not c.abandoned)
             if not reserved:
-                open_busy = sum(busy.values()) - sum(in_reserve.values())
+                abandoned = sum(c.abandoned for c in calls)
+                open_busy = sum(not c.reserved and not c.abandoned for c in calls)
+                open_busy += max(0, abandoned - MAX_ABANDONED)
                 return Plan(self.threads - self.reserved - open_busy, self.per_lane, dict(busy))
             shut = {lane for lane in busy if in_reserve[lane] or busy[lane] >= self.per_lane}
             return Plan(

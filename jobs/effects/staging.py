@@ -28,10 +28,10 @@ from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from jobs.core.conf import jobs_settings
-from jobs.core.exceptions import InvalidOption
-from jobs.core.states import AttemptOutcome
+from jobs.core.exceptions import AttemptEnded, InvalidOption
+from jobs.core.states import AttemptOutcome, JobState
 from jobs.core.transitions import Fence
-from jobs.models import Attempt, StagedOutput
+from jobs.models import Attempt, Job, StagedOutput
 
 logger = logging.getLogger("jobs.staging")
 
@@ -85,7 +85,8 @@ def _as_file(content: Any) -> "File[Any]":
 def stage(fence: Fence, name: str, content: Any) -> str:
     """Write `content` as this attempt's output `name`; return its storage name (the ref).
 
-    Staging the same name twice in one attempt replaces the first file.
+    Staging the same name twice in one attempt replaces the first file -- while the attempt
+    still runs: once its final write is decided the first file is kept and AttemptEnded raised.
     """
     name = _checked_name(name)
     file = _as_file(content)
@@ -99,6 +100,8 @@ def stage(fence: Fence, name: str, content: Any) -> str:
             )
     except IntegrityError:  # staged again in this attempt: replace the first file
         row = StagedOutput.objects.get(job_id=fence.job_id, attempt=fence.attempt, name=name)
+        if not _replaceable(fence, row.pk):  # its commit may have named it: never delete it
+            raise AttemptEnded(fence.job_id, fence.attempt, "stage") from None
         st.delete(row.path)
     written = st.save(path, file)
     still = StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED)
@@ -108,6 +111,22 @@ def stage(fence: Fence, name: str, content: Any) -> str:
         st.delete(written)
         logger.warning("job %s attempt %s: output %s was settled meanwhile", *_ids(fence), name)
     return written
+
+
+def _replaceable(fence: Fence, pk: int) -> bool:
+    """The earlier file may be deleted: its row is still `staged` and its attempt still runs.
+
+    Decided in one query just before the delete: a thread the handler left running may reach a
+    re-stage after the attempt committed (its in-memory check passed first), and the file it
+    would replace is then the committed result (promoted, or about to be). A commit landing in
+    the moment between this query and the delete is not excluded (holding the job row across a
+    storage call would stall every batch-mate's commit behind this job's storage)."""
+    live = Job.objects.filter(pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING)
+    return (
+        StagedOutput.objects.filter(pk=pk, status=StagedOutput.Status.STAGED)
+        .filter(Exists(live))
+        .exists()
+    )
 
 
 def written_too_late(fence: Fence, path: str) -> None:

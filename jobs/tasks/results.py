@@ -38,8 +38,8 @@ from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
 from jobs.core.exceptions import JobsError, LeaseLost
-from jobs.core.states import AttemptOutcome, JobState
-from jobs.models import Attempt, Job
+from jobs.core.states import AttemptOutcome, EventType, JobState
+from jobs.models import Attempt, Job, JobEvent
 
 
 class TaskCancelled(JobsError):
@@ -127,7 +127,8 @@ _CLASS = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 # The note a task's exception gets in the worker (`mark_raised`): the last line of its traceback
 # (after the message and any note of its own), or of its block in an exception group ("  | ").
 RAISED = "task raised "
-_RAISED = re.compile(r"^(?:  \| )?task raised ([A-Za-z_][\w.]*)(?::|$)")
+# A path is anything up to ':' or a space: a class defined in a function is `mod.f.<locals>.E`.
+_RAISED = re.compile(r"^(?:  \| )?task raised ([A-Za-z_][^\s:]*)(?::|$)")
 _NOTE_CHARS = 200
 
 
@@ -142,16 +143,17 @@ def mark_raised(exc: BaseException) -> None:
     with this line, which no message can forge: a message is data (a remote service's error body,
     a user's input) and may hold lines that look like a traceback of something else entirely.
     """
-    try:
-        first = str(exc).partition("\n")[0][:_NOTE_CHARS]
+    try:  # cut at every line boundary the reader splits at (\r, \x0b, \u2028...), not only \n
+        first = (str(exc)[:_NOTE_CHARS].splitlines() or [""])[0]  # cut first: a huge message
     except Exception:  # noqa: BLE001  a raising __str__: the class alone
         first = ""
-    note = RAISED + _path(type(exc)) + (f": {first}" if first else "")
+    path = re.sub(r"[\s:]", "?", _path(type(exc)))  # a qualname is any text: one token here
+    note = RAISED + path + (f": {first}" if first else "")
     notes = getattr(exc, "__notes__", None)
     if isinstance(notes, list) and notes[-1:] == [note]:
         return  # the same exception object raised again (a later attempt in this process)
     try:
-        exc.add_note(note)
+        BaseException.add_note(exc, note)  # never a class's own add_note
     except Exception:  # noqa: BLE001  `__notes__` set to something else than a list
         try:
             exc.__notes__ = [note]
@@ -192,6 +194,12 @@ def _attempt_error(attempt: dict[str, Any]) -> TaskError | None:
     if outcome == AttemptOutcome.FAILED:
         path = exception_class_path(text) or _path(AttemptFailed)
         return TaskError(exception_class_path=path, traceback=text or f"{where} failed")
+    if outcome == AttemptOutcome.EXPIRED and attempt.get("worker_exited"):
+        return TaskError(  # rescued: qcluster saw the worker process dead (jobs.worker.rescue)
+            exception_class_path=_path(LeaseExpired),
+            traceback=f"{where}: its worker process died (seen exited by its cluster, e.g. "
+            "killed) and the job was reclaimed at once",
+        )
     if outcome == AttemptOutcome.EXPIRED:
         return TaskError(
             exception_class_path=_path(LeaseExpired),
@@ -301,7 +309,9 @@ def _read(job_id: int, *, as_text: bool) -> tuple[dict[str, Any], list[dict[str,
     )
     if rows:
         job = _decoded({name[len("job__") :]: rows[0][name] for name in (*plain, *texts)})
-        return job, [{name: row[name] for name in ATTEMPT_FIELDS} for row in rows]
+        attempts = [{name: row[name] for name in ATTEMPT_FIELDS} for row in rows]
+        _mark_exited({job_id: (job, attempts)})
+        return job, attempts
     plain, texts = _job_columns(as_text=as_text)
     job = Job.objects.filter(pk=job_id).values(*plain, **texts).first()
     return (_decoded(job), []) if job is not None else None
@@ -316,7 +326,29 @@ def read_many(job_ids: list[int]) -> dict[int, tuple[dict[str, Any], list[dict[s
     attempts = Attempt.objects.filter(job_id__in=list(jobs)).order_by("job_id", "number")
     for row in attempts.values("job_id", *ATTEMPT_FIELDS):
         jobs[row.pop("job_id")][1].append(row)
+    _mark_exited(jobs)
     return jobs
+
+
+def _mark_exited(jobs: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
+    """Set `worker_exited` on each expired attempt whose `expired` event says its worker process
+    was seen dead (a rescue, not a lease that ran out). One query, only if any attempt expired."""
+    expired = {
+        (job_id, a["number"]): a
+        for job_id, (_, attempts) in jobs.items()
+        for a in attempts
+        if a["outcome"] == AttemptOutcome.EXPIRED
+    }
+    if not expired:
+        return
+    events = JobEvent.objects.filter(
+        job_id__in={job_id for job_id, _ in expired},
+        type=EventType.EXPIRED,
+        data__worker_exited=True,
+    )
+    for key in events.values_list("job_id", "attempt"):
+        if key in expired:
+            expired[key]["worker_exited"] = True
 
 
 def _read_jobs(

@@ -141,3 +141,97 @@ def test_an_output_whose_attempt_ended_while_it_was_written_is_orphaned_not_prom
     assert by_name == {"result.txt": "promoted", "late.txt": "orphaned"}
     prefix = Job.objects.get().result_ref
     assert sorted(FileSystemStorage(location=str(tmp_path)).listdir(prefix)[1]) == ["result.txt"]
+
+
+@pytest.mark.parametrize("swept_first", [False, True], ids=["staged", "promoted"])
+def test_a_late_restage_never_deletes_the_file_its_attempt_committed(
+    settings, tmp_path, monkeypatch, swept_first
+):
+    # A leaked thread re-stages a name its handler staged; its in-memory check passed, then the
+    # attempt committed (and, in one case, the janitor promoted the output). Before, the re-stage
+    # deleted the committed file, wrote its own, and the late row was orphaned: the janitor then
+    # deleted that too -- the job's committed result lost its file.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "files": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path)},
+        },
+    }
+    settings.JOBS = {**settings.JOBS, "STAGING_STORAGE": "files", "ORPHAN_GRACE_SECONDS": 0.0}
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.stage("result.txt", b"the result")
+    passed, committed = threading.Event(), threading.Event()
+    check_open = pending.check_open
+
+    def check_then_lose_the_race(work: pending.AttemptWork, what: str) -> None:
+        check_open(work, what)
+        if threading.current_thread().name == "leaked-by-handler":
+            passed.set()
+            committed.wait(10)
+
+    monkeypatch.setattr(pending, "check_open", check_then_lose_the_race)
+    out: dict[str, BaseException] = {}
+
+    def leaked() -> None:
+        try:
+            running.ctx.stage("result.txt", b"late")
+        except BaseException as exc:  # noqa: BLE001  handed to the test
+            out["error"] = exc
+        finally:
+            connection.close()  # this thread's own
+
+    thread = threading.Thread(target=leaked, name="leaked-by-handler")
+    thread.start()
+    assert passed.wait(10)
+    running.commit("ok")
+    if swept_first:
+        janitor.sweep("janitor-test")
+    committed.set()
+    thread.join(10)
+    assert isinstance(out.get("error"), AttemptEnded), out
+
+    janitor.sweep("janitor-test")
+    assert dict(StagedOutput.objects.values_list("name", "status")) == {"result.txt": "promoted"}
+    result = tmp_path / Job.objects.get().result_ref / "result.txt"
+    assert result.read_bytes() == b"the result"
+
+
+@pytest.mark.parametrize("record", ["intent", "stage"])
+def test_a_record_after_the_commit_read_the_attempts_work_is_refused_not_dropped(
+    monkeypatch, record
+):
+    # The commit reads the attempt's work (peek), writes, then forgets it. Before, a leaked
+    # thread's record in between was accepted -- into no commit -- and dropped by the forget
+    # without a word: an intent never performed, a staged file its commit never named.
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.intent("publish", "webhook", HOOK)
+    out: dict[str, BaseException] = {}
+    read = pending.peek
+
+    def read_then_a_leaked_record(fence):  # type: ignore[no-untyped-def]
+        work = read(fence)
+
+        def leaked() -> None:
+            try:
+                if record == "intent":
+                    running.ctx.intent("late", "webhook", HOOK)
+                else:
+                    running.ctx.stage("late.txt", b"late")
+            except BaseException as exc:  # noqa: BLE001  handed to the test
+                out["error"] = exc
+            finally:
+                connection.close()  # this thread's own
+
+        thread = threading.Thread(target=leaked, name="leaked-by-handler")
+        thread.start()
+        thread.join(10)
+        return work
+
+    monkeypatch.setattr(pending, "peek", read_then_a_leaked_record)
+    running.commit("ok")
+    assert isinstance(out.get("error"), AttemptEnded), out
+    assert list(Intent.objects.values_list("step", flat=True)) == ["publish"]
+    assert not StagedOutput.objects.filter(name="late.txt", status="staged").exists()

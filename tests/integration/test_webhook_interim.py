@@ -130,3 +130,29 @@ def test_a_call_whose_deadline_timer_cannot_start_is_refused_not_unknown(monkeyp
         error = _perform(s.url)
         assert s.requests == []
     assert isinstance(error, Refused) and "nothing sent" in str(error), error
+
+
+def test_interim_answers_are_read_past_without_http_clients_private_header_reader(monkeypatch):
+    # Python 3.14's http.client._read_headers takes a second, required argument: the reader
+    # called it with one, so every 103 or 102 answer was a TypeError (this stands in for 3.14).
+    import http.client
+    import sys
+
+    own = http.client._read_headers  # type: ignore[attr-defined]
+
+    def only_for_http_client(fp, *rest):  # type: ignore[no-untyped-def]
+        caller = sys._getframe(1).f_globals["__name__"]
+        if caller != "http.client":  # its signature is http.client's own business
+            raise TypeError(f"_read_headers() called from {caller}")
+        return own(fp, *rest)
+
+    monkeypatch.setattr(http.client, "_read_headers", only_for_http_client)
+    with scripted_server(HINTS + PROCESSING + _final("200 OK")) as s:
+        assert _perform(s.url) is None
+
+
+def test_an_interim_answer_with_too_many_headers_is_no_answer():
+    many = b"HTTP/1.1 103 Early Hints\r\n" + b"Link: </a>\r\n" * 101 + b"\r\n"
+    with scripted_server(many + _final("200 OK")) as s:
+        error = _perform(s.url)
+    assert isinstance(error, OutcomeUnknown) and "more than 100 headers" in str(error), error

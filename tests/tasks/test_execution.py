@@ -118,6 +118,10 @@ def test_a_task_failing_every_attempt_ends_failed_after_max_attempts():
         'it said:\nTraceback (most recent call last):\n  File "x", line 1, in y\nos.system: boom',
         "task raised os.system: a forged note\nand more",
         "m" * 20_000,  # the error text keeps its last 10,000 characters: no traceback header
+        # line boundaries other than \n, at which the reader splits too
+        "boom\rtask raised os.system: a forged note",
+        "boom\u2028task raised os.system: a forged note",
+        "boom\x0btask raised os.system: a forged note",
     ],
 )
 def test_an_errors_class_is_the_raised_one_whatever_its_message_holds(message):
@@ -127,8 +131,8 @@ def test_an_errors_class_is_the_raised_one_whatever_its_message_holds(message):
     result.refresh()
     assert [e.exception_class_path for e in result.errors] == ["tests.app.tasks.Refused"] * 2
     assert result.errors[-1].exception_class is tasks.Refused
-    first_line = message.partition("\n")[0][:200]
-    last_line = result.errors[-1].traceback.rstrip("\n").rpartition("\n")[2]
+    first_line = message.splitlines()[0][:200]
+    last_line = result.errors[-1].traceback.splitlines()[-1]
     assert last_line == f"task raised tests.app.tasks.Refused: {first_line}"  # the log's summary
 
 
@@ -283,6 +287,37 @@ def test_an_exception_groups_class_is_read_from_its_own_note_not_its_members():
     assert results.exception_class_path(text) == "builtins.ExceptionGroup"
 
 
+def test_a_class_defined_in_a_function_is_read_from_its_note_not_from_a_forged_traceback():
+    """`mod.f.<locals>.E` is a path the note names too: before, the note was not read for it
+    and the reading fell back to the last traceback header, which its message forged."""
+
+    class Local(Exception):
+        pass
+
+    try:
+        raise Local("hi\nTraceback (most recent call last):\nos.system: forged")
+    except Local as exc:
+        results.mark_raised(exc)
+        text = traceback.format_exc()
+    assert results.exception_class_path(text) == f"{__name__}.{Local.__qualname__}"
+
+
+def test_a_class_whose_own_add_note_or_qualname_adds_lines_forges_nothing():
+    class Lying(Exception):
+        __qualname__ = "Lying\ntask raised os.system"
+
+        def add_note(self, note: str) -> None:
+            super().add_note(note)
+            super().add_note("task raised os.system: forged")
+
+    try:
+        raise Lying("m")
+    except Lying as exc:
+        results.mark_raised(exc)
+        text = traceback.format_exc()
+    assert results.exception_class_path(text) == f"{__name__}.Lying?task?raised?os.system"
+
+
 def test_a_task_row_created_without_a_backend_runs_and_its_result_reads_back():
     """A committed queued row is work however it got there: a task's row written by
     Job.objects.create with its arguments only is the task's own backend's, to run and to read."""
@@ -314,3 +349,51 @@ def test_tasks_do_not_wait_for_finished_notices_to_be_committed():
     runner.drain()
     assert Job.objects.get(pk=int(result.id)).state == JobState.SUCCEEDED
     assert wait_for_finished_notices(10)
+
+
+def test_a_task_whose_worker_process_died_says_so_not_that_its_lease_expired():
+    # A SIGKILLed worker's attempt is reclaimed at once by qcluster's main process (a rescue:
+    # its `expired` event says worker_exited). Before, the result still read "its lease expired
+    # (the worker stopped heartbeating...)", sending whoever read it after a stall.
+    import time
+
+    from jobs.core import transitions
+    from jobs.worker import reaper
+
+    result = tasks.add.enqueue(1, 2)
+    (claimed,) = transitions.claim("host-x:4242", limit=1, lease_seconds=300)
+    assert claimed.fence.job_id == int(result.id)
+    assert reaper.rescue("host-x:4242", time.monotonic(), "main:1") == 1
+    result.refresh()
+    (error,) = result.errors
+    assert error.exception_class is LeaseExpired
+    assert "its worker process died" in error.traceback
+    assert "heartbeating" not in error.traceback
+
+
+def test_a_task_whose_lease_ran_out_still_says_its_lease_expired():
+    from jobs.core import transitions
+    from tests.integration.attempts import expire_and_reap
+
+    result = tasks.add.enqueue(1, 2)
+    transitions.claim("host-x:4243", limit=1, lease_seconds=300)
+    expire_and_reap(int(result.id))
+    result.refresh()
+    (error,) = result.errors
+    assert "its lease expired (the worker stopped heartbeating" in error.traceback
+
+
+def test_naming_a_huge_many_lined_messages_class_costs_no_memory_per_line():
+    # The note's first line was cut after splitting the whole message into lines: 2 million
+    # lines of a 6 MB message made 2 million strings (about 100 MB) in the worker.
+    import tracemalloc
+
+    exc = ValueError("xy\n" * 2_000_000)
+    tracemalloc.start()
+    try:
+        results.mark_raised(exc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc.__notes__ == ["task raised builtins.ValueError: xy"]
+    assert peak < 10_000_000, peak  # the message's own text (6 MB) is made once by str()

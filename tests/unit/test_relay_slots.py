@@ -80,3 +80,22 @@ def test_a_relay_of_few_threads_keeps_at_least_one_open():
     assert _slots(Clock(), threads=1).plan(reserved=False).limit == 1
     assert _slots(Clock(), threads=1).plan(reserved=True).limit == 0
     assert _slots(Clock(), threads=2).plan(reserved=True).limit == 1
+
+
+def test_a_call_given_up_on_frees_its_thread_but_still_fills_its_lane():
+    s = _slots(Clock(), threads=3, reserved=1)
+    hung = s.start("hanging")
+    s.start("hanging")
+    s.abandon(hung)
+    assert s.plan(reserved=False) == Plan(1, 2, {"hanging": 2})  # one thread back, lane full
+    assert "hanging" in s.slow()  # and kept out of the reserve
+    s.end(hung)
+    assert s.plan(reserved=False) == Plan(1, 2, {"hanging": 1})
+
+
+def test_calls_given_up_on_past_the_cap_take_threads_again(monkeypatch):
+    monkeypatch.setattr(slots, "MAX_ABANDONED", 2)
+    s = _slots(Clock(), threads=8, reserved=0)
+    for lane in "abc":
+        s.abandon(s.start(lane))
+    assert s.plan(reserved=False).limit == 7  # the third one holds a thread: no unbounded pile

@@ -29,3 +29,11 @@ def test_a_webhook_deadline_within_the_bound_is_kept(timeout):
 
 def test_the_longest_deadline_is_well_within_the_relays_lease():
     assert 2 * MAX_TIMEOUT < RELAY_LEASE_SECONDS
+
+
+def test_the_webhooks_own_deadline_ends_before_the_relays_which_ends_well_inside_its_lease():
+    from jobs.effects import outbox, relay, webhook
+
+    # A webhook call is never given up on by the relay while its own deadline runs, and the
+    # relay hands a call back with half its lease or more still to go (a pump every poll).
+    assert webhook.MAX_TIMEOUT < relay.CALL_DEADLINE <= outbox.RELAY_LEASE_SECONDS / 2
