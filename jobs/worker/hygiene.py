@@ -29,7 +29,10 @@ a handler runs, an execute wrapper on the drain's connection (Django's `execute_
 the ORM and `connection.cursor()`) marks the connection when a statement's text does one of
 those (`touches_session`); it is closed after the handler like one whose reported parameters
 changed (the server drops the locks and temporary tables, and the next job gets a fresh
-session). Not seen: such a statement sent through the driver's own cursor
+session). Behind a pooler (PgBouncer in transaction pooling: connectivity.direct_session, asked
+once per connection on its first such statement) closing ours would not reach the pooled server
+connection that ran it: the statement is refused before it is sent (SessionStateThroughPooler,
+the handler's own failure). Not seen: such a statement sent through the driver's own cursor
 (`connection.connection.cursor()`) or made inside a server-side function. Django's per-thread
 activations (`timezone.activate`, `translation.activate`) live in context variables: the runner
 runs each handler in a copy of its context (jobs.worker.runner), so they end with the handler.
@@ -45,9 +48,12 @@ import re
 import signal
 import sys
 import threading
+import weakref
 from typing import Any, NoReturn
 
 from django.db import DEFAULT_DB_ALIAS, connections
+
+from jobs.core.connectivity import direct_session
 
 logger = logging.getLogger("jobs.runner")
 
@@ -77,11 +83,42 @@ def touches_session(sql: str) -> bool:
     return _SESSION_SQL.search(sql) is not None
 
 
+class SessionStateThroughPooler(Exception):
+    """A handler's statement would leave state on a pooled server connection (refused)."""
+
+
+# psycopg connection -> whether it reaches PostgreSQL itself (asked once, on its first
+# session-touching statement: never on the hot path).
+_DIRECT: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _direct(conn: Any) -> bool:
+    raw = conn.connection
+    if raw is None or getattr(raw, "pgconn", None) is None:
+        return True  # not psycopg (SQLite): no pooler
+    direct = _DIRECT.get(raw)
+    if direct is None:
+        direct = _DIRECT[raw] = direct_session(raw)
+    return direct
+
+
 def _watch(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
     """The execute wrapper on the drain's connection while a handler runs: marks the connection
-    (Django's, of this thread) when a statement touches the session."""
+    (Django's, of this thread) when a statement touches the session -- or, behind a pooler,
+    refuses it before it is sent: closing our client connection would not undo it on the
+    pooled server connection, which goes on to serve other jobs' claims and commits."""
     if isinstance(sql, str) and _SESSION_SQL.search(sql) is not None:
-        context["connection"].jobs_session_touched = True
+        conn = context["connection"]
+        if not _direct(conn):
+            raise SessionStateThroughPooler(
+                "this statement would leave state on the database session (a session SET or "
+                "RESET, set_config(..., false), a session advisory lock, LISTEN, a temporary "
+                "table), and the worker reaches PostgreSQL through a pooler (PgBouncer in "
+                "transaction pooling): the pooled server connection would keep it for other "
+                "jobs. Refused, never sent. Use SET LOCAL or set_config(..., true) inside "
+                "transaction.atomic(), or pg_advisory_xact_lock: " + sql[:200]
+            )
+        conn.jobs_session_touched = True
     return execute(sql, params, many, context)
 
 
