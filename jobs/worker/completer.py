@@ -244,6 +244,9 @@ def _handler(kind: str) -> Handler | None:
         return get_handler(kind)
     except UnknownKind:
         return None
+    except Exception:  # noqa: BLE001  a lookup that raises (a resolver's import): its defaults
+        logger.warning("looking up the handler of kind %r raised", kind, exc_info=True)
+        return None
 
 
 def present_until_decided(

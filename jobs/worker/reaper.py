@@ -55,6 +55,9 @@ def _handler(kind: str) -> Handler | None:
         return get_handler(kind)
     except UnknownKind:
         return None
+    except Exception:  # noqa: BLE001  a lookup that raises (a resolver's import): its defaults
+        logger.warning("looking up the handler of kind %r raised", kind, exc_info=True)
+        return None
 
 
 def reap(worker: str, limit: int = 200) -> int:

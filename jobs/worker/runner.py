@@ -207,14 +207,25 @@ def drain(
 
 class _Kinds(dict[str, tuple[Handler | None, float | None]]):
     """A batch's kinds: handler and timeout, looked up once per known kind; an unknown one is
-    looked up again (a batch-mate's handler may register it: a lazy import)."""
+    looked up again (a batch-mate's handler may register it: a lazy import). A lookup that
+    raises is that kind's jobs' failure (`errors`), never the whole claimed batch's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: dict[str, str] = {}
 
     def __missing__(self, kind: str) -> tuple[Handler | None, float | None]:
         try:
             handler = get_handler(kind)
+            timeout = _timeout_for(handler)
         except UnknownKind:
             return None, None
-        return self.setdefault(kind, (handler, _timeout_for(handler)))
+        except Exception:  # noqa: BLE001  its jobs' failure (run_one), never the batch's
+            self.errors[kind] = f"looking up the handler of kind {kind!r} raised:\n"
+            self.errors[kind] += traceback.format_exc()
+            return None, None
+        self.errors.pop(kind, None)
+        return self.setdefault(kind, (handler, timeout))
 
 
 def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
@@ -266,7 +277,8 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
     handler, seconds = kinds[claimed.kind]
     if handler is None:
         beats.release(claimed.fence)
-        completer.fail(claimed, f"no handler is registered for kind {claimed.kind!r}")
+        error = kinds.errors.get(claimed.kind)
+        completer.fail(claimed, error or f"no handler is registered for kind {claimed.kind!r}")
         return False
     if claimed.attempts_released:
         if not _confirm_running(claimed, beats):
