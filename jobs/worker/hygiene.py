@@ -65,7 +65,7 @@ _READ_ONLY, _TIME_ZONE, _AUTHORIZATION, _DATE_STYLE = (
     b"session_authorization",
     b"DateStyle",
 )
-_IDLE, _INERROR = 0, 3  # libpq's PQTRANS_IDLE, PQTRANS_INERROR
+_IDLE, _INERROR, _UNKNOWN = 0, 3, 4  # libpq's PQTRANS_IDLE, PQTRANS_INERROR, PQTRANS_UNKNOWN
 
 # A statement that leaves state on the session the server does not report: a SET that is not
 # LOCAL (or of the transaction), RESET, DISCARD, LISTEN, LOAD, a temporary table, a session-level
@@ -188,6 +188,18 @@ def _open_transaction(conn: Any, raw: Any) -> str:
     return "with a transaction open" if getattr(raw, "in_transaction", False) else ""
 
 
+def _lost(conn: Any, raw: Any) -> bool:
+    """A psycopg connection that is gone (libpq: bad status, transaction status unknown), outside
+    any atomic block the handler entered by hand (that one it never left: its job fails)."""
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is None or conn.in_atomic_block:
+        return False
+    try:
+        return int(pgconn.status) != 0 or int(pgconn.transaction_status) == _UNKNOWN
+    except Exception:  # noqa: BLE001  too broken to look at: _left_open says so
+        return False
+
+
 def _left_open(conn: Any, raw: Any) -> str:
     try:
         return _open_transaction(conn, raw)
@@ -223,6 +235,13 @@ def after(found: Before) -> str:
     if not alarm_pending and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         _cancel_alarm()
     raw = conn.connection
+    if _lost(conn, raw):
+        # The server ended it or the network dropped it: nothing is open on it anywhere (a
+        # transaction there died with it). Unfit for the next job; not this job's failure: the
+        # handler's own error, if it raised, is the job's.
+        _reset(conn)
+        logger.warning("the worker's connection was lost under a handler; it was closed")
+        raw = None
     left = _left_open(conn, raw)
     if len(connections.settings) > 1:
         elsewhere = _other_aliases(conn)
