@@ -192,7 +192,8 @@ def script(ctx: JobContext) -> Any:
     busy in Python code), `{"observe": job_id}` (return that job's state now),
     `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"|...}` (a
     transaction left open -- `atomic_other` on the alias "other" --, a session parameter
-    changed, or "terminated": the connection lost, on the worker's connection: `_leave`), `{"leak_thread": true}`
+    changed, or "terminated": the connection lost, on the worker's connection: `_leave`),
+    `{"leak_thread": true}`
     (a non-daemon thread left running forever), `{"multiprocessing": "process"|"pool"}` (a
     child started by multiprocessing), `{"fork_child": "exit"|"return"}` (a child
     forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM
