@@ -33,7 +33,6 @@ in between change zero rows and are recorded like any zombie's.
 import contextvars
 import logging
 import os
-import socket
 import sys
 import time
 import traceback
@@ -51,7 +50,7 @@ from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
-from jobs.worker import completer, hygiene, shutdown, watchdog
+from jobs.worker import completer, hygiene, rescue, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
 from jobs.worker.listener import IdleWait
 
@@ -67,8 +66,8 @@ ABANDON_SECONDS = 0.25
 
 
 def worker_identity() -> str:
-    """ "<hostname>:<pid>" of the OS process running handlers."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """ "<hostname>:<pid>" of the OS process running handlers (jobs.worker.rescue.owner_of)."""
+    return rescue.owner_of(os.getpid())
 
 
 class Outcome(NamedTuple):
