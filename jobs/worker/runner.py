@@ -104,9 +104,8 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
 
 def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     try:
-        # In a copy of the drain's context: what the handler activates there (Django's
-        # timezone.activate, translation.activate, any ContextVar) ends with it, not in the
-        # worker's next job.
+        # In a copy of the drain's context: what it activates there (timezone.activate,
+        # translation.activate, any ContextVar) ends with it, not in the worker's next job.
         result = contextvars.copy_context().run(handler.fn, ctx)
     except LeaseLost:
         return Outcome(succeeded=False, lost=True)
@@ -126,18 +125,21 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
 
 
 _DAEMONIC = "daemonic processes are not allowed to have children"
+_DAEMONIC_HINT = (
+    "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
+    "Process, Pool and ProcessPoolExecutor cannot start children there. Use subprocess "
+    "(subprocess.run([sys.executable, ...])), threads for I/O, or one job per part "
+    "(jobs.enqueue): docs/operations.md#what-a-handler-leaves-on-its-worker)"
+)
 
 
 def _hint(exc: Exception) -> str:
     """What a handler's error means where Python's own message does not say (its failure only)."""
-    if isinstance(exc, AssertionError) and _DAEMONIC in str(exc):
-        return (
-            "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
-            "Process, Pool and ProcessPoolExecutor cannot start children there. Use subprocess "
-            "(subprocess.run([sys.executable, ...])), threads for I/O, or one job per part "
-            "(jobs.enqueue): docs/operations.md#what-a-handler-leaves-on-its-worker)"
-        )
-    return ""
+    try:  # the handler's exception: its str() may raise (no hint then)
+        daemonic = isinstance(exc, AssertionError) and _DAEMONIC in str(exc)
+    except Exception:  # noqa: BLE001
+        daemonic = False
+    return _DAEMONIC_HINT if daemonic else ""
 
 
 def drain(
@@ -220,8 +222,7 @@ class _Kinds(dict[str, tuple[Handler | None, float | None]]):
         except UnknownKind:
             return None, None
         except Exception:  # noqa: BLE001  its jobs' failure (run_one), never the batch's
-            self.errors[kind] = f"looking up the handler of kind {kind!r} raised:\n"
-            self.errors[kind] += traceback.format_exc()
+            self.errors[kind] = f"looking up kind {kind!r} raised:\n{traceback.format_exc()}"
             return None, None
         self.errors.pop(kind, None)
         return self.setdefault(kind, (handler, timeout))
