@@ -312,16 +312,14 @@ class PostgresDriver(Driver):
         self, cur, row, *, terminal, charged, worker, error, gone_for=None, delay=0.0
     ):
         since = "EXTRACT(EPOCH FROM clock_timestamp() - a.heartbeat_at)"
-        # The lease ran out -- or (a rescue) the attempt is still its exited worker's.
         guard = "lease_expires_at < clock_timestamp()" if gone_for is None else self.owner_exited()
         cur.execute(
             f"""
             WITH reclaimed AS (
                 UPDATE jobs_job
                    SET state = %(state)s, lease_expires_at = NULL,
-                       -- uncharged (its handler never confirmed running): it keeps its place,
-                       -- as a release does; charged: due after the delay (0 for an expiry:
-                       -- already late; a rescue's backoff), behind what is due already
+                       -- uncharged (never confirmed running): keeps its place, as a release
+                       -- does; charged: due after the delay (an expiry's 0, a rescue's backoff)
                        run_at = CASE WHEN %(charged)s THEN {self.later("delay")} ELSE run_at END,
                        finished_at = CASE WHEN %(terminal)s THEN clock_timestamp() END,
                        error = CASE WHEN %(terminal)s THEN %(error)s ELSE error END,
