@@ -119,7 +119,10 @@ def _direct(conn: Any) -> bool:
         return True  # not psycopg (SQLite): no pooler
     direct = _DIRECT.get(raw)
     if direct is None:
-        direct = _DIRECT[raw] = direct_session(raw)
+        try:
+            direct = _DIRECT[raw] = direct_session(raw)
+        except Exception:  # noqa: BLE001  a failed transaction, a lost connection: the handler's
+            return True  # statement then fails on its own, with Django's error, sending nothing
     return direct
 
 

@@ -89,3 +89,22 @@ def test_statements_that_leave_nothing_on_the_session_are_not_taken_for_changes(
 )
 def test_statements_that_leave_state_on_the_session_are_seen(sql: str):
     assert hygiene.touches_session(sql)
+
+
+def test_a_session_statement_in_a_failed_transaction_fails_with_djangos_own_error():
+    """The pooler check (one query, on the first such statement of a connection) must not
+    replace the handler's own error with the driver's raw one when its transaction failed."""
+    from django.db import DatabaseError, transaction
+
+    hygiene._DIRECT.clear()
+    found = hygiene.before()
+    try:
+        with pytest.raises(DatabaseError), transaction.atomic():
+            with connection.cursor() as cur:
+                try:
+                    cur.execute("SELECT 1/0")
+                except DatabaseError:
+                    pass
+                cur.execute("SET search_path = public")
+    finally:
+        hygiene.after(found)
