@@ -47,8 +47,23 @@ def _ids(fence: Fence) -> tuple[int, int]:
     return fence.job_id, fence.attempt
 
 
+# SQLSTATE classes that speak of the connection or the server, never of the row presented: an
+# invalid transaction state (25: a read-only session -- a handler's SET, a failover onto a
+# standby -- or a failed transaction), a connection exception (08), insufficient resources
+# (53), operator intervention (57). Such a write is presented again on a fresh connection, as
+# if the connection had died; the job is not failed for it.
+_UNFIT = ("25", "08", "53", "57")
+
+
+def _unfit(exc: DatabaseError) -> bool:
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return str(getattr(exc.__cause__, "sqlstate", None) or "")[:2] in _UNFIT
+
+
 def _refused(exc: DatabaseError) -> bool:
-    return not isinstance(exc, OperationalError | InterfaceError)
+    """The database refused what was presented (its data), not the connection it came on."""
+    return not _unfit(exc)
 
 
 def commit(items: Sequence[Finished]) -> None:
@@ -244,6 +259,9 @@ def _handler(kind: str) -> Handler | None:
         return get_handler(kind)
     except UnknownKind:
         return None
+    except Exception:  # noqa: BLE001  a lookup that raises (a resolver's import): its defaults
+        logger.warning("looking up the handler of kind %r raised", kind, exc_info=True)
+        return None
 
 
 def present_until_decided(
@@ -263,13 +281,16 @@ def present_until_decided(
             with bounded(f"final write ({landed}) of {len(remaining)} attempts"):
                 write(remaining)
             return
-        except (OperationalError, InterfaceError):
+        except DatabaseError as exc:
+            if not _unfit(exc):
+                raise
             if time.monotonic() > deadline:
                 unresolved.record(remaining, landed)
                 raise
             logger.warning(
-                "connection lost during the final write of %s; re-reading",
+                "connection lost or unfit during the final write of %s; re-reading: %s",
                 ", ".join(f"job {f.job_id} attempt {f.attempt}" for f in remaining),
+                _one_line(str(exc)),
             )
             connection.close()
         still = []

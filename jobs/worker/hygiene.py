@@ -29,7 +29,10 @@ a handler runs, an execute wrapper on the drain's connection (Django's `execute_
 the ORM and `connection.cursor()`) marks the connection when a statement's text does one of
 those (`touches_session`); it is closed after the handler like one whose reported parameters
 changed (the server drops the locks and temporary tables, and the next job gets a fresh
-session). Not seen: such a statement sent through the driver's own cursor
+session). Behind a pooler (PgBouncer in transaction pooling: connectivity.direct_session, asked
+once per connection on its first such statement) closing ours would not reach the pooled server
+connection that ran it: the statement is refused before it is sent (SessionStateThroughPooler,
+the handler's own failure). Not seen: such a statement sent through the driver's own cursor
 (`connection.connection.cursor()`) or made inside a server-side function. Django's per-thread
 activations (`timezone.activate`, `translation.activate`) live in context variables: the runner
 runs each handler in a copy of its context (jobs.worker.runner), so they end with the handler.
@@ -45,9 +48,12 @@ import re
 import signal
 import sys
 import threading
+import weakref
 from typing import Any, NoReturn
 
 from django.db import DEFAULT_DB_ALIAS, connections
+
+from jobs.core.connectivity import direct_session
 
 logger = logging.getLogger("jobs.runner")
 
@@ -59,29 +65,84 @@ _READ_ONLY, _TIME_ZONE, _AUTHORIZATION, _DATE_STYLE = (
     b"session_authorization",
     b"DateStyle",
 )
-_IDLE, _INERROR = 0, 3  # libpq's PQTRANS_IDLE, PQTRANS_INERROR
+_IDLE, _INERROR, _UNKNOWN = 0, 3, 4  # libpq's PQTRANS_IDLE, PQTRANS_INERROR, PQTRANS_UNKNOWN
 
 # A statement that leaves state on the session the server does not report: a SET that is not
-# LOCAL (or of the transaction), RESET, DISCARD, LISTEN, LOAD, a temporary table, a session-level
-# advisory lock (the _xact_ ones end with the transaction), set_config(..., false or a parameter).
-_SESSION_SQL = re.compile(
-    r"(?:^|;)\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b|LISTEN\b"
-    r"|LOAD\b|CREATE\s+(?:(?:GLOBAL|LOCAL)\s+)?(?:TEMP|UNLOGGED\s+TEMP))|\bINTO\s+TEMP"
-    r"|\bpg_(?:try_)?advisory_lock|\bset_config\s*\((?:[^()]|\([^()]*\))*?,\s*"
-    r"(?:false|%s|%\(\w+\)s|\$\d+)\s*\)",
-    re.IGNORECASE,
+# LOCAL (or of the transaction), RESET, DISCARD, LISTEN, LOAD, a temporary table, a cursor WITH
+# HOLD, a session-level advisory lock (the _xact_ ones end with the transaction),
+# set_config(..., false or a parameter).
+# A statement's first word decides (after blanks and comments; the blanks after SET are taken
+# whole before LOCAL is looked for, else `SET  LOCAL` read as `SET` + ` LOCAL`), matched at the
+# text's start and after each `;`; a few function calls and INTO TEMP anywhere. All on the
+# lowered text, each search starting with a literal (Python's re then skips ahead quickly):
+# ~1-3 us a 300-character ORM statement, where one pattern searched at every position cost
+# ~23 us.
+_STARTS = re.compile(
+    r"(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))*"
+    r"(?:set\s++(?!local\b|transaction\b|constraints\b)|reset\b|discard\b|listen\b|load\b"
+    r"|create\s+(?:(?:global|local)\s+)?(?:temp|unlogged\s+temp)"
+    r"|declare\b[^;]*?\bwith\s+hold\b)",
+    re.DOTALL,
+)
+_INTO_TEMP = re.compile(r"into\s+temp")
+_SET_CONFIG = re.compile(
+    r"set_config\s*\((?:[^()]|\([^()]*\))*?,\s*"
+    r"(?:false|'(?:f|false|off|no|n|0)'(?:::\w+)?|%s|%\(\w+\)s|\$\d+)\s*\)"
 )
 
 
 def touches_session(sql: str) -> bool:
-    return _SESSION_SQL.search(sql) is not None
+    low = sql.lower()
+    if "advisory_lock" in low:  # pg_advisory_lock(_shared), pg_try_...: not the _xact_ ones
+        return True
+    if "temp" in low and _INTO_TEMP.search(low) is not None:
+        return True
+    if "set_config" in low and _SET_CONFIG.search(low) is not None:
+        return True
+    if _STARTS.match(low) is not None:
+        return True
+    return ";" in low and any(_STARTS.match(part) for part in low.split(";")[1:])
+
+
+class SessionStateThroughPooler(Exception):
+    """A handler's statement would leave state on a pooled server connection (refused)."""
+
+
+# psycopg connection -> whether it reaches PostgreSQL itself (asked once, on its first
+# session-touching statement: never on the hot path).
+_DIRECT: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _direct(conn: Any) -> bool:
+    raw = conn.connection
+    if raw is None or getattr(raw, "pgconn", None) is None:
+        return True  # not psycopg (SQLite): no pooler
+    direct = _DIRECT.get(raw)
+    if direct is None:
+        try:
+            direct = _DIRECT[raw] = direct_session(raw)
+        except Exception:  # noqa: BLE001  a failed transaction, a lost connection: the handler's
+            return True  # statement then fails on its own, with Django's error, sending nothing
+    return direct
 
 
 def _watch(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
     """The execute wrapper on the drain's connection while a handler runs: marks the connection
-    (Django's, of this thread) when a statement touches the session."""
-    if isinstance(sql, str) and _SESSION_SQL.search(sql) is not None:
-        context["connection"].jobs_session_touched = True
+    (Django's, of this thread) when a statement touches the session -- or, behind a pooler,
+    refuses it before it is sent: closing our client connection would not undo it on the
+    pooled server connection, which goes on to serve other jobs' claims and commits."""
+    if isinstance(sql, str) and touches_session(sql):
+        conn = context["connection"]
+        if not _direct(conn):
+            raise SessionStateThroughPooler(
+                "this statement would leave state on the database session (a session SET or "
+                "RESET, set_config(..., false), a session advisory lock, LISTEN, a temporary "
+                "table), and the worker reaches PostgreSQL through a pooler (PgBouncer in "
+                "transaction pooling): the pooled server connection would keep it for other "
+                "jobs. Refused, never sent. Use SET LOCAL or set_config(..., true) inside "
+                "transaction.atomic(), or pg_advisory_xact_lock: " + sql[:200]
+            )
+        conn.jobs_session_touched = True
     return execute(sql, params, many, context)
 
 
@@ -151,6 +212,18 @@ def _open_transaction(conn: Any, raw: Any) -> str:
     return "with a transaction open" if getattr(raw, "in_transaction", False) else ""
 
 
+def _lost(conn: Any, raw: Any) -> bool:
+    """A psycopg connection that is gone (libpq: bad status, transaction status unknown), outside
+    any atomic block the handler entered by hand (that one it never left: its job fails)."""
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is None or conn.in_atomic_block:
+        return False
+    try:
+        return int(pgconn.status) != 0 or int(pgconn.transaction_status) == _UNKNOWN
+    except Exception:  # noqa: BLE001  too broken to look at: _left_open says so
+        return False
+
+
 def _left_open(conn: Any, raw: Any) -> str:
     try:
         return _open_transaction(conn, raw)
@@ -186,6 +259,13 @@ def after(found: Before) -> str:
     if not alarm_pending and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         _cancel_alarm()
     raw = conn.connection
+    if _lost(conn, raw):
+        # The server ended it or the network dropped it: nothing is open on it anywhere (a
+        # transaction there died with it). Unfit for the next job; not this job's failure: the
+        # handler's own error, if it raised, is the job's.
+        _reset(conn)
+        logger.warning("the worker's connection was lost under a handler; it was closed")
+        raw = None
     left = _left_open(conn, raw)
     if len(connections.settings) > 1:
         elsewhere = _other_aliases(conn)

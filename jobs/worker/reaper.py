@@ -23,6 +23,7 @@ attempt): it is counted in `lost_races`, never recorded as a RejectedWrite.
 """
 
 import logging
+import random
 import time
 from dataclasses import dataclass
 
@@ -54,6 +55,9 @@ def _handler(kind: str) -> Handler | None:
     try:
         return get_handler(kind)
     except UnknownKind:
+        return None
+    except Exception:  # noqa: BLE001  a lookup that raises (a resolver's import): its defaults
+        logger.warning("looking up the handler of kind %r raised", kind, exc_info=True)
         return None
 
 
@@ -87,7 +91,10 @@ def _reclaim(row: ExpiredRow, worker: str, seen_dead_at: float | None = None) ->
     cfg = jobs_settings()
     limit = policy.max_attempts_for(row.max_attempts, _handler(row.kind), cfg)
     charged = policy.charged_attempts(row.attempt, row.attempts_released)
-    decision = policy.decide_expiry(charged, limit)
+    if seen_dead_at is None:  # an expired lease is already late: due at once
+        decision = policy.decide_expiry(charged, limit)
+    else:  # a worker's death is its job's failure as far as retries go: the failure's backoff
+        decision = policy.decide_failure(charged, limit, cfg, jitter=random.random())
     terminal = row.confirmed and not decision.retry
     why = (
         "its lease expired: the worker stopped heartbeating (killed, stalled or cut off)"
@@ -100,7 +107,13 @@ def _reclaim(row: ExpiredRow, worker: str, seen_dead_at: float | None = None) ->
     # as now, measured when the statement is built, not when the rows were read).
     gone_for = None if seen_dead_at is None else time.monotonic() - seen_dead_at
     if not transitions.reclaim_expired(
-        row, terminal=terminal, charged=row.confirmed, worker=worker, error=error, gone_for=gone_for
+        row,
+        terminal=terminal,
+        charged=row.confirmed,
+        worker=worker,
+        error=error,
+        gone_for=gone_for,
+        delay=decision.delay_seconds,
     ):
         stats.lost_races += 1
         logger.debug("job %s attempt %s: reclaim lost its race", row.id, row.attempt)

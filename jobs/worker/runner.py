@@ -33,7 +33,6 @@ in between change zero rows and are recorded like any zombie's.
 import contextvars
 import logging
 import os
-import socket
 import sys
 import time
 import traceback
@@ -51,7 +50,7 @@ from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
-from jobs.worker import completer, hygiene, shutdown, watchdog
+from jobs.worker import completer, hygiene, rescue, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
 from jobs.worker.listener import IdleWait
 
@@ -67,8 +66,8 @@ ABANDON_SECONDS = 0.25
 
 
 def worker_identity() -> str:
-    """ "<hostname>:<pid>" of the OS process running handlers."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """ "<hostname>:<pid>" of the OS process running handlers (jobs.worker.rescue.owner_of)."""
+    return rescue.owner_of(os.getpid())
 
 
 class Outcome(NamedTuple):
@@ -105,9 +104,8 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
 
 def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     try:
-        # In a copy of the drain's context: what the handler activates there (Django's
-        # timezone.activate, translation.activate, any ContextVar) ends with it, not in the
-        # worker's next job.
+        # In a copy of the drain's context: what it activates there (timezone.activate,
+        # translation.activate, any ContextVar) ends with it, not in the worker's next job.
         result = contextvars.copy_context().run(handler.fn, ctx)
     except LeaseLost:
         return Outcome(succeeded=False, lost=True)
@@ -127,18 +125,21 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
 
 
 _DAEMONIC = "daemonic processes are not allowed to have children"
+_DAEMONIC_HINT = (
+    "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
+    "Process, Pool and ProcessPoolExecutor cannot start children there. Use subprocess "
+    "(subprocess.run([sys.executable, ...])), threads for I/O, or one job per part "
+    "(jobs.enqueue): docs/operations.md#what-a-handler-leaves-on-its-worker)"
+)
 
 
 def _hint(exc: Exception) -> str:
     """What a handler's error means where Python's own message does not say (its failure only)."""
-    if isinstance(exc, AssertionError) and _DAEMONIC in str(exc):
-        return (
-            "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
-            "Process, Pool and ProcessPoolExecutor cannot start children there. Use subprocess "
-            "(subprocess.run([sys.executable, ...])), threads for I/O, or one job per part "
-            "(jobs.enqueue): docs/operations.md#what-a-handler-leaves-on-its-worker)"
-        )
-    return ""
+    try:  # the handler's exception: its str() may raise (no hint then)
+        daemonic = isinstance(exc, AssertionError) and _DAEMONIC in str(exc)
+    except Exception:  # noqa: BLE001
+        daemonic = False
+    return _DAEMONIC_HINT if daemonic else ""
 
 
 def drain(
@@ -207,14 +208,24 @@ def drain(
 
 class _Kinds(dict[str, tuple[Handler | None, float | None]]):
     """A batch's kinds: handler and timeout, looked up once per known kind; an unknown one is
-    looked up again (a batch-mate's handler may register it: a lazy import)."""
+    looked up again (a batch-mate's handler may register it: a lazy import). A lookup that
+    raises is that kind's jobs' failure (`errors`), never the whole claimed batch's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: dict[str, str] = {}
 
     def __missing__(self, kind: str) -> tuple[Handler | None, float | None]:
         try:
             handler = get_handler(kind)
+            timeout = _timeout_for(handler)
         except UnknownKind:
             return None, None
-        return self.setdefault(kind, (handler, _timeout_for(handler)))
+        except Exception:  # noqa: BLE001  its jobs' failure (run_one), never the batch's
+            self.errors[kind] = f"looking up kind {kind!r} raised:\n{traceback.format_exc()}"
+            return None, None
+        self.errors.pop(kind, None)
+        return self.setdefault(kind, (handler, timeout))
 
 
 def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
@@ -266,7 +277,8 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
     handler, seconds = kinds[claimed.kind]
     if handler is None:
         beats.release(claimed.fence)
-        completer.fail(claimed, f"no handler is registered for kind {claimed.kind!r}")
+        error = kinds.errors.get(claimed.kind)
+        completer.fail(claimed, error or f"no handler is registered for kind {claimed.kind!r}")
         return False
     if claimed.attempts_released:
         if not _confirm_running(claimed, beats):

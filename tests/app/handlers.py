@@ -164,6 +164,12 @@ def _leave(what: str) -> None:
         transaction.set_autocommit(False)
     elif what in ("begin", "aborted"):
         connection.cursor().execute("BEGIN")
+    elif what == "terminated":  # its connection ends under it (the server, the network)
+        try:
+            connection.cursor().execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        except Exception:  # noqa: BLE001  the lost connection is the point: caught, left
+            pass
+        return
     elif what in ("read_only", "read_only_reconnected"):
         if what == "read_only_reconnected":
             connection.close()  # the next statement opens a new connection
@@ -185,8 +191,9 @@ def script(ctx: JobContext) -> Any:
     `{"seconds": s}` (sleep first), `{"spin": s}` (then
     busy in Python code), `{"observe": job_id}` (return that job's state now),
     `{"leave": "atomic"|"atomic_other"|"autocommit"|"begin"|"aborted"|"read_only"|...}` (a
-    transaction left open -- `atomic_other` on the alias "other" --, or a session parameter
-    changed, on the worker's connection: `_leave`), `{"leak_thread": true}`
+    transaction left open -- `atomic_other` on the alias "other" --, a session parameter
+    changed, or "terminated": the connection lost, on the worker's connection: `_leave`),
+    `{"leak_thread": true}`
     (a non-daemon thread left running forever), `{"multiprocessing": "process"|"pool"}` (a
     child started by multiprocessing), `{"fork_child": "exit"|"return"}` (a child
     forked by the handler that leaves by SystemExit or returns), `{"alarm": s}` (a SIGALRM

@@ -207,3 +207,17 @@ def _succeeded_on_a_writable_connection(after: list[Job]) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SHOW default_transaction_read_only")
         assert cursor.fetchone()[0] == "off"
+
+
+def test_a_connection_lost_under_a_handler_is_not_taken_for_a_transaction_left_open():
+    # It caught the error and returned: its result stands (nothing of it is left open anywhere).
+    survived = jobs.enqueue("test.script", {"leave": "terminated", "return": {"done": 1}})
+    # It raised: its own error is the job's, not "a transaction open" in front of it.
+    raised = jobs.enqueue("test.script", {"leave": "terminated", "raise": "its own error"})
+    after = [jobs.enqueue("test.echo", {"n": n}) for n in range(2)]
+    runner.drain(budget_seconds=20)
+    survived.refresh_from_db()
+    raised.refresh_from_db()
+    assert survived.state == JobState.SUCCEEDED and survived.result == {"done": 1}
+    assert "its own error" in raised.error and "transaction open" not in raised.error
+    _succeeded_on_a_writable_connection(after)

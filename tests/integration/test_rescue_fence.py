@@ -11,6 +11,7 @@ import pytest
 
 import jobs
 from jobs.core import transitions
+from jobs.core.conf import jobs_settings
 from jobs.models import Attempt, Job, JobEvent
 from jobs.worker import reaper
 from tests.integration.attempts import claim
@@ -65,3 +66,19 @@ def test_a_rescue_read_before_the_job_moved_on_changes_nothing(meanwhile: str) -
     after = Job.objects.get(pk=job.pk)
     assert (after.state, after.attempt) == expected
     assert not JobEvent.objects.filter(job_id=job.pk, type="expired").exists()
+
+
+def test_a_charged_rescue_is_retried_with_the_failures_backoff_not_at_once():
+    """A job whose handler kills its worker (out of memory) was due again at once after each
+    charged rescue: it burned all its attempts within a second or two (a lease apart before the
+    rescue). A worker's death now waits the backoff of a failure (policy.decide_failure)."""
+    job = jobs.enqueue("test.echo", max_attempts=5)
+    running = claim(DEAD)
+    transitions.confirm_running(running.claimed.fence)
+    before = Job.objects.get(pk=job.pk).run_at
+    assert reaper.rescue(DEAD, time.monotonic(), "rescue:1") == 1
+    after = Job.objects.get(pk=job.pk)
+    base = jobs_settings().RETRY_BASE_SECONDS
+    assert after.state == "queued"
+    assert (after.run_at - before).total_seconds() >= base  # attempt 1 failed: base * 2^0
+    assert transitions.claim("host-b:7", limit=1, lease_seconds=30) == []  # not due yet

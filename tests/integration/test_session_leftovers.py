@@ -53,6 +53,9 @@ def test_a_handler_that_touches_nothing_keeps_the_drains_connection() -> None:
     [
         "UPDATE jobs_job SET state = 'queued' WHERE id = 1",
         "SET LOCAL statement_timeout = 5",
+        "set  local statement_timeout = 5",  # more than one blank: was taken for a change
+        "SET\n\tLOCAL search_path = x",
+        "SET  TRANSACTION READ ONLY",
         "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
         "SELECT pg_advisory_xact_lock(1)",
         "SELECT set_config('jobs.fence', 'on', true)",
@@ -76,7 +79,32 @@ def test_statements_that_leave_nothing_on_the_session_are_not_taken_for_changes(
         "SELECT set_config('statement_timeout', %s, %s)",
         "CREATE GLOBAL TEMPORARY TABLE t (n int)",
         "SELECT 1 INTO TEMP t",
+        "/* app=shop */ SET search_path = x",  # a comment in front: was missed
+        "-- why\nSET statement_timeout = 5",
+        "SELECT 1; /* c */ SET ROLE nobody",
+        "SELECT set_config('statement_timeout', '5', 'off')",
+        "SELECT set_config('statement_timeout', '5', 'f'::boolean)",
+        "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
     ],
 )
 def test_statements_that_leave_state_on_the_session_are_seen(sql: str):
     assert hygiene.touches_session(sql)
+
+
+def test_a_session_statement_in_a_failed_transaction_fails_with_djangos_own_error():
+    """The pooler check (one query, on the first such statement of a connection) must not
+    replace the handler's own error with the driver's raw one when its transaction failed."""
+    from django.db import DatabaseError, transaction
+
+    hygiene._DIRECT.clear()
+    found = hygiene.before()
+    try:
+        with pytest.raises(DatabaseError), transaction.atomic():
+            with connection.cursor() as cur:
+                try:
+                    cur.execute("SELECT 1/0")
+                except DatabaseError:
+                    pass
+                cur.execute("SET search_path = public")
+    finally:
+        hygiene.after(found)

@@ -219,12 +219,14 @@ class Driver:
         worker: str,
         error: str,
         gone_for: float | None = None,
+        delay: float = 0.0,
     ) -> bool:
         """The reaper's compare-and-set: only a still-running, still-expired, same-attempt row.
 
         An uncharged reclaim (the handler was never confirmed running) re-checks that no
         confirmation landed since the reaper read the row, counts the attempt as released and
-        keeps the job's place (its run_at), as a release does; a charged one is due now.
+        keeps the job's place (its run_at), as a release does; a charged one is due `delay`
+        seconds from now (a rescue's backoff; an expired lease is already late: 0).
         `gone_for` (a rescue): the attempt's worker process was seen dead that many seconds ago;
         instead of an expired lease the row must still be that worker's open attempt, claimed
         before then (`owner_exited`).
@@ -233,7 +235,7 @@ class Driver:
         state = JobState.FAILED if terminal else JobState.QUEUED
         cur.execute(
             "UPDATE jobs_job SET state = %(state)s, lease_expires_at = NULL, "
-            f"run_at = CASE WHEN %(charged)s THEN {self.now} ELSE run_at END, "
+            f"run_at = CASE WHEN %(charged)s THEN {self.later('delay')} ELSE run_at END, "
             f"finished_at = CASE WHEN %(terminal)s THEN {self.now} ELSE NULL END, "
             "error = CASE WHEN %(terminal)s THEN %(error)s ELSE error END, "
             "attempts_released = attempts_released + CASE WHEN %(charged)s THEN 0 ELSE 1 END, "
@@ -251,6 +253,7 @@ class Driver:
                 "error": error,
                 "owner": row.worker,
                 "ago": -(gone_for or 0.0),
+                "delay": delay,
             },
         )
         if cur.rowcount != 1:

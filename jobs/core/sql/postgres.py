@@ -308,18 +308,19 @@ class PostgresDriver(Driver):
         )
         return int(cur.fetchone()[0]) == 1
 
-    def reclaim_expired(self, cur, row, *, terminal, charged, worker, error, gone_for=None):  # type: ignore[no-untyped-def]
+    def reclaim_expired(  # type: ignore[no-untyped-def]
+        self, cur, row, *, terminal, charged, worker, error, gone_for=None, delay=0.0
+    ):
         since = "EXTRACT(EPOCH FROM clock_timestamp() - a.heartbeat_at)"
-        # The lease ran out -- or (a rescue) the attempt is still its exited worker's.
         guard = "lease_expires_at < clock_timestamp()" if gone_for is None else self.owner_exited()
         cur.execute(
             f"""
             WITH reclaimed AS (
                 UPDATE jobs_job
                    SET state = %(state)s, lease_expires_at = NULL,
-                       -- uncharged (its handler never confirmed running): it keeps its place,
-                       -- as a release does; charged: due now, behind what is due already
-                       run_at = CASE WHEN %(charged)s THEN clock_timestamp() ELSE run_at END,
+                       -- uncharged (never confirmed running): keeps its place, as a release
+                       -- does; charged: due after the delay (an expiry's 0, a rescue's backoff)
+                       run_at = CASE WHEN %(charged)s THEN {self.later("delay")} ELSE run_at END,
                        finished_at = CASE WHEN %(terminal)s THEN clock_timestamp() END,
                        error = CASE WHEN %(terminal)s THEN %(error)s ELSE error END,
                        attempts_released = attempts_released
@@ -366,6 +367,7 @@ class PostgresDriver(Driver):
                 "worker": worker,
                 "owner": row.worker,
                 "ago": -(gone_for or 0.0),
+                "delay": delay,
                 "evidence": expiry_evidence(row, charged, worker_exited=gone_for is not None),
                 "failure": dumps({"reason": "expired", "error": error[-500:]}),
             },

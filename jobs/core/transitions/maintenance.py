@@ -24,6 +24,7 @@ def reclaim_expired(
     worker: str,
     error: str = "",
     gone_for: float | None = None,
+    delay: float = 0.0,
 ) -> bool:
     """The reaper's compare-and-set; False when a commit, beat or other reaper got there first.
 
@@ -43,6 +44,7 @@ def reclaim_expired(
             worker=worker,
             error=error,
             gone_for=gone_for,
+            delay=delay,
         )
     if won:
         evidence = {
