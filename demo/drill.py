@@ -18,7 +18,6 @@ commit is usually the first stale write (see tests/acceptance/cluster.py for the
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import jobs
 from demo.handlers import DRILL_KIND, DRILL_LEASE_SECONDS
 from demo.tasks import drill as drill_task
 from jobs.models import Attempt, Job, RejectedWrite
+from jobs.worker.rescue import owner_of
 
 logger = logging.getLogger("demo.drill")
 
@@ -64,9 +64,11 @@ def _wait[T](probe: Callable[[], T | None], timeout: float, what: str) -> T:
 
 
 def local_worker_pid(worker: str) -> int:
-    """The pid in "<hostname>:<pid>" -- only for a live qcluster process on this host."""
-    host, _, pid_text = worker.rpartition(":")
-    if host != socket.gethostname() or not (pid_text.isascii() and pid_text.isdigit()):
+    """The pid in the worker's identity ("<hostname>:<pid>"; in a pid namespace of its own,
+    "<hostname>/<namespace>:<pid>": jobs.worker.rescue.owner_of) -- only for a live qcluster
+    process of this host and pid namespace."""
+    _, _, pid_text = worker.rpartition(":")
+    if not (pid_text.isascii() and pid_text.isdigit()) or worker != owner_of(int(pid_text)):
         raise DrillError(f"worker {worker!r} is not a process on this host")
     pid = int(pid_text)
     try:
