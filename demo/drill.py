@@ -29,8 +29,8 @@ from django.db import close_old_connections, transaction
 import jobs
 from demo.handlers import DRILL_KIND, DRILL_LEASE_SECONDS
 from demo.tasks import drill as drill_task
+from jobs.core.identity import owner_of
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.worker.rescue import owner_of
 
 logger = logging.getLogger("demo.drill")
 
@@ -65,7 +65,7 @@ def _wait[T](probe: Callable[[], T | None], timeout: float, what: str) -> T:
 
 def local_worker_pid(worker: str) -> int:
     """The pid in the worker's identity ("<hostname>:<pid>"; in a pid namespace of its own,
-    "<hostname>/<namespace>:<pid>": jobs.worker.rescue.owner_of) -- only for a live qcluster
+    "<hostname>/<namespace>:<pid>": jobs.core.identity.owner_of) -- only for a live qcluster
     process of this host and pid namespace."""
     _, _, pid_text = worker.rpartition(":")
     if not (pid_text.isascii() and pid_text.isdigit()) or worker != owner_of(int(pid_text)):

@@ -25,6 +25,7 @@ import time
 from django.db import DatabaseError, connection
 
 from jobs.core.connectivity import bounded
+from jobs.core.identity import owner_of
 from jobs.worker import reaper
 
 logger = logging.getLogger("jobs.reaper")
@@ -32,22 +33,6 @@ logger = logging.getLogger("jobs.reaper")
 RETRY_SECONDS = 60.0
 
 _pending: dict[int, float] = {}  # pid -> time.monotonic() at which it was seen dead
-
-_INIT_PID_NS = 0xEFFFFFFC  # Linux's PROC_PID_INIT_INO: the host's own pid namespace
-
-
-def owner_of(pid: int) -> str:
-    """The identity of this host's process `pid` in attempts ("<hostname>:<pid>"), as its worker
-    writes it (jobs.worker.runner.worker_identity) and its rescue fences on it. In a pid
-    namespace of its own (a container) the namespace is named too ("<hostname>/<ns>:<pid>"):
-    containers sharing a hostname (host networking, a fixed `hostname:`) number their
-    processes alike (pid 9 in each), and a rescue in one must never take the other's jobs."""
-    try:
-        ns = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:  # not Linux, or no /proc: the hostname alone
-        ns = _INIT_PID_NS
-    host = socket.gethostname()
-    return f"{host}:{pid}" if ns == _INIT_PID_NS else f"{host}/{ns}:{pid}"
 
 
 def exited(pid: int, seen_at: float) -> None:

@@ -66,7 +66,7 @@ ABANDON_SECONDS = 0.25
 
 
 def worker_identity() -> str:
-    """ "<hostname>:<pid>" of the OS process running handlers (jobs.worker.rescue.owner_of)."""
+    """ "<hostname>:<pid>" of the OS process running handlers (jobs.core.identity.owner_of)."""
     return rescue.owner_of(os.getpid())
 
 

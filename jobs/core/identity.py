@@ -1,0 +1,26 @@
+"""Who a worker process is, in attempts: the identity its claims write and a rescue fences on.
+
+Owns: `owner_of(pid)`, the one rule -- "<hostname>:<pid>", and in a pid namespace of its own (a
+container) "<hostname>/<namespace inode>:<pid>" -- read by the runner (jobs.worker.runner
+.worker_identity), the rescuer (jobs.worker.rescue) and the zombie drill (demo.drill), which
+may not import the worker's rooms. Never: decides whether that process is alive.
+"""
+
+import os
+import socket
+
+_INIT_PID_NS = 0xEFFFFFFC  # Linux's PROC_PID_INIT_INO: the host's own pid namespace
+
+
+def owner_of(pid: int) -> str:
+    """The identity of this host's process `pid` in attempts ("<hostname>:<pid>"), as its worker
+    writes it (jobs.worker.runner.worker_identity) and its rescue fences on it. In a pid
+    namespace of its own (a container) the namespace is named too ("<hostname>/<ns>:<pid>"):
+    containers sharing a hostname (host networking, a fixed `hostname:`) number their
+    processes alike (pid 9 in each), and a rescue in one must never take the other's jobs."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # not Linux, or no /proc: the hostname alone
+        ns = _INIT_PID_NS
+    host = socket.gethostname()
+    return f"{host}:{pid}" if ns == _INIT_PID_NS else f"{host}/{ns}:{pid}"
