@@ -288,7 +288,8 @@ def present_until_decided(
                 unresolved.record(remaining, landed)
                 raise
             logger.warning(
-                "connection lost or unfit during the final write of %s; re-reading: %s",
+                "connection %s during the final write of %s; re-reading: %s",
+                "lost" if isinstance(exc, OperationalError | InterfaceError) else "unfit",
                 ", ".join(f"job {f.job_id} attempt {f.attempt}" for f in remaining),
                 _one_line(str(exc)),
             )
