@@ -84,7 +84,9 @@ _STARTS = re.compile(
     r"|declare\b[^;]*?\bwith\s+hold\b)",
     re.DOTALL,
 )
-_INTO_TEMP = re.compile(r"into\s+temp")
+# SELECT ... INTO TEMP[ORARY]: `temp` a whole word (a table named temperatures is not one), and
+# not INSERT INTO (a table named temp): an INSERT's match takes the `insert` in with it.
+_INTO_TEMP = re.compile(r"(\binsert\s+)?\binto\s+temp(?:orary)?\b")
 _SET_CONFIG = re.compile(
     r"set_config\s*\((?:[^()]|\([^()]*\))*?,\s*"
     r"(?:false|'(?:f|false|off|no|n|0)'(?:::\w+)?|%s|%\(\w+\)s|\$\d+)\s*\)"
@@ -95,7 +97,7 @@ def touches_session(sql: str) -> bool:
     low = sql.lower()
     if "advisory_lock" in low:  # pg_advisory_lock(_shared), pg_try_...: not the _xact_ ones
         return True
-    if "temp" in low and _INTO_TEMP.search(low) is not None:
+    if "temp" in low and any(m.group(1) is None for m in _INTO_TEMP.finditer(low)):
         return True
     if "set_config" in low and _SET_CONFIG.search(low) is not None:
         return True

@@ -60,6 +60,12 @@ def test_a_handler_that_touches_nothing_keeps_the_drains_connection() -> None:
         "SELECT pg_advisory_xact_lock(1)",
         "SELECT set_config('jobs.fence', 'on', true)",
         "SELECT 1",
+        # Application tables whose names begin with "temp": were taken for SELECT ... INTO TEMP
+        # (a reconnect after every such job; behind a pooler, the statement refused).
+        'INSERT INTO "app_temperature" ("celsius") VALUES (21.5)',
+        "INSERT INTO temperatures (celsius) VALUES (21.5)",
+        "insert  into temp (n) values (1)",
+        "INSERT INTO temp_readings SELECT n FROM generate_series(1, 3) n",
     ],
 )
 def test_statements_that_leave_nothing_on_the_session_are_not_taken_for_changes(sql: str):
@@ -79,6 +85,8 @@ def test_statements_that_leave_nothing_on_the_session_are_not_taken_for_changes(
         "SELECT set_config('statement_timeout', %s, %s)",
         "CREATE GLOBAL TEMPORARY TABLE t (n int)",
         "SELECT 1 INTO TEMP t",
+        "SELECT 1 INTO TEMPORARY TABLE t",
+        "select n into  temp t from generate_series(1, 3) n",
         "/* app=shop */ SET search_path = x",  # a comment in front: was missed
         "-- why\nSET statement_timeout = 5",
         "SELECT 1; /* c */ SET ROLE nobody",
