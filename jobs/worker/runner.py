@@ -43,14 +43,14 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from jobs.context import Held, JobContext, close_side_connection, refused_at_commit
-from jobs.core import bounds, policy, registry, transitions
+from jobs.core import bounds, identity, policy, registry, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
-from jobs.worker import completer, hygiene, rescue, shutdown, watchdog
+from jobs.worker import completer, hygiene, shutdown, watchdog
 from jobs.worker.heartbeat import Heartbeater
 from jobs.worker.listener import IdleWait
 
@@ -67,7 +67,7 @@ ABANDON_SECONDS = 0.25
 
 def worker_identity() -> str:
     """ "<hostname>:<pid>" of the OS process running handlers (jobs.core.identity.owner_of)."""
-    return rescue.owner_of(os.getpid())
+    return identity.owner_of(os.getpid())
 
 
 class Outcome(NamedTuple):
