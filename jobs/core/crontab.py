@@ -15,8 +15,12 @@ Daylight saving follows Vixie cron:
 Hazards: croniter.is_valid accepts expressions that never fire ("0 0 30 2 *", "0 0 31 4 *", a
 year field in the past): asking for their next tick raises CroniterBadDateError, a ValueError.
 `check` asks for it, so such an expression is refused where it is declared, not where it runs.
+croniter also accepts a field it draws at random ("R", "R(0-30)", "R/15"), drawn afresh by each
+iterator: the ticks the scheduler counts at each step would disagree ("R R * * *", once a day,
+ran about twice a day), so `check` refuses it too.
 """
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -28,6 +32,9 @@ from jobs.core.exceptions import InvalidOption
 MAX_CHARS = 200
 # croniter's aliases; only @hourly is interval-like (every hour, like "0 * * * *")
 _ALIAS_FIXED = {"@hourly": False}
+# a whole field croniter draws at random (its hash_expression_re, type "r"; a name such as MAR
+# or FRI is no match, and croniter refuses "r" inside a list)
+_RANDOM_FIELD = re.compile(r"r(?:\(\d+-\d+\))?(?:/\d+)?", re.ASCII | re.IGNORECASE)
 
 
 def check(cron: object, timezone: object, now: datetime) -> None:
@@ -35,6 +42,11 @@ def check(cron: object, timezone: object, now: datetime) -> None:
     after `now` in the known time zone `timezone`."""
     if not isinstance(cron, str) or len(cron) > MAX_CHARS or not croniter.is_valid(cron):
         raise InvalidOption(f"{cron!r} is not a cron expression")
+    if any(_RANDOM_FIELD.fullmatch(field) for field in cron.split()):
+        raise InvalidOption(
+            f"{cron!r} has a field croniter draws at random (R): its ticks would change each "
+            "time they are counted; write the value instead"
+        )
     try:
         ZoneInfo(timezone)  # type: ignore[arg-type]
     except (ZoneInfoNotFoundError, ValueError, TypeError):

@@ -9,6 +9,7 @@ from itertools import islice
 import pytest
 
 from jobs.core import crontab
+from jobs.core.exceptions import InvalidOption
 
 
 def utc(*args: int) -> datetime:
@@ -81,3 +82,17 @@ def test_walking_back_finds_the_ticks_walking_forward_found(
     assert forward == sorted(set(forward))
     back = list(islice(crontab.ticks_before(cron, tz, forward[-1] + timedelta(seconds=1)), 12))
     assert back[::-1] == forward
+
+
+@pytest.mark.parametrize("cron", ["R R * * *", "r * * * *", "0 R(1-5) * * *", "R/15 * * * *"])
+def test_a_field_croniter_draws_at_random_is_refused_where_it_is_declared(cron: str) -> None:
+    # croniter draws an `R` field afresh for each iterator, and the scheduler counts a schedule's
+    # ticks with a new one at every step (next_at, the walk, the tick after): "R R * * *", once a
+    # day at a random time, was enqueued 60 times in 30 days. Found in review.
+    with pytest.raises(InvalidOption, match="random"):
+        crontab.check(cron, "UTC", utc(2026, 12, 1))
+
+
+@pytest.mark.parametrize("cron", ["0 0 * MAR *", "0 0 * * FRI", "0 0 * APR,OCT SAT", "@hourly"])
+def test_names_holding_an_r_are_not_taken_for_a_random_field(cron: str) -> None:
+    crontab.check(cron, "UTC", utc(2026, 12, 1))
