@@ -235,3 +235,36 @@ def test_a_malformed_expired_event_is_skipped_and_counted_alone(
     assert 2 < samples["jobs_reclaim_latency_seconds_sum"] < 60
     assert samples["jobs_metrics_malformed_events_total"] == 1
     assert samples["jobs_claims_total"] == 2  # everything else is still scraped
+
+
+@pytest.mark.django_db
+def test_after_a_prune_a_running_process_and_a_new_one_count_differently(
+    client, make_job, monkeypatch
+):
+    # docs/operations.md said every number is the same from any web process but for events
+    # committed late. A prune that leaves newer events behind is a second exception: a process
+    # that counted the pruned events keeps them, one started after the prune never sees them.
+    from django.db import connection
+
+    from jobs.ops import retention
+
+    monkeypatch.setattr(metrics, "SETTLE_SECONDS", 0.0)
+    running = history.Incremental("jobs_jobevent", history.events)
+    monkeypatch.setattr(metrics, "_event_tally", running)
+    old, recent = make_job(state=JobState.SUCCEEDED), make_job(state=JobState.SUCCEEDED)
+    for job in (old, recent):
+        JobEvent.objects.create(job=job, attempt=1, type="succeeded", worker="w")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE jobs_job SET finished_at = clock_timestamp() - interval '10 days', "
+            "updated_at = clock_timestamp() - interval '10 days' WHERE id = %s",
+            [old.pk],
+        )
+    assert scrape(client)["jobs_succeeded_total"] == 2
+    assert retention.prune(7).jobs == 1
+
+    assert scrape(client)["jobs_succeeded_total"] == 2  # the running process: no reset
+    monkeypatch.setattr(
+        metrics, "_event_tally", history.Incremental("jobs_jobevent", history.events)
+    )
+    assert scrape(client)["jobs_succeeded_total"] == 1  # a process started after the prune
