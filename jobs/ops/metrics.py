@@ -20,8 +20,10 @@ Gauges (queue depth, oldest due job, running and expired leases) are read live t
 indexes. Extending: `register(source)` adds a callable returning metric families (see
 `gauge_family`) to every scrape.
 
-Hazards: deleting old rows (pruning jobs) makes a counter go down; Prometheus reads a decrease
-as a counter reset, which rate() tolerates.
+Hazards: deleting old rows (pruning jobs) makes a counter go down in a process that starts
+after it (Prometheus reads the decrease as a counter reset, which rate() tolerates); a process
+already running keeps the pruned events in its tally until every row it counted is gone, so
+until it restarts, web processes differ by them (docs/operations.md, metrics).
 """
 
 import hmac
