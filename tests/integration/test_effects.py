@@ -219,3 +219,20 @@ def test_a_stale_attempt_cannot_record_completion_while_the_newer_one_is_perform
     effects.finish(second.held.fence, began.key, "fresh")
     row.refresh_from_db()
     assert (row.status, row.attempt, row.result) == ("done", 2, "fresh")
+
+
+def test_a_job_id_handed_out_again_presents_the_same_effect_key_as_the_lost_job():
+    # The key is the job id and the step, nothing of this install or of when the job was made
+    # (unlike a mail's Message-ID): a database restored from before a job, or another install
+    # sharing the receiver, hands the receiver a key it has seen -- and a deduplicating receiver
+    # answers with the other job's effect. README and docs/effects.md say so.
+    lost = jobs.enqueue("test.echo")
+    keys: list[str] = []
+    claim(A).ctx.effect("charge", lambda key: keys.append(key) or {"charged": 7})
+    Job.objects.filter(pk=lost.pk).delete()  # the restore: the job and its ledger are gone
+    with connection.cursor() as cur:
+        cur.execute("SELECT setval(pg_get_serial_sequence('jobs_job', 'id'), %s, false)", [lost.pk])
+    again = jobs.enqueue("test.echo")
+    assert again.pk == lost.pk
+    claim(B).ctx.effect("charge", lambda key: keys.append(key) or {"charged": 9})
+    assert keys == [f"{lost.pk}:charge"] * 2
