@@ -73,6 +73,23 @@ def test_show_prints_the_attempt_history_with_seconds(make_job):
     assert ":" in text.split("claimed ")[1][:20] and "." in text.split("claimed ")[1][:24]
 
 
+def test_show_and_list_print_a_handlers_control_characters_escaped(make_job):
+    # An attempt's error is a handler's exception text, often holding what the job was given: an
+    # ESC sequence in it reached the operator's terminal as it was (retitled the window here,
+    # and a terminal's answerback or OSC 52 can do worse). Found in review.
+    hostile = "bad input \x1b]0;pwned\x07\x1b[2J\x9b31m"
+    job = make_job(kind="test.fail\x1b[8m", state=JobState.FAILED, attempt=1, error=hostile)
+    Attempt.objects.create(
+        job=job, number=1, worker="host\x1b[1m:1", claimed_at=job.created_at, outcome="failed",
+        error=hostile,
+    )  # fmt: skip
+    for text in (run("show", str(job.pk)), run("list")):
+        assert not any(c in text for c in "\x1b\x07\x9b"), text
+    shown = run("show", str(job.pk))
+    assert "bad input \\x1b]0;pwned\\x07\\x1b[2J\\x9b31m" in shown
+    assert "test.fail\\x1b[8m" in run("list")
+
+
 def test_list_and_status(make_job):
     make_job(queue="mail")
     make_job(state=JobState.RUNNING, attempt=1, lease_in=-3)

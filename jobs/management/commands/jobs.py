@@ -12,6 +12,7 @@ days with their history, in batches; it is a maintenance task for cron or a depl
 import argparse
 import getpass
 import os
+import re
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -30,6 +31,16 @@ LIST_LIMIT = 1000
 # Never printed, so never decoded: a raw-SQL row Python cannot decode (nested past its limit, a
 # number of 5,001 digits) must not end a listing of other jobs, nor its own `show`.
 JSON_COLUMNS = ("payload", "progress", "result")
+
+
+# C0 and C1 control characters: a handler's error text (or a raw row's kind or worker) is printed
+# on the operator's terminal, where an ESC or CSI sequence would act instead of being read.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(line: str) -> str:
+    """One line as text a terminal shows rather than obeys: control characters as \\xNN."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
 
 
 def _first_line(text: str, width: int = 100) -> str:
@@ -133,7 +144,10 @@ class Command(BaseCommand):
 
     def status(self) -> None:
         families = {f.name: f for f in collect_families()}
-        out = self.stdout.write
+
+        def out(line: str) -> None:  # a lease hint names a kind, which a raw row may hold
+            self.stdout.write(_printable(line))
+
         out("queues (queued, oldest due waiting):")
         ages = {
             s.labels["queue"]: s.value for s in families["jobs_queue_oldest_age_seconds"].samples
@@ -168,15 +182,20 @@ class Command(BaseCommand):
         self.stdout.write(f"{'id':>10} {'state':<10} {'att':>4} {'queue':<12} {'kind':<24} updated")
         for job in jobs:
             self.stdout.write(
-                f"{job.pk:>10} {job.state:<10} {job.attempt:>4} {job.queue[:12]:<12} "
-                f"{job.kind[:24]:<24} {seconds(job.updated_at)}"
+                _printable(
+                    f"{job.pk:>10} {job.state:<10} {job.attempt:>4} {job.queue[:12]:<12} "
+                    f"{job.kind[:24]:<24} {seconds(job.updated_at)}"
+                )
             )
 
     def show(self, job_id: int) -> None:
         job = Job.objects.filter(pk=job_id).defer(*JSON_COLUMNS).first()
         if job is None:
             raise CommandError(f"no job {job_id}")
-        out = self.stdout.write
+
+        def out(line: str) -> None:
+            self.stdout.write(_printable(line))
+
         out(f"job {job.pk}  {job.kind}  queue={job.queue}  priority={job.priority}")
         out(f"  state {job.state}, attempt {job.attempt} ({job.attempts_released} uncharged)")
         out(f"  max attempts {effective_max_attempts(job)}, lease {effective_lease(job)}")
