@@ -3,9 +3,10 @@
 Owns: the catalogue (every metric name is declared once, in CATALOGUE), the collector, and the
 view. Never: counts in memory what a worker did -- workers, schedulers and web servers are
 separate processes (often separate hosts), so every number here is read from the job tables,
-which every process writes. Any web process answers the same numbers, and a restart loses
-nothing. (prometheus_client's multiprocess mode would need one shared directory on one host and
-loses counts when a worker is SIGKILLed mid-write; the tables already hold every event.)
+which every process writes. Any web process answers the same numbers (but after a prune: see
+Hazards), and a restart loses nothing. (prometheus_client's multiprocess mode would need one
+shared directory on one host and loses counts when a worker is SIGKILLed mid-write; the tables
+already hold every event.)
 
 Counters come from rows that are only ever added (events, rejected writes). A scrape must stay
 cheap with millions of rows, so each process reads every row once: it keeps a running tally up
