@@ -369,7 +369,7 @@ def _outputs(job_id: int, outcomes: dict[int, str]) -> list[StagedOutput]:
         shown = row.status
         if shown == StagedOutput.Status.STAGED:
             outcome = outcomes.get(row.attempt)
-            if outcome == "succeeded":
+            if outcome == "succeeded" and not row.is_spare:  # a spare is never promoted
                 shown = "promoted"
             elif outcome != "running":
                 shown = "orphan (awaiting the janitor)"

@@ -209,18 +209,23 @@ class JobContext:
         """
         self._raise_if_lost("stage")
         pending.check_open(self._held.work, "stage")  # before the file: the attempt ended
-        ref: list[str] = []
+        done: list[staging.Staged] = []
         _outside_callers_transaction(
-            lambda: ref.append(staging.stage(self._held.fence, name, content)),
+            lambda: done.append(staging.stage(self._held.fence, name, content)),
             self._held.fence,
             deadline=False,
         )
+        ref = done[0].ref
+        if done[0].replaced and self._held.work.staged:
+            # The database let the replacement in while the attempt ran, and the attempt had
+            # staged before: its commit, if it read the work meanwhile, named this prefix.
+            return ref
         try:
             pending.mark_staged(self._held.work)
         except AttemptEnded:  # it ended while the file was written: not what its commit named
-            staging.written_too_late(self._held.fence, ref[0])
+            staging.written_too_late(self._held.fence, ref)
             raise
-        return ref[0]
+        return ref
 
     def effect(self, step: str, fn: Callable[[str], Any]) -> Any:
         """Perform `fn(key)` at most once per (job, step); key = "<job_id>:<step>".

@@ -13,7 +13,8 @@ decision and deletes its own file, or wrote before the decision -- so before the
 delete, which removes it. A failed delete leaves the row decided and unsettled: the next sweep
 deletes again (deleting a missing file is not an error).
 
-Never: touches an output whose attempt succeeded, or whose attempt is still `running` -- even
+Never: touches an output whose attempt succeeded (a spare row, naming a file a re-stage
+replaced or never got to name, is no output), or whose attempt is still `running` -- even
 with its lease run out, such an attempt may still commit (a late write before any reclaim is
 accepted). Never holds a transaction open across a storage call. Never lists the storage
 bucket: it reads the StagedOutput table through partial indexes of unsettled rows, a bounded
@@ -60,17 +61,24 @@ def _decide(limit: int) -> None:
             .filter(status=StagedOutput.Status.STAGED, created_at__lt=Now() - grace)
             .exclude(Exists(still_running))
             .order_by("created_at", "id")
-            .values_list("pk", "job_id", "attempt")[:limit]
+            .values_list("pk", "job_id", "attempt", "name")[:limit]
         )
         if not rows:
             return
         committed = set(
             Attempt.objects.filter(
-                job_id__in={job for _, job, _ in rows}, outcome=AttemptOutcome.SUCCEEDED
+                job_id__in={job for _, job, _, _ in rows}, outcome=AttemptOutcome.SUCCEEDED
             ).values_list("job_id", "number")
         )
-        promoted = [pk for pk, job, attempt in rows if (job, attempt) in committed]
-        orphaned = [pk for pk, job, attempt in rows if (job, attempt) not in committed]
+        # A spare row names a file that is no output (a re-stage's, jobs/effects/staging.py):
+        # left by a worker that died or could not delete it, it is orphaned even if committed.
+        promoted = [
+            pk
+            for pk, job, attempt, name in rows
+            if (job, attempt) in committed and not name.startswith(StagedOutput.SPARE)
+        ]
+        kept = frozenset(promoted)
+        orphaned = [pk for pk, _, _, _ in rows if pk not in kept]
         StagedOutput.objects.filter(pk__in=promoted).update(
             status=StagedOutput.Status.PROMOTED, settled_at=Now()
         )

@@ -2,7 +2,8 @@
 
 Owns: `ctx.stage(name, content)` -- recording a StagedOutput row, then writing the file through
 Django's storage API (`JOBS["STAGING_STORAGE"]`, a key of `STORAGES`) at
-`jobs/<job_id>/attempt-<n>/<name>` -- and a worker deleting its own outputs once its attempt
+`jobs/<job_id>/attempt-<n>/<name>` (a re-stage of the name: beside it, under a fresh name the
+row then moves onto) -- and a worker deleting its own outputs once its attempt
 ends without committing (a rejected commit, a lost lease, a failure) -- never the outputs of an
 attempt whose commit landed, but for a file written after it (`written_too_late`).
 
@@ -13,18 +14,22 @@ prefix in the statement that ends the attempt; a zombie's commit changes zero ro
 Hazards: the row is written before the file, so a crash between the two leaves a row the janitor
 settles (jobs/effects/janitor.py) rather than a file nobody knows about. If the janitor settled the
 row while this worker was stalled before writing the file, the worker deletes what it just wrote.
+A re-stage never touches the earlier file before the database has moved the row off it
+(`_replace`); its new file is named by a spare row from before it is written, so a failed write, a
+delete the storage refuses or a worker dying mid-way leaves the janitor a row for every file.
 Storage errors while discarding are logged and left to the janitor: they never stop a drain.
 """
 
 import logging
+import os
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.files import File
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
 
 from jobs.core.conf import jobs_settings
@@ -82,11 +87,17 @@ def _as_file(content: Any) -> "File[Any]":
     raise InvalidOption(f"stage(): content must be bytes, str or a file, not {type(content)}")
 
 
-def stage(fence: Fence, name: str, content: Any) -> str:
+class Staged(NamedTuple):
+    ref: str  # the storage name written
+    replaced: bool  # it took the place of the attempt's earlier file of that name
+
+
+def stage(fence: Fence, name: str, content: Any) -> Staged:
     """Write `content` as this attempt's output `name`; return its storage name (the ref).
 
     Staging the same name twice in one attempt replaces the first file -- while the attempt
-    still runs: once its final write is decided the first file is kept and AttemptEnded raised.
+    still runs, as the database decides (`_replace`): once its final write is decided the first
+    file is kept and AttemptEnded raised.
     """
     name = _checked_name(name)
     file = _as_file(content)
@@ -99,41 +110,90 @@ def stage(fence: Fence, name: str, content: Any) -> str:
                 job_id=fence.job_id, attempt=fence.attempt, name=name, path=path, size=size
             )
     except IntegrityError:  # staged again in this attempt: replace the first file
-        row = StagedOutput.objects.get(job_id=fence.job_id, attempt=fence.attempt, name=name)
-        if not _replaceable(fence, row.pk):  # its commit may have named it: never delete it
-            raise AttemptEnded(fence.job_id, fence.attempt, "stage") from None
-        st.delete(row.path)
+        return Staged(_replace(fence, st, name, file, size), replaced=True)
     written = st.save(path, file)
-    still = StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED)
-    if written != row.path or row.size != size:
-        still.update(path=written, size=size)
-    if not still.exists():  # the janitor judged this attempt over while we wrote: undo it
+    mine = StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED)
+    if written != path:
+        mine.filter(path=path).update(path=written)
+    if not mine.filter(path=written).exists():  # settled (or replaced) while we wrote: undo it
         st.delete(written)
-        logger.warning("job %s attempt %s: output %s was settled meanwhile", *_ids(fence), name)
+        logger.warning(
+            "job %s attempt %s: output %s settled or replaced meanwhile", *_ids(fence), name
+        )
+    return Staged(written, replaced=False)
+
+
+def _live(fence: Fence) -> QuerySet[StagedOutput]:
+    """This attempt's `staged` rows while its job runs under it: decided by the database."""
+    live = Job.objects.filter(pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING)
+    return StagedOutput.objects.filter(
+        job_id=fence.job_id, attempt=fence.attempt, status=StagedOutput.Status.STAGED
+    ).filter(Exists(live))
+
+
+def _replace(fence: Fence, st: Storage, name: str, file: "File[Any]", size: int) -> str:
+    """Write `file` under a fresh name, move the row onto it, then delete the earlier file.
+
+    The row moves in one conditional UPDATE (still `staged`, still naming the file we read, the
+    job still running under this attempt), so no commit lands between a check and a delete: a
+    thread the handler left running may re-stage after the attempt committed, and the earlier
+    file is then the committed result. Either the UPDATE comes first -- a commit promotes the
+    row naming the new file, and the earlier one, named by no output, is deleted -- or the
+    commit does, and the UPDATE changes nothing: the new file is deleted, the committed one
+    kept. No lock is held across a storage call (it would stall every batch-mate's commit behind
+    this job's storage). The fresh name is ours, not the storage's available name: a backend
+    that overwrites (S3's default) would otherwise write over the committed file."""
+    found = _live(fence).filter(name=name).values_list("path", "size").first()
+    if found is None:  # settled, or the attempt is over: refused before writing anything
+        raise AttemptEnded(fence.job_id, fence.attempt, "stage")
+    current, current_size = found
+    root, ext = os.path.splitext(prefix(fence.job_id, fence.attempt) + name)
+    fresh = current
+    while fresh == current:  # never the file the row names now (7 random characters: rare)
+        fresh = st.get_alternative_name(root, ext)
+    # Row before file, as for any output: a spare row names the new file until the output's row
+    # does, then the earlier file until it is deleted -- a crash anywhere leaves the janitor a
+    # row for every file (a spare is never promoted: jobs/effects/janitor.py).
+    spare = StagedOutput.objects.create(
+        job_id=fence.job_id, attempt=fence.attempt, name=StagedOutput.spare_name(), path=fresh
+    )
+    written = st.save(fresh, file)  # raising, it leaves the spare row to the janitor
+    if written != fresh:  # the storage chose another name (fresh was taken)
+        StagedOutput.objects.filter(pk=spare.pk).update(path=written)
+    while True:
+        with transaction.atomic():  # two rows, no storage call: held for two statements
+            moved = _live(fence).filter(name=name, path=current)
+            if moved.update(path=written, size=size):
+                spare_row = StagedOutput.objects.filter(pk=spare.pk)
+                spare_row.update(path=current, size=current_size)
+                break
+        found = _live(fence).filter(name=name).values_list("path", "size").first()
+        if found is None:  # the attempt ended first: its outputs stay as its commit found them
+            _delete_spare(fence, st, spare.pk, written)
+            raise AttemptEnded(fence.job_id, fence.attempt, "stage")
+        current, current_size = found  # another thread of the handler moved the row first
+    _delete_spare(fence, st, spare.pk, current)
     return written
 
 
-def _replaceable(fence: Fence, pk: int) -> bool:
-    """The earlier file may be deleted: its row is still `staged` and its attempt still runs.
-
-    Decided in one query just before the delete: a thread the handler left running may reach a
-    re-stage after the attempt committed (its in-memory check passed first), and the file it
-    would replace is then the committed result (promoted, or about to be). A commit landing in
-    the moment between this query and the delete is not excluded (holding the job row across a
-    storage call would stall every batch-mate's commit behind this job's storage)."""
-    live = Job.objects.filter(pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING)
-    return (
-        StagedOutput.objects.filter(pk=pk, status=StagedOutput.Status.STAGED)
-        .filter(Exists(live))
-        .exists()
-    )
+def _delete_spare(fence: Fence, st: Storage, pk: int, path: str) -> None:
+    """Delete the file a spare row names, then the row. If the storage will not, the row stays
+    for the janitor, which deletes the file once the attempt is over (committed or not)."""
+    try:
+        st.delete(path)
+    except Exception:  # noqa: BLE001  any backend error: the janitor retries
+        logger.exception("job %s attempt %s: could not delete %s", *_ids(fence), path)
+        return
+    StagedOutput.objects.filter(pk=pk).delete()
 
 
 def written_too_late(fence: Fence, path: str) -> None:
     """`path` was written after its attempt's final write (by a thread the handler left running,
     the attempt ending while the file was written): its row is decided `orphaned`, so the janitor
     deletes the file and reports it. Even when the attempt committed: its commit promoted what
-    its handler had staged, and a file landing in its prefix afterwards is not part of that."""
+    its handler had staged, and a file landing in its prefix afterwards is not part of that.
+    Not for a replacement of a name already staged (jobs/context.py): the database let it in
+    while the attempt ran, so its row is what a commit landing after it promotes."""
     StagedOutput.objects.filter(
         job_id=fence.job_id, attempt=fence.attempt, path=path, status=StagedOutput.Status.STAGED
     ).update(status=StagedOutput.Status.ORPHANED)
@@ -170,9 +230,11 @@ def discard_own(fence: Fence) -> int:
         except Exception:  # noqa: BLE001  any backend error: the janitor retries later
             logger.exception("job %s attempt %s: could not delete %s", *_ids(fence), row.path)
             continue
-        deleted += StagedOutput.objects.filter(pk=row.pk, status=StagedOutput.Status.STAGED).update(
-            status=StagedOutput.Status.DISCARDED, settled_at=Now()
-        )
+        # Still naming the file deleted: a re-stage whose UPDATE saw the attempt still running
+        # may have moved the row meanwhile -- it stays `staged`, for the janitor to orphan.
+        deleted += StagedOutput.objects.filter(
+            pk=row.pk, status=StagedOutput.Status.STAGED, path=row.path
+        ).update(status=StagedOutput.Status.DISCARDED, settled_at=Now())
     if deleted:
         logger.info("job %s attempt %s: deleted %s staged outputs", *_ids(fence), deleted)
     return deleted

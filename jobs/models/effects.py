@@ -5,6 +5,7 @@ Owns: schema and constraints. Never: writes -- jobs/effects does, each write fen
 presenting attempt.
 """
 
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,7 +60,14 @@ class StagedOutput(models.Model):
     lazily by the janitor), `discarded` (deleted by its own worker after a rejected write) or
     `orphaned` (decided by the janitor; `settled_at` set once the file's deletion succeeded).
     Whether a `staged` row is promoted is also readable at once from its Attempt's outcome.
+
+    A spare row (`name` starting with `~`, which no handler's name can) names a file that is no
+    output: a re-stage's new file before the output's row moves onto it, or the earlier file
+    after, until its worker deletes file and row. Never promoted: once its attempt is over the
+    janitor orphans it, committed or not.
     """
+
+    SPARE = "~"
 
     class Status(models.TextChoices):
         STAGED = "staged", "Staged"
@@ -107,6 +115,14 @@ class StagedOutput(models.Model):
 
     def __str__(self) -> str:
         return self.path
+
+    @classmethod
+    def spare_name(cls) -> str:
+        return f"{cls.SPARE}replacing-{uuid.uuid4().hex}"
+
+    @property
+    def is_spare(self) -> bool:
+        return self.name.startswith(self.SPARE)
 
 
 class IntentQuerySet(models.QuerySet["Intent"]):

@@ -51,6 +51,26 @@ def test_the_job_page_shows_effects_outputs_and_intents_escaped(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_restages_spare_row_of_a_committed_attempt_is_shown_as_an_orphan_to_be(
+    settings, tmp_path
+) -> None:
+    # A worker that died mid re-stage leaves a spare row naming a file that is no output: the
+    # janitor will delete it, so the page never calls it promoted.
+    settings.MEDIA_ROOT = str(tmp_path)
+    job = jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    running.ctx.stage("out.txt", "kept")
+    spare = StagedOutput.objects.create(
+        job=job, attempt=1, name=StagedOutput.spare_name(), path=f"jobs/{job.pk}/attempt-1/x.txt"
+    )
+    running.commit(None)
+    detail = selectors.job_detail(job.pk)
+    assert detail is not None
+    shown = {o.name: o.shown_status for o in detail.outputs}  # type: ignore[attr-defined]
+    assert shown == {"out.txt": "promoted", spare.name: "orphan (awaiting the janitor)"}
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
 async def test_a_performed_intent_reaches_an_open_job_page_live(staff: User, settings) -> None:
     with receiver() as r:

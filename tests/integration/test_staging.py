@@ -250,10 +250,12 @@ def test_two_janitors_at_once_settle_each_orphan_exactly_once(media, settings):
 def test_staging_a_name_twice_in_one_attempt_replaces_the_first_file(media):
     job = jobs.enqueue("test.echo")
     running = claim(A)
-    running.ctx.stage("out.txt", "first")
+    first = running.ctx.stage("out.txt", "first")
     ref = running.ctx.stage("out.txt", "second, longer")
+    # Written beside the first under a fresh name (out_<7 random>.txt), then the first deleted.
+    assert ref != first and ref.startswith(f"jobs/{job.pk}/attempt-1/out_")
     assert (media / ref).read_text() == "second, longer"
-    assert sorted(p.name for p in (media / f"jobs/{job.pk}/attempt-1").iterdir()) == ["out.txt"]
+    assert [p.name for p in (media / f"jobs/{job.pk}/attempt-1").iterdir()] == [Path(ref).name]
     row = StagedOutput.objects.get(job=job)
     assert (row.path, row.size) == (ref, len("second, longer"))
 
