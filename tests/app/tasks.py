@@ -4,6 +4,7 @@ Durations come from the arguments, per attempt, so a test decides how long an at
 """
 
 import asyncio
+import functools
 import os
 import time
 from typing import Any
@@ -99,6 +100,23 @@ async def cancels_its_own_work() -> None:
     inner = asyncio.ensure_future(asyncio.sleep(60))
     inner.cancel()
     await inner
+
+
+def _greeting(func: Any) -> Any:
+    """A decorator that supplies the first argument: its wrapper, which takes any arguments, is
+    what a worker calls, not the function `functools.wraps` says it wraps."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func("hello", *args, **kwargs)
+
+    return wrapper
+
+
+@task
+@_greeting
+def greet(greeting: str, name: str) -> str:
+    return f"{greeting} {name}"
 
 
 @task(backend="immediate")
