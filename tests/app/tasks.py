@@ -67,6 +67,37 @@ def unjsonable() -> Any:
     return {1, 2, 3}
 
 
+def _cycle() -> list[Any]:
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    return cycle
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+UNENCODABLE = {
+    "set": lambda: {"ok": 1, "bad": {1, 2}},
+    "object": object,
+    "nan": lambda: [float("nan")],
+    "bytes": lambda: b"\xff",  # not UTF-8
+    "deep": lambda: _nested(100),  # past the 64 levels a result may have
+    "recursion": lambda: _nested(5000),  # past Python's recursion limit
+    "cycle": _cycle,
+    "large": lambda: "x" * 300_000,  # past JOBS["MAX_PAYLOAD_BYTES"] (256 KiB by default)
+}
+
+
+@task
+def unencodable(what: str) -> Any:
+    """Returns a value that cannot be stored as a result, of the sort `what` names."""
+    return UNENCODABLE[what]()
+
+
 @task(takes_context=True, lease_seconds=600, max_attempts=7, timeout=30)
 def long_lease(context: TaskContext) -> float:
     return context.job._held.lease_seconds
