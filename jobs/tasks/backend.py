@@ -155,7 +155,8 @@ class PalisadeBackend(BaseTaskBackend):
 
         task_enqueued is sent once the caller's transaction commits (at once in autocommit); a
         duplicate (the task's `unique_key` held by a live job of it) returns that job's result
-        and sends nothing; a key held by a row planted with it raises UniqueKeyHeld.
+        and sends nothing; a key held by a row planted with it raises UniqueKeyHeld. Arguments
+        the task's function would refuse raise TypeError (`check_arguments`), nothing written.
         """
         self.validate_task(task)
         try:
