@@ -36,6 +36,11 @@ class AttemptEnded(LeaseLost):
         )
 
 
+class PermanentFailure(JobsError):
+    """A handler's failure no retry can mend (jobs.tasks.UnencodableResult: a task's return
+    value that cannot be stored): the runner fails the job at once, whatever attempts remain."""
+
+
 class EnqueueError(JobsError, ValueError):
     """Enqueue refused its input; nothing was written."""
 

@@ -93,10 +93,12 @@ def charged_attempts(attempt: int, attempts_released: int) -> int:
 
 
 def decide_failure(
-    attempt: int, max_attempts: int, cfg: JobsSettings, jitter: float
+    attempt: int, max_attempts: int, cfg: JobsSettings, jitter: float, permanent: bool = False
 ) -> RetryDecision:
-    """After the `attempt`-th charged attempt failed (or expired), retry while attempts remain."""
-    if attempt >= max_attempts:
+    """After the `attempt`-th charged attempt failed (or expired), retry while attempts remain --
+    unless its failure is permanent (jobs.core.exceptions.PermanentFailure): each retry would
+    end the same way."""
+    if permanent or attempt >= max_attempts:
         return RetryDecision(retry=False)
     delay = backoff_seconds(attempt, cfg.RETRY_BASE_SECONDS, cfg.RETRY_MAX_SECONDS, jitter)
     return RetryDecision(retry=True, delay_seconds=delay)

@@ -13,9 +13,13 @@ never meets another task's or a plain job's.
 
 Never: stores a result anywhere but the job tables, or runs a task (jobs.tasks.execution does,
 inside a worker). Bad input raises before anything is written: InvalidTask from validate_task,
-and enqueue's ValueError family (jobs.InvalidPayload, jobs.PayloadTooLarge, ...) for arguments.
+enqueue's ValueError family (jobs.InvalidPayload, jobs.PayloadTooLarge, ...) for arguments that
+are not JSON, and TypeError for arguments the task's function would refuse (`check_arguments`:
+they would fail every attempt in the worker, retries and all, as Celery's apply_async says too).
 """
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -151,7 +155,8 @@ class PalisadeBackend(BaseTaskBackend):
 
         task_enqueued is sent once the caller's transaction commits (at once in autocommit); a
         duplicate (the task's `unique_key` held by a live job of it) returns that job's result
-        and sends nothing; a key held by a row planted with it raises UniqueKeyHeld.
+        and sends nothing; a key held by a row planted with it raises UniqueKeyHeld. Arguments
+        the task's function would refuse raise TypeError (`check_arguments`), nothing written.
         """
         self.validate_task(task)
         try:
@@ -163,6 +168,7 @@ class PalisadeBackend(BaseTaskBackend):
             raise InvalidPayload(
                 f"task arguments are nested deeper than {depth} levels (or hold a cycle)"
             ) from None
+        check_arguments(task, args, kwargs)
         lease_seconds, max_attempts, unique_key, _ = _options(task)
         if callable(unique_key):
             unique_key = unique_key(args, kwargs)
@@ -257,6 +263,34 @@ class PalisadeBackend(BaseTaskBackend):
         if task is None or results.backend_of(task, results.task_payload(job)) != self.alias:
             raise TaskResultDoesNotExist(f"job {job_id} is not a task of backend {self.alias!r}")
         return results.build(task, job, attempts)
+
+
+def check_arguments(task: Task, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """TypeError, naming the task, if its function would refuse these arguments (too many or too
+    few, an unknown or repeated keyword): the worker calls it with exactly these, so every attempt
+    would fail. A function whose signature cannot be read takes any, as before."""
+    signature = _signature(task.func)
+    if signature is None:
+        return
+    try:  # with takes_context the worker passes the context first: a placeholder stands for it
+        signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
+    except TypeError as exc:  # also a keyword that is not text ("keywords must be strings")
+        parameters = str(signature.replace(return_annotation=inspect.Signature.empty))[:200]
+        raise TypeError(
+            f"task {task.module_path}{parameters} cannot take these arguments: {exc} "
+            "(nothing was enqueued)"
+        ) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature Python binds a call of `func` to, read once per function; None for one it
+    cannot read (a builtin). Not the one `functools.wraps` points to: a decorator's wrapper may
+    take other arguments than the function it wraps (one it injects), and the wrapper is called."""
+    try:
+        return inspect.signature(func, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None
 
 
 def result_job_id(result_id: Any) -> int:

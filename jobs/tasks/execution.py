@@ -2,9 +2,10 @@
 
 Owns: the kinds of tasks (module path -> the Task a Palisade backend validated), the handler that
 runs one (`fn(ctx)`: task_started, then the task's function with its args, kwargs and -- with
-takes_context -- a TaskContext carrying the JobContext), the resolver that lets a worker learn a
-kind whose module it has not imported yet, and the thread that sends task_finished once the
-final write has landed.
+takes_context -- a TaskContext carrying the JobContext; a return value that cannot be stored is
+UnencodableResult, a permanent failure the runner does not retry), the resolver that lets a
+worker learn a kind whose module it has not imported yet, and the thread that sends
+task_finished once the final write has landed.
 
 Why the runner side lives here and not in jobs.worker: the worker runs any handler the registry
 holds and knows nothing of django.tasks; a task is registered as one more handler (leases,
@@ -48,8 +49,9 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
 from jobs.context import JobContext
-from jobs.core import registry
-from jobs.core.exceptions import JobsError, UnknownKind
+from jobs.core import bounds, registry
+from jobs.core.conf import jobs_settings
+from jobs.core.exceptions import JobsError, PermanentFailure, UnknownKind
 from jobs.tasks import results
 
 logger = logging.getLogger("jobs.tasks")
@@ -79,6 +81,13 @@ class CancelledInTask(JobsError):
     or it ran one itself): that task's failure, carried as an ordinary exception. Nothing cancels
     a worker that way from outside, so it must not end the drain as a stop (a BaseException) does:
     the batch's other jobs run on."""
+
+
+class UnencodableResult(PermanentFailure):
+    """A task returned a value that cannot be stored as its result (not JSON: a set, an object,
+    NaN, bytes that are not UTF-8; nested past 64 levels; over JOBS["MAX_PAYLOAD_BYTES"]). Every
+    attempt would return it again, so the job fails at once, not retried, as Django's
+    ImmediateBackend fails it once; the message names the value's type and why."""
 
 
 def job_context(context: TaskContext) -> JobContext:
@@ -196,7 +205,35 @@ def _run(kind: str, ctx: JobContext) -> Any:
         value = task.call(PalisadeTaskContext(task_result=result, job=ctx), *args, **kwargs)
     else:
         value = task.call(*args, **kwargs)
-    return normalize_json(value)
+    return encodable(kind, value)
+
+
+def encodable(kind: str, value: Any) -> Any:
+    """`value` as Django normalises a result (tuples become lists), checked as the runner will
+    store it; UnencodableResult if it cannot be. Only this task's attempt fails: the runner
+    writes each job's failure on its own, and its batch-mates run and commit."""
+    try:
+        normalized = normalize_json(value)
+        bounds.json_value(normalized, jobs_settings().MAX_PAYLOAD_BYTES, what="the value")
+        return normalized
+    except (TypeError, ValueError) as exc:  # jobs.InvalidPayload is a ValueError
+        why = _text(exc)
+    except RecursionError:  # normalize_json recurses: nested past Python's limit, or a cycle
+        why = f"it is nested deeper than {bounds.JSON_DEPTH} levels (or holds a cycle)"
+    name = _text(type(value).__qualname__)[:100]
+    raise UnencodableResult(
+        f"{kind} returned a value of type {name}, which cannot be encoded as its JSON result: "
+        f"{why[:300]}"
+    )
+
+
+def _text(value: object) -> str:
+    """One printable line of `str(value)` (its own __str__ may raise: then its class)."""
+    try:
+        text = str(value)[:1000]
+    except Exception:  # noqa: BLE001
+        text = type(value).__name__
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 _SIGNAL_NAMES = {

@@ -138,12 +138,14 @@ def _settle_unpromoted(fence: Fence) -> None:
         logger.exception("job %s attempt %s: staged outputs left to the janitor", *_ids(fence))
 
 
-def fail(claimed: Claimed, error: str) -> None:
-    """End an attempt as failed, retried with backoff while charged attempts remain."""
+def fail(claimed: Claimed, error: str, *, permanent: bool = False) -> None:
+    """End an attempt as failed, retried with backoff while charged attempts remain (none for a
+    `permanent` failure: the handler raised PermanentFailure)."""
     fence, cfg = claimed.fence, jobs_settings()
     limit = policy.max_attempts_for(claimed.max_attempts, _handler(claimed.kind), cfg)
     charged = policy.charged_attempts(fence.attempt, claimed.attempts_released)
-    decision = policy.decide_failure(charged, limit, cfg, jitter=random.random())
+    jitter = random.random()
+    decision = policy.decide_failure(charged, limit, cfg, jitter=jitter, permanent=permanent)
     retry_in = decision.delay_seconds if decision.retry else None
 
     def write(fences: Sequence[Fence]) -> None:
@@ -176,12 +178,13 @@ def fail(claimed: Claimed, error: str) -> None:
         )
     else:
         logger.warning(
-            "job %s (%s) attempt %s failed for good (%s of %s attempts): %s",
+            "job %s (%s) attempt %s failed for good (%s of %s attempts%s): %s",
             fence.job_id,
             claimed.kind,
             fence.attempt,
             charged,
             limit,
+            "; permanent, not retried" if permanent else "",
             _one_line(error),
         )
 

@@ -46,7 +46,7 @@ from jobs.context import Held, JobContext, close_side_connection, refused_at_com
 from jobs.core import bounds, identity, policy, registry, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
-from jobs.core.exceptions import InvalidPayload, LeaseLost, UnknownKind
+from jobs.core.exceptions import InvalidPayload, LeaseLost, PermanentFailure, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
@@ -71,13 +71,14 @@ def worker_identity() -> str:
 
 
 class Outcome(NamedTuple):
-    """What the handler's run amounted to, decided before any write (a named tuple: one per
-    job). A success's `result` is its JSON text, checked and encoded once."""
+    """What the handler's run amounted to, decided before any write (one per job). A success's
+    `result` is its JSON text, checked and encoded once; a `permanent` failure is not retried."""
 
     succeeded: bool
     result: Any = None
     error: str = ""
     lost: bool = False
+    permanent: bool = False
 
 
 def execute(handler: Handler, ctx: JobContext) -> Outcome:
@@ -85,8 +86,7 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
 
     A BaseException is not classified here: it propagates to run_batch, which ends this job
     with it and hands the rest of the batch back before re-raising. A handler that leaves a
-    transaction open on the worker's connection fails, the connection reset (jobs.worker.hygiene).
-    """
+    transaction open fails, the worker's connection reset (jobs.worker.hygiene)."""
     found, outcome = hygiene.before(), None
     try:
         outcome = _classify(handler, ctx)
@@ -98,7 +98,7 @@ def execute(handler: Handler, ctx: JobContext) -> Outcome:
         left = hygiene.after(found)
     if left and not outcome.lost:
         error = f"{left}\n{outcome.error}" if outcome.error else left
-        return Outcome(succeeded=False, error=error)
+        return Outcome(succeeded=False, error=error, permanent=outcome.permanent)
     return outcome
 
 
@@ -112,7 +112,8 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     except Exception as exc:  # noqa: BLE001  a handler's failure is data: classified, written once
         if refused_at_commit(ctx, exc):  # its transaction's COMMIT refused a stale token write
             return Outcome(succeeded=False, lost=True)
-        return Outcome(succeeded=False, error=traceback.format_exc() + _hint(exc))
+        error, permanent = traceback.format_exc() + _hint(exc), isinstance(exc, PermanentFailure)
+        return Outcome(succeeded=False, error=error, permanent=permanent)
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
     except InvalidPayload as exc:
@@ -233,8 +234,7 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
 
     Failures are written at once, successes handed to `beats` for a prompt batched commit. If
     the leases are at risk (no beat has succeeded for a while), the jobs not yet started are
-    handed back instead of started.
-    """
+    handed back instead of started."""
     cfg, kinds = jobs_settings(), _Kinds()
     leases = [
         (c.fence, policy.lease_seconds_for(c.lease_seconds, kinds[c.kind][0], cfg)) for c in batch
@@ -300,7 +300,7 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
     if outcome.lost or held.lost.is_set():
         completer.discard(claimed.fence)
     else:
-        completer.fail(claimed, outcome.error)
+        completer.fail(claimed, outcome.error, permanent=outcome.permanent)
     return False
 
 

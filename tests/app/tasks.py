@@ -4,6 +4,7 @@ Durations come from the arguments, per attempt, so a test decides how long an at
 """
 
 import asyncio
+import functools
 import os
 import time
 from typing import Any
@@ -66,6 +67,37 @@ def unjsonable() -> Any:
     return {1, 2, 3}
 
 
+def _cycle() -> list[Any]:
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    return cycle
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+UNENCODABLE = {
+    "set": lambda: {"ok": 1, "bad": {1, 2}},
+    "object": object,
+    "nan": lambda: [float("nan")],
+    "bytes": lambda: b"\xff",  # not UTF-8
+    "deep": lambda: _nested(100),  # past the 64 levels a result may have
+    "recursion": lambda: _nested(5000),  # past Python's recursion limit
+    "cycle": _cycle,
+    "large": lambda: "x" * 300_000,  # past JOBS["MAX_PAYLOAD_BYTES"] (256 KiB by default)
+}
+
+
+@task
+def unencodable(what: str) -> Any:
+    """Returns a value that cannot be stored as a result, of the sort `what` names."""
+    return UNENCODABLE[what]()
+
+
 @task(takes_context=True, lease_seconds=600, max_attempts=7, timeout=30)
 def long_lease(context: TaskContext) -> float:
     return context.job._held.lease_seconds
@@ -99,6 +131,23 @@ async def cancels_its_own_work() -> None:
     inner = asyncio.ensure_future(asyncio.sleep(60))
     inner.cancel()
     await inner
+
+
+def _greeting(func: Any) -> Any:
+    """A decorator that supplies the first argument: its wrapper, which takes any arguments, is
+    what a worker calls, not the function `functools.wraps` says it wraps."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func("hello", *args, **kwargs)
+
+    return wrapper
+
+
+@task
+@_greeting
+def greet(greeting: str, name: str) -> str:
+    return f"{greeting} {name}"
 
 
 @task(backend="immediate")

@@ -20,7 +20,7 @@ from django.tasks import TaskResultStatus
 
 from demo.tasks import drill as drill_task
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.tasks import LeaseExpired
+from jobs.tasks import LeaseExpired, UnencodableResult
 from jobs.tasks.execution import EXIT_WAIT_SECONDS
 from tests.acceptance.cluster import (
     pause_first_attempt_until_reclaimed,
@@ -147,6 +147,30 @@ def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_
     assert result.return_value["attempt"] == committed.attempt == result.attempts == 2
     assert result.worker_ids[0] == first.worker
     assert result.errors == []  # handed back unstarted-or-abandoned: not a failure of the task
+
+
+def test_a_task_whose_result_cannot_be_stored_fails_once_in_a_cluster(start_qcluster, tmp_path):
+    """Its one attempt fails (UnencodableResult), with no retry though attempts remain; it is
+    announced once, and the task enqueued beside it succeeds."""
+    log = tmp_path / "signals.log"
+    start_qcluster(PALISADE_TEST_TASK_SIGNALS=str(log))
+    bad = tasks.unjsonable.enqueue()
+    mate = tasks.add.enqueue(2, 2)
+    wait_for_state(int(mate.id), "succeeded")
+    wait_for_state(int(bad.id), "failed", timeout=30)  # retried, it would fail at attempt 3
+    result = tasks.unjsonable.get_result(bad.id)
+    assert (result.status, result.attempts, len(result.errors)) == (TaskResultStatus.FAILED, 1, 1)
+    assert result.errors[0].exception_class is UnencodableResult
+    assert "returned a value of type set" in result.errors[0].traceback
+    mate.refresh()
+    assert (mate.status, mate.return_value) == (TaskResultStatus.SUCCESSFUL, 4)
+    wait_until(
+        lambda: ("finished", "FAILED", 1) in _signals(log, bad.id),
+        timeout=10,
+        what="task_finished of the failed task",
+        job_id=int(bad.id),
+    )
+    assert [s for s in _signals(log, bad.id) if s[0] == "finished"] == [("finished", "FAILED", 1)]
 
 
 def _a_notice_held(start_qcluster, tmp_path, mode: str):  # type: ignore[no-untyped-def]

@@ -38,6 +38,11 @@ def test_an_attempt_beyond_the_limit_is_final():
     assert not policy.decide_failure(attempt=5, max_attempts=3, cfg=CFG, jitter=0.0).retry
 
 
+def test_a_permanent_failure_is_final_with_attempts_left():
+    decision = policy.decide_failure(attempt=1, max_attempts=3, cfg=CFG, jitter=0.0, permanent=True)
+    assert decision == policy.RetryDecision(retry=False)
+
+
 def test_an_expired_lease_is_requeued_at_once_unless_it_was_the_last_attempt():
     assert policy.decide_expiry(1, 3) == policy.RetryDecision(retry=True, delay_seconds=0.0)
     assert not policy.decide_expiry(3, 3).retry
