@@ -13,8 +13,10 @@ meanwhile is untouched. It is recorded like any reclaim: the attempt ends `expir
 
 Never: rescues a pid that a live process holds (the watchdog's `_dead` asks the kernel: no such
 process, or our own exited child not yet reaped); an attempt claimed after the pid was seen dead
-(a new process that reused the pid) fails the guard. A rescue the database cannot take now (an
-outage) is tried again at each look for RETRY_SECONDS; after that the leases decide, as before.
+(a new process that reused the pid) fails the guard. A pid seen dead again before its rescue ran
+is fenced on its latest death: no process had that pid then, so every attempt claimed under it
+before then is a dead process's. A rescue the database cannot take now (an outage) is tried
+again at each look for RETRY_SECONDS; after that the leases decide, as before.
 """
 
 import logging
@@ -32,12 +34,18 @@ logger = logging.getLogger("jobs.reaper")
 
 RETRY_SECONDS = 60.0
 
-_pending: dict[int, float] = {}  # pid -> time.monotonic() at which it was seen dead
+_pending: dict[int, float] = {}  # pid -> time.monotonic() at which it was last seen dead
 
 
 def exited(pid: int, seen_at: float) -> None:
-    """Worker process `pid` was seen dead at `seen_at` (time.monotonic())."""
-    _pending.setdefault(pid, seen_at)
+    """Worker process `pid` was seen dead at `seen_at` (time.monotonic()).
+
+    A pid seen dead again before its rescue ran (it was reused -- django-q2's replacement can get
+    the same pid -- and that process died too, while the database was out) is fenced on its
+    latest death: every attempt claimed under that identity before then belongs to a process
+    now dead, the first one's included, and the replacement's must not wait out its lease.
+    """
+    _pending[pid] = max(seen_at, _pending.get(pid, seen_at))
 
 
 def pending() -> bool:
@@ -59,7 +67,8 @@ def run() -> int:
                 continue
             logger.warning("worker %s exited; its jobs are left to their leases: %s", pid, exc)
             count = 0
-        del _pending[pid]
+        if _pending.get(pid) == seen_at:  # not seen dead again meanwhile: that death is next
+            del _pending[pid]
         if count:
             logger.warning(
                 "worker process %s exited holding %s job(s): handed back at once", pid, count
