@@ -89,7 +89,11 @@ CATALOGUE = {
     "jobs_events_total": "Job events, by type.",
     "jobs_attempts_per_success": "Attempts a job took to succeed.",
     "jobs_wasted_work_seconds_total": "Runtime of attempts whose commit was rejected.",
-    "jobs_heartbeat_gap_seconds": "Longest time between accepted beats, per ended attempt.",
+    "jobs_heartbeat_gap_seconds": (
+        "Longest silence without an accepted beat, from the claim, per ended attempt (one never "
+        "beaten only if reclaimed); a reclaim counts the silence up to it: a lease's expiry, or "
+        "a rescue of a dead worker process (its expired event says worker_exited)."
+    ),
     "jobs_reclaim_latency_seconds": (
         "Lease expiry to the next claim of that job (rescues, reclaimed before their lease "
         "ran out, are left out)."

@@ -27,10 +27,11 @@ PostgreSQL 18), `SET ROLE`, a session-level advisory lock, a temporary table, `L
 `set_config(..., false)`, `RESET`/`DISCARD` -- is seen from the handler's own statements: while
 a handler runs, an execute wrapper on the drain's connection (Django's `execute_wrapper`, so
 the ORM and `connection.cursor()`) marks the connection when a statement's text does one of
-those (`touches_session`); it is closed after the handler like one whose reported parameters
-changed (the server drops the locks and temporary tables, and the next job gets a fresh
-session). Behind a pooler (PgBouncer in transaction pooling: connectivity.direct_session, asked
-once per connection on its first such statement) closing ours would not reach the pooled server
+those (jobs.worker.session_sql: a `;` inside a literal, a quoted identifier or a comment
+splits nothing); it is closed after the handler like one whose reported parameters changed
+(the server drops the locks and temporary tables, and the next job gets a fresh session).
+Behind a pooler (PgBouncer in transaction pooling: connectivity.direct_session, asked once per
+connection on its first such statement) closing ours would not reach the pooled server
 connection that ran it: the statement is refused before it is sent (SessionStateThroughPooler,
 the handler's own failure). Not seen: such a statement sent through the driver's own cursor
 (`connection.connection.cursor()`) or made inside a server-side function. Django's per-thread
@@ -44,7 +45,6 @@ A connection the handler closed and reopened is held to the parameters of the on
 
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -54,6 +54,7 @@ from typing import Any, NoReturn
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from jobs.core.connectivity import direct_session
+from jobs.worker.session_sql import touches_session
 
 logger = logging.getLogger("jobs.runner")
 
@@ -66,44 +67,6 @@ _READ_ONLY, _TIME_ZONE, _AUTHORIZATION, _DATE_STYLE = (
     b"DateStyle",
 )
 _IDLE, _INERROR, _UNKNOWN = 0, 3, 4  # libpq's PQTRANS_IDLE, PQTRANS_INERROR, PQTRANS_UNKNOWN
-
-# A statement that leaves state on the session the server does not report: a SET that is not
-# LOCAL (or of the transaction), RESET, DISCARD, LISTEN, LOAD, a temporary table, a cursor WITH
-# HOLD, a session-level advisory lock (the _xact_ ones end with the transaction),
-# set_config(..., false or a parameter).
-# A statement's first word decides (after blanks and comments; the blanks after SET are taken
-# whole before LOCAL is looked for, else `SET  LOCAL` read as `SET` + ` LOCAL`), matched at the
-# text's start and after each `;`; a few function calls and INTO TEMP anywhere. All on the
-# lowered text, each search starting with a literal (Python's re then skips ahead quickly):
-# ~1-3 us a 300-character ORM statement, where one pattern searched at every position cost
-# ~23 us.
-_STARTS = re.compile(
-    r"(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))*"
-    r"(?:set\s++(?!local\b|transaction\b|constraints\b)|reset\b|discard\b|listen\b|load\b"
-    r"|create\s+(?:(?:global|local)\s+)?(?:temp|unlogged\s+temp)"
-    r"|declare\b[^;]*?\bwith\s+hold\b)",
-    re.DOTALL,
-)
-# SELECT ... INTO TEMP[ORARY]: `temp` a whole word (a table named temperatures is not one), and
-# not INSERT INTO (a table named temp): an INSERT's match takes the `insert` in with it.
-_INTO_TEMP = re.compile(r"(\binsert\s+)?\binto\s+temp(?:orary)?\b")
-_SET_CONFIG = re.compile(
-    r"set_config\s*\((?:[^()]|\([^()]*\))*?,\s*"
-    r"(?:false|'(?:f|false|off|no|n|0)'(?:::\w+)?|%s|%\(\w+\)s|\$\d+)\s*\)"
-)
-
-
-def touches_session(sql: str) -> bool:
-    low = sql.lower()
-    if "advisory_lock" in low:  # pg_advisory_lock(_shared), pg_try_...: not the _xact_ ones
-        return True
-    if "temp" in low and any(m.group(1) is None for m in _INTO_TEMP.finditer(low)):
-        return True
-    if "set_config" in low and _SET_CONFIG.search(low) is not None:
-        return True
-    if _STARTS.match(low) is not None:
-        return True
-    return ";" in low and any(_STARTS.match(part) for part in low.split(";")[1:])
 
 
 class SessionStateThroughPooler(Exception):

@@ -25,6 +25,7 @@ attempt): it is counted in `lost_races`, never recorded as a RejectedWrite.
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import DatabaseError, InterfaceError, OperationalError
@@ -61,24 +62,42 @@ def _handler(kind: str) -> Handler | None:
         return None
 
 
+# tell(kind, job_id, attempt): a reclaim that failed its job landed; the kind's on_finished
+# hook hears of it.
+Tell = Callable[[str, int, int], None]
+
+
+def tell_now(kind: str, job_id: int, attempt: int) -> None:
+    """On the reclaiming thread: a hook's exception is logged; the reclaim has landed."""
+    try:  # the failure landed: the kind's hook hears of it (jobs.tasks: task_finished)
+        registry.finished(kind, job_id, attempt, False)
+    except Exception:  # noqa: BLE001  the reclaim has landed; a hook cannot change it
+        logger.exception("job %s: the on_finished hook failed", job_id)
+
+
 def reap(worker: str, limit: int = 200) -> int:
     """Reclaim up to `limit` expired leases; return how many this call reclaimed."""
-    return _reclaim_all(transitions.find_expired(limit), worker, None)
+    return _reclaim_all(transitions.find_expired(limit), worker, None, tell_now)
 
 
-def rescue(owner: str, seen_dead_at: float, worker: str, limit: int = 200) -> int:
+def rescue(
+    owner: str, seen_dead_at: float, worker: str, limit: int = 200, tell: Tell = tell_now
+) -> int:
     """Reclaim at once the jobs whose open attempts worker process `owner` ("<host>:<pid>",
     seen dead at time.monotonic() `seen_dead_at`) claimed before then (jobs.worker.rescue):
-    decided and charged like an expiry, without waiting out the lease."""
+    decided and charged like an expiry, without waiting out the lease. A job failed by it is
+    told through `tell` (jobs.worker.rescue's runs the hook off the watchdog's thread)."""
     rows = transitions.find_held_by(owner, time.monotonic() - seen_dead_at, limit)
-    return _reclaim_all(rows, worker, seen_dead_at)
+    return _reclaim_all(rows, worker, seen_dead_at, tell)
 
 
-def _reclaim_all(rows: list[ExpiredRow], worker: str, seen_dead_at: float | None) -> int:
+def _reclaim_all(
+    rows: list[ExpiredRow], worker: str, seen_dead_at: float | None, tell: Tell
+) -> int:
     reclaimed = 0
     for row in rows:
         try:
-            reclaimed += _reclaim(row, worker, seen_dead_at)
+            reclaimed += _reclaim(row, worker, seen_dead_at, tell)
         except (OperationalError, InterfaceError):
             raise
         except DatabaseError:
@@ -87,7 +106,9 @@ def _reclaim_all(rows: list[ExpiredRow], worker: str, seen_dead_at: float | None
     return reclaimed
 
 
-def _reclaim(row: ExpiredRow, worker: str, seen_dead_at: float | None = None) -> int:
+def _reclaim(
+    row: ExpiredRow, worker: str, seen_dead_at: float | None = None, tell: Tell = tell_now
+) -> int:
     cfg = jobs_settings()
     limit = policy.max_attempts_for(row.max_attempts, _handler(row.kind), cfg)
     charged = policy.charged_attempts(row.attempt, row.attempts_released)
@@ -121,10 +142,7 @@ def _reclaim(row: ExpiredRow, worker: str, seen_dead_at: float | None = None) ->
     stats.reclaimed += 1
     stats.uncharged += not row.confirmed
     if terminal:
-        try:  # the failure landed: the kind's hook hears of it (jobs.tasks: task_finished)
-            registry.finished(row.kind, row.id, row.attempt, False)
-        except Exception:  # noqa: BLE001  the reclaim has landed; a hook cannot change it
-            logger.exception("job %s: the on_finished hook failed", row.id)
+        tell(row.kind, row.id, row.attempt)
     # The operator's line is transitions.reclaim_expired's (structured, with the evidence).
     logger.debug(
         "job %s attempt %s: lease expired (worker %s, %s), %s",

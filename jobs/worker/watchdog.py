@@ -38,6 +38,8 @@ import sys
 import threading
 import time
 
+from django.db import connection
+
 from jobs.context import Held
 from jobs.core import registry
 from jobs.core.conf import jobs_settings
@@ -364,15 +366,18 @@ class Watchdog:
 
     def _run(self) -> None:
         last = time.monotonic()
-        while not self._stop.wait(LOOK_SECONDS):
-            now = time.monotonic()
-            try:
-                tick(last, now)
-                if rescue.pending():
-                    rescue.run()
-            except Exception:  # noqa: BLE001  the watchdog must outlive any one error
-                logger.exception("timeout watchdog: look failed")
-            last = now
+        try:
+            while not self._stop.wait(LOOK_SECONDS):
+                now = time.monotonic()
+                try:
+                    tick(last, now)
+                    if rescue.pending():
+                        rescue.run()
+                except Exception:  # noqa: BLE001  the watchdog must outlive any one error
+                    logger.exception("timeout watchdog: look failed")
+                last = now
+        finally:
+            connection.close()  # the rescues' connection, this thread's own
 
 
 def tick(last: float, now: float) -> None:

@@ -8,12 +8,14 @@ Real claims and commits on PostgreSQL; only the worker is this test process."""
 import time
 
 import pytest
+from django.db import connection
 
 import jobs
 from jobs.core import transitions
 from jobs.core.conf import jobs_settings
+from jobs.core.identity import owner_of
 from jobs.models import Attempt, Job, JobEvent
-from jobs.worker import reaper
+from jobs.worker import reaper, rescue
 from tests.integration.attempts import claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,3 +84,30 @@ def test_a_charged_rescue_is_retried_with_the_failures_backoff_not_at_once():
     assert after.state == "queued"
     assert (after.run_at - before).total_seconds() >= base  # attempt 1 failed: base * 2^0
     assert transitions.claim("host-b:7", limit=1, lease_seconds=30) == []  # not due yet
+
+
+def test_a_pid_that_dies_again_before_its_rescue_is_fenced_on_its_latest_death(monkeypatch):
+    """A pid seen dead, alive again (its replacement got the same pid) and dead again before the
+    first death's rescue ran (the database was out meanwhile): the rescue kept the FIRST death's
+    time, so the attempt the replacement claimed after it was left to its lease. It fences on
+    the latest death now -- and an attempt claimed after that one (a third process) is still
+    not the dead one's."""
+    monkeypatch.setattr(rescue, "_pending", {})
+    pid = 4242
+    owner = owner_of(pid)
+    between, after = jobs.enqueue("test.echo"), jobs.enqueue("test.echo")
+    now = time.monotonic()
+    rescue.exited(pid, now - 10.0)  # the first process with this pid died 10 s ago
+    assert claim(owner).claimed.fence.job_id == between.pk
+    with connection.cursor() as cur:  # its replacement claimed 3 s ago (between the deaths)
+        cur.execute(
+            "UPDATE jobs_attempt SET claimed_at = clock_timestamp() - interval '3 seconds' "
+            "WHERE job_id = %s",
+            [between.pk],
+        )
+    rescue.exited(pid, now - 1.0)  # ... and died 1 s ago
+    assert claim(owner).claimed.fence.job_id == after.pk  # a third process, alive, claims now
+    assert rescue.run() == 1
+    assert not rescue.pending()
+    assert Job.objects.get(pk=between.pk).state == "queued"
+    assert Job.objects.get(pk=after.pk).state == "running"

@@ -48,6 +48,19 @@ def test_a_handler_that_touches_nothing_keeps_the_drains_connection() -> None:
     assert connection.connection is raw  # no reconnect paid by a well-behaved handler
 
 
+def test_a_semicolon_inside_a_literal_costs_the_handlers_connection_nothing() -> None:
+    """Through the execute wrapper on the drain's connection: `'a; SET ...'` was taken for a
+    SET, and the connection closed after the job (behind a pooler, the statement refused)."""
+    connection.ensure_connection()
+    raw = connection.connection
+    found = hygiene.before()
+    with connection.cursor() as cur:
+        cur.execute("SELECT 'a; SET search_path = x', $$b; RESET ALL$$, E'c\\'; SET x'")
+        assert cur.fetchone() == ("a; SET search_path = x", "b; RESET ALL", "c'; SET x")
+    assert hygiene.after(found) == ""
+    assert connection.connection is raw
+
+
 @pytest.mark.parametrize(
     "sql",
     [

@@ -20,7 +20,7 @@ TOKEN = "s3cret-token"
 DEAD = "host-a:4242"
 
 
-def _scrape(client) -> tuple[dict[str, float], str]:
+def _scrape(client) -> tuple[dict[str, float], dict[str, str]]:
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert response.status_code == 200, response.content
     samples, helps = {}, {}
@@ -28,7 +28,7 @@ def _scrape(client) -> tuple[dict[str, float], str]:
         helps[family.name] = family.documentation
         for s in family.samples:
             samples[s.name] = s.value
-    return samples, helps["jobs_reclaims"]
+    return samples, helps
 
 
 def _rescued(make_job, n: int, kind: str = "test.sleep") -> list[int]:
@@ -54,11 +54,29 @@ def test_a_rescued_jobs_next_claim_is_not_a_malformed_event(
     )
     _rescued(make_job, 2)
     with caplog.at_level(logging.WARNING, logger="jobs.metrics"):
-        samples, reclaims_help = _scrape(client)
+        samples, helps = _scrape(client)
     assert samples["jobs_reclaims_total"] == 2
     assert samples["jobs_metrics_malformed_events_total"] == 0
     assert "left out of jobs_reclaim_latency_seconds" not in caplog.text
-    assert "rescue" in reclaims_help  # the help says a reclaim may be a dead worker's rescue
+    assert "rescue" in helps["jobs_reclaims"]  # a reclaim may be a dead worker's rescue
+
+
+def test_the_heartbeat_gap_help_says_how_a_rescued_attempt_is_counted(
+    client, settings, make_job, monkeypatch
+):
+    """A rescued attempt ends `expired` with its silence up to the rescue as its longest gap: one
+    sample of jobs_heartbeat_gap_seconds, like any reclaimed attempt. The help said only
+    "between accepted beats"; it now says what a reclaim and a rescue contribute."""
+    settings.JOBS_METRICS_TOKEN = TOKEN
+    monkeypatch.setattr(metrics, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(
+        metrics, "_event_tally", history.Incremental("jobs_jobevent", history.events)
+    )
+    _rescued(make_job, 2)
+    samples, helps = _scrape(client)
+    assert samples["jobs_heartbeat_gap_seconds_count"] == 2  # one sample per rescued attempt
+    gap_help = helps["jobs_heartbeat_gap_seconds"]
+    assert "rescue" in gap_help and "worker_exited" in gap_help, gap_help
 
 
 def test_rescues_are_no_evidence_that_the_lease_is_too_short(make_job):

@@ -1,0 +1,87 @@
+"""A terminal rescue (jobs.worker.rescue: a dead worker process's job that had no attempt left,
+failed at once) tells the kind's on_finished hook -- user code -- off the watchdog's thread. It
+ran on that thread: a hook that blocked held up every later rescue and the watchdog's kills and
+timeout reports for all jobs, and one that raised SystemExit ended the thread for good. The real
+watchdog thread and real reclaims on PostgreSQL; only the dead workers are identities planted
+in attempt rows."""
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from jobs.core.identity import owner_of
+from jobs.core.registry import _handlers
+from jobs.core.states import JobState
+from jobs.models import Job
+from jobs.worker import rescue, watchdog
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BLOCKS, EXITS, HEARS = 4242, 4243, 4244  # the dead worker processes' pids
+
+
+@dataclass
+class Hook:
+    """test.echo's hook: blocks (until released) for the job of worker BLOCKS, raises SystemExit
+    for the job of worker EXITS, and hears every job it returns for."""
+
+    entered: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    heard: list[int] = field(default_factory=list)
+    pid_of: dict[int, int] = field(default_factory=dict)  # job -> its dead worker's pid
+
+    def __call__(self, job_id: int, attempt: int, succeeded: bool) -> None:
+        if self.pid_of[job_id] == BLOCKS:
+            self.entered.set()
+            self.release.wait(30)
+        elif self.pid_of[job_id] == EXITS:
+            raise SystemExit(0)  # a library calling sys.exit()
+        self.heard.append(job_id)
+
+
+@pytest.fixture
+def hook(monkeypatch) -> Iterator[Hook]:
+    told = Hook()
+    monkeypatch.setitem(_handlers, "test.echo", replace(_handlers["test.echo"], on_finished=told))
+    monkeypatch.setattr(rescue, "_pending", {})
+    try:
+        yield told
+    finally:
+        told.release.set()
+
+
+def _wait(what: str, done: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.02)  # the poll interval of a deadline-bound wait
+
+
+def _failed(job_id: int) -> Callable[[], bool]:
+    return lambda: Job.objects.get(pk=job_id).state == JobState.FAILED
+
+
+def test_a_hook_that_blocks_or_raises_system_exit_stops_no_later_rescue(hook, make_job):
+    job_of = {}
+    for pid in (BLOCKS, EXITS, HEARS):  # each on its last attempt, confirmed running: terminal
+        job = make_job(state=JobState.RUNNING, attempt=1, worker=owner_of(pid), max_attempts=1)
+        job_of[pid], hook.pid_of[job.pk] = job.pk, pid
+    dog = watchdog.Watchdog()
+    dog.start()
+    try:
+        rescue.exited(BLOCKS, time.monotonic())
+        _wait("the first job failed", _failed(job_of[BLOCKS]))
+        _wait("its hook runs (and blocks)", hook.entered.is_set)
+        rescue.exited(EXITS, time.monotonic())  # the watchdog must still look and rescue
+        _wait("a second rescue while the first hook blocks", _failed(job_of[EXITS]))
+        rescue.exited(HEARS, time.monotonic())  # and after a hook raised SystemExit, too
+        _wait("a third rescue, its hook told", lambda: hook.heard == [job_of[HEARS]])
+        assert dog._thread.is_alive()
+        hook.release.set()
+        _wait("the blocked hook ends", lambda: job_of[BLOCKS] in hook.heard)
+    finally:
+        hook.release.set()
+        dog.stop()
