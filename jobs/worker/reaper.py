@@ -24,11 +24,13 @@ attempt): it is counted in `lost_races`, never recorded as a RejectedWrite.
 
 import logging
 import random
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from jobs.core import policy, registry, transitions
 from jobs.core.conf import jobs_settings
@@ -75,9 +77,60 @@ def tell_now(kind: str, job_id: int, attempt: int) -> None:
         logger.exception("job %s: the on_finished hook failed", job_id)
 
 
-def reap(worker: str, limit: int = 200) -> int:
-    """Reclaim up to `limit` expired leases; return how many this call reclaimed."""
-    return _reclaim_all(transitions.find_expired(limit), worker, None, tell_now)
+HOOK_THREADS = 4  # threads telling on_finished hooks at once; more hooks wait their turn
+
+# The jobs a reclaim failed whose kind's hook is still to hear of it, and how many threads tell.
+_told: deque[tuple[str, int, int]] = deque()
+_tellers = [0]
+_tell_lock = threading.Lock()
+
+
+def tell_later(kind: str, job_id: int, attempt: int) -> None:
+    """A reclaim failed the job (its last attempt): its kind's on_finished hook -- user code --
+    hears of it on a thread of its own, never the reclaiming one (the watchdog's rescues, the
+    scheduler's reaping): a hook that blocks or raises (SystemExit too) would hold up, or end,
+    the looks, kills and rescues of every worker, or every tick of the scheduler. At
+    most HOOK_THREADS hooks run at once; beyond that they wait (one hook that never returns
+    delays no other job's while a thread is free)."""
+    with _tell_lock:
+        _told.append((kind, job_id, attempt))
+        if _tellers[0] >= HOOK_THREADS:
+            logger.warning(
+                "job %s: its on_finished hook waits: %s hooks of reclaimed jobs are still running",
+                job_id,
+                HOOK_THREADS,
+            )
+            return
+        _tellers[0] += 1
+    try:
+        threading.Thread(target=_tell, name="jobs-reclaim-finished", daemon=True).start()
+    except RuntimeError:  # no thread to be had (a limit, the interpreter ending): the next one
+        with _tell_lock:
+            _tellers[0] -= 1
+        logger.exception("job %s: no thread to tell its on_finished hook yet", job_id)
+
+
+def _tell() -> None:
+    try:
+        while True:
+            with _tell_lock:
+                if not _told:
+                    _tellers[0] -= 1
+                    return
+                kind, job_id, attempt = _told.popleft()
+            try:
+                registry.finished(kind, job_id, attempt, False)
+            except BaseException:  # noqa: BLE001  SystemExit too: the failure has landed
+                logger.exception("job %s attempt %s: the on_finished hook failed", job_id, attempt)
+    finally:
+        connection.close()  # a hook's queries used this thread's own connection
+
+
+def reap(worker: str, limit: int = 200, tell: Tell = tell_now) -> int:
+    """Reclaim up to `limit` expired leases; return how many this call reclaimed. The scheduler
+    passes `tell_later` (its ticks must not wait for, or end with, a hook); a one-off caller
+    (`manage.py`) keeps `tell_now`, so the hook has run when it returns."""
+    return _reclaim_all(transitions.find_expired(limit), worker, None, tell)
 
 
 def rescue(

@@ -107,7 +107,7 @@ class EmbeddedScheduler:
         now = time.monotonic()
         with bounded("scheduler tick"):
             if now >= self._next_reap:
-                reaper.reap(self.identity)
+                reaper.reap(self.identity, tell=reaper.tell_later)
                 self._next_reap = now + cfg.REAPER_SECONDS
             self.dispatch()
             unresolved.resolve_pending()

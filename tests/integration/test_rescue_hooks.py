@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import pytest
+from django.db import connection
 
 from jobs.core.identity import owner_of
 from jobs.core.registry import _handlers
 from jobs.core.states import JobState
 from jobs.models import Job
-from jobs.worker import rescue, watchdog
+from jobs.worker import bridge, rescue, scheduler, watchdog
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,3 +86,37 @@ def test_a_hook_that_blocks_or_raises_system_exit_stops_no_later_rescue(hook, ma
     finally:
         hook.release.set()
         dog.stop()
+
+
+def test_a_scheduler_tick_that_reaps_waits_for_no_hook_and_survives_system_exit(
+    hook, make_job, monkeypatch
+):
+    """The lease reaper runs in the scheduler's tick: a terminal reclaim's hook -- one that
+    blocks, one that raises SystemExit -- runs off that thread, so the tick returns (and the
+    next one comes) whatever the hook does. Only django-q2's transport is stood in for: the
+    tick's dispatch asks it for drains."""
+    monkeypatch.setattr(bridge, "new_broker", lambda: object())
+    monkeypatch.setattr(bridge, "worker_count", lambda: 1)
+    monkeypatch.setattr(bridge, "pending_drains", lambda broker: 1)  # a drain stands: none sent
+    job_of = {}
+    for pid in (BLOCKS, EXITS):  # expired on their last, confirmed attempt: failed by the reaper
+        job = make_job(
+            state=JobState.RUNNING, attempt=1, worker=owner_of(pid), max_attempts=1, lease_in=-5
+        )
+        job_of[pid], hook.pid_of[job.pk] = job.pk, pid
+    sched = scheduler.EmbeddedScheduler()
+    done = threading.Event()
+
+    def tick() -> None:
+        try:
+            sched.tick()
+            done.set()
+        finally:
+            connection.close()  # this thread's own
+
+    threading.Thread(target=tick, daemon=True).start()
+    _wait("the tick returned while a hook blocks", done.is_set)
+    assert all(_failed(job_id)() for job_id in job_of.values())
+    _wait("the blocking hook runs", hook.entered.is_set)
+    hook.release.set()
+    _wait("the blocked hook ends", lambda: job_of[BLOCKS] in hook.heard)
