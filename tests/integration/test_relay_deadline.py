@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
+from django.test import override_settings
 
 import jobs
 from jobs.effects import relay
 from jobs.effects.outbox import register_target
 from jobs.models import Intent
+from jobs.worker.maintenance import Maintenance
 from tests.integration.attempts import claim
+from tests.slow_receivers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,12 +96,13 @@ def test_a_hanging_targets_call_frees_its_thread_at_the_deadline():
 class _Blocks:
     """A target that neither checks tokens nor deduplicates: its perform blocks until released,
     and its check answers from the performs that completed -- "not yet", truthfully, while one
-    is still out."""
+    is still out. With `answer_lost`, a perform that completes then raises (its answer lost)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_lost: bool = False) -> None:
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.started = self.completed = self.checks = 0
+        self.answer_lost = answer_lost
 
     def perform(self, key: str, data: Any) -> None:
         with self.lock:
@@ -107,6 +111,8 @@ class _Blocks:
             raise TimeoutError("never released")
         with self.lock:
             self.completed += 1
+        if self.answer_lost:
+            raise ConnectionResetError("the answer was lost")
 
     def reconcile(self, key: str, data: Any) -> bool:
         with self.lock:
@@ -125,8 +131,13 @@ def _short_relay(identity: str) -> relay.Relay:
     return relay.Relay(identity, threads=4, reserved=0, call_deadline=0.5, lease_seconds=2.0)
 
 
-def test_an_intent_is_never_called_again_while_its_call_past_the_deadline_is_still_out():
-    target = _Blocks()
+@pytest.mark.parametrize("answer_lost", [False, True], ids=["answered", "answer-lost"])
+def test_an_intent_is_never_called_again_while_its_call_past_the_deadline_is_still_out(
+    answer_lost: bool,
+) -> None:
+    # answered: the late call's own answer marks it performed; answer-lost: its outcome is
+    # unknown, and the next try reconciles against a target whose call has settled.
+    target = _Blocks(answer_lost)
     register_target("test.blocks", target)
     key = _commit_intent("test.blocks")
     pool, other = _short_relay("relay-a"), _short_relay("relay-b")  # other: another scheduler's
@@ -161,5 +172,34 @@ def test_an_intent_is_never_called_again_while_its_call_past_the_deadline_is_sti
         pool.freed.wait(0.05)
     row = Intent.objects.get(key=key)
     assert (target.started, target.completed) == (1, 1)
-    assert (row.performs, row.outcome_unknown) == (1, False)
+    assert (row.performs, row.outcome_unknown, row.reconciled) == (1, False, answer_lost)
     assert pool.overdue() == []
+
+
+@override_settings(JOBS={"POLL_SECONDS": 30.0})
+def test_the_embedded_relay_wakes_to_renew_an_overdue_calls_lease_whatever_its_poll():
+    # Before: it slept a whole poll between pumps when nothing was claimable, and the claim of
+    # an overdue call, renewed only by pump(), ran out with its call still out.
+    target = _Blocks()
+    register_target("test.blocks-poll", target)
+    key = _commit_intent("test.blocks-poll")
+    maintenance = Maintenance("relay-poll")
+    maintenance.relay = _short_relay("relay-poll")
+    maintenance.start()
+    try:
+        wait_for(lambda: target.started == 1, 10, "the intent was not called")
+        first_lease = Intent.objects.get(key=key).lease_expires_at
+
+        def renewed_past_its_first_lease() -> bool:
+            row = Intent.objects.get(key=key)
+            return _past(first_lease) and row.lease_expires_at > first_lease
+
+        wait_for(renewed_past_its_first_lease, 10, "its lease ran out with its call still out")
+        row = Intent.objects.get(key=key)
+        assert (row.state, row.relay) == ("performing", "relay-poll")
+        target.release.set()
+        wait_for(lambda: Intent.objects.get(key=key).state == "done", 10, "not decided")
+    finally:
+        target.release.set()
+        maintenance.stop()
+    assert target.started == target.completed == 1
