@@ -96,13 +96,14 @@ def test_a_hanging_targets_call_frees_its_thread_at_the_deadline():
 class _Blocks:
     """A target that neither checks tokens nor deduplicates: its perform blocks until released,
     and its check answers from the performs that completed -- "not yet", truthfully, while one
-    is still out. With `answer_lost`, a perform that completes then raises (its answer lost)."""
+    is still out. With `answer_lost`, a perform that completes then raises (its answer lost);
+    with `exits`, one that completes then ends its thread (SystemExit: nothing records it)."""
 
-    def __init__(self, answer_lost: bool = False) -> None:
+    def __init__(self, answer_lost: bool = False, exits: bool = False) -> None:
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.started = self.completed = self.checks = 0
-        self.answer_lost = answer_lost
+        self.answer_lost, self.exits = answer_lost, exits
 
     def perform(self, key: str, data: Any) -> None:
         with self.lock:
@@ -113,6 +114,8 @@ class _Blocks:
             self.completed += 1
         if self.answer_lost:
             raise ConnectionResetError("the answer was lost")
+        if self.exits:
+            raise SystemExit
 
     def reconcile(self, key: str, data: Any) -> bool:
         with self.lock:
@@ -174,6 +177,28 @@ def test_an_intent_is_never_called_again_while_its_call_past_the_deadline_is_sti
     assert (target.started, target.completed) == (1, 1)
     assert (row.performs, row.outcome_unknown, row.reconciled) == (1, False, answer_lost)
     assert pool.overdue() == []
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # SystemExit
+def test_an_overdue_call_that_ends_with_nothing_recorded_is_handed_back_as_unknown_at_once():
+    # Its claim is kept past the deadline; when its thread ends with no mark (a bug, a
+    # SystemExit), the relay hands it back then -- not after the lease it renewed -- and the
+    # next try reconciles against a target whose call has settled.
+    target = _Blocks(exits=True)
+    register_target("test.blocks-exits", target)
+    key = _commit_intent("test.blocks-exits")
+    pool = _short_relay("relay-exits")
+    try:
+        _pump_until(pool, lambda: pool.overdue() == [key], 10, "the call never became overdue")
+    finally:
+        target.release.set()
+    wait_for(lambda: not pool.in_flight(), 10, "its thread never ended")
+    row = Intent.objects.get(key=key)
+    assert (row.state, row.outcome_unknown, row.performs) == ("pending", True, 1)
+    assert "no answer recorded" in row.last_error
+    _pump_until(pool, lambda: Intent.objects.get(key=key).state == "done", 10, "not decided")
+    row = Intent.objects.get(key=key)
+    assert (row.reconciled, row.performs, target.started, target.checks) == (True, 1, 1, 1)
 
 
 @override_settings(JOBS={"POLL_SECONDS": 30.0})
