@@ -61,8 +61,8 @@ MAX_INTENT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 2000
 # An intent kept claimed while its call runs on past the relay's deadline (operators read it).
 OVERDUE_NOTE = (
-    "past the relay's {:g} s deadline: its call is still out; claimed by {} until that call "
-    "ends (the call decides it, or it is reconciled then)"
+    "its call went past the relay's {:g} s deadline: kept claimed by {} until that call ends "
+    "(its answer decides the intent; none recorded: reconciled)"
 )
 
 
