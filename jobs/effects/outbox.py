@@ -59,6 +59,11 @@ RELAY_LEASE_SECONDS = 60.0  # far above a call's deadline (the relay's, 30 s, fo
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 300.0  # seconds: doubling from the first, capped
 MAX_INTENT_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 2000
+# An intent kept claimed while its call runs on past the relay's deadline (operators read it).
+OVERDUE_NOTE = (
+    "its call went past the relay's {:g} s deadline: kept claimed by {} until that call ends "
+    "(its answer decides the intent; none recorded: reconciled)"
+)
 
 
 @dataclass(frozen=True)
@@ -253,12 +258,24 @@ def _again(c: Claim, relay: str, error: str, unknown: bool) -> str:
     return "unknown" if unknown else "failed"
 
 
-def past_deadline(c: Claim, relay: str, seconds: float) -> str:
-    """`c`'s call has run `seconds`, past the relay's deadline: handed back with backoff as an
-    unknown outcome, fenced by its token while its lease is still the relay's own (the next try
-    reconciles under a higher token; the late call's own marks then change nothing)."""
-    why = f"no answer within the relay's {seconds:g} s deadline: outcome unknown"
-    return _again(c, relay, why, unknown=True)
+def keep_claim(c: Claim, relay: str, lease_seconds: float, deadline: float | None = None) -> str:
+    """Renew `c`'s lease while its call, past the relay's deadline, is still out (the embedded
+    relay, jobs/effects/relay.py), fenced by its token; the first time (`deadline`) the row says
+    so in `last_error`. "kept", "decided" (the call marked it) or "taken-over"."""
+    note = {"last_error": OVERDUE_NOTE.format(deadline, relay)} if deadline is not None else {}
+    if _fenced(c).update(lease_expires_at=_later(lease_seconds), **note):
+        return "kept"
+    return (
+        "taken-over" if Intent.objects.filter(pk=c.id, claims__gt=c.token).exists() else "decided"
+    )
+
+
+def ended_past_deadline(c: Claim, relay: str, seconds: float) -> str:
+    """`c`'s call, kept claimed past the relay's deadline, ended without marking its intent (a
+    database error, a bug): handed back with backoff as an unknown outcome, fenced by its token
+    (the next try reconciles, the call being over)."""
+    why = f"its call, out past the relay's {seconds:g} s deadline, ended with no answer recorded"
+    return _again(c, relay, f"{why}: outcome unknown", unknown=True)
 
 
 def not_started(c: Claim, relay: str, why: str) -> str:

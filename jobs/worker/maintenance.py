@@ -78,8 +78,9 @@ class Maintenance:
         def pump() -> float:
             if self.relay.pump():
                 return 0.0
-            # Nothing claimable: wait for a call to end (a slot) or the next poll.
-            self.relay.freed.wait(jobs_settings().POLL_SECONDS)
+            # Nothing claimable: wait for a call to end (a slot), the next poll, or a call's
+            # deadline or lease renewal (an overdue call's claim is kept by pump()).
+            self.relay.wait(jobs_settings().POLL_SECONDS)
             return 0.0
 
         self._loop("outbox relay", pump)
