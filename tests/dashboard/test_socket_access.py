@@ -296,3 +296,47 @@ async def test_a_slow_render_on_one_socket_does_not_hold_up_another_sockets_work
         gate.set()
     await slow.receive_json_from(timeout=10)
     await slow.disconnect()
+
+
+async def test_one_viewers_slow_screens_leave_threads_for_everyone_else(
+    operator: User, staff: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One user's sockets take at most consumers.USER_THREADS of the pool at once. Before: a
+    viewer opening as many slow screens as the pool has threads held every thread, and another
+    user's socket could not even connect (its access check waited behind them)."""
+    gate = threading.Event()
+    real = broadcast.render_swaps
+    started = threading.Semaphore(0)
+
+    def render(screen: broadcast.Screen, pending: Any) -> Any:
+        if screen.page == "jobs":
+            started.release()
+            gate.wait(20)
+        return real(screen, pending)
+
+    monkeypatch.setattr(broadcast, "render_swaps", render)
+    hog = await sync_to_async(logged_in)(operator)
+    await sync_to_async(jobs.enqueue)("test.echo")  # an event after since=0: a catch-up render
+    slow = [socket(hog, "page=jobs&since=0") for _ in range(consumers.POOL_THREADS + 1)]
+    # Each catch-up render hangs; the hog's sockets past its turns wait to connect.
+    connecting = [asyncio.create_task(s.connect(timeout=30)) for s in slow]
+    try:
+        for n in range(consumers.POOL_THREADS):  # as many as the hog gets (all, before)
+            hung = await asyncio.to_thread(started.acquire, timeout=5 if n == 0 else 2)
+            assert hung or n >= consumers.USER_THREADS, f"only {n} renders started"
+            if not hung:
+                break
+        _, victim, _ = await opened_on_job(staff)  # connects and says hello meanwhile
+        await then_the_job_changes()
+        message = await victim.receive_json_from(timeout=5)
+        while "swaps" not in message:
+            message = await victim.receive_json_from(timeout=5)
+        assert [s["id"] for s in message["swaps"]] == ["job-live"]
+        assert not gate.is_set()
+        await victim.disconnect()
+    finally:
+        gate.set()
+    for communicator, connected in zip(slow, connecting, strict=True):
+        assert (await connected)[0]
+        await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
