@@ -31,6 +31,7 @@ current state, so no event is lost however many were missed.
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -85,6 +86,17 @@ def _turns_of(user: Any) -> asyncio.Semaphore:
     return turns
 
 
+# The pool calls under way, each holding one of its user's turns until its thread is done.
+_CALLS: "set[asyncio.Future[Any]]" = set()
+
+
+def _call_done(turns: asyncio.Semaphore, call: "asyncio.Future[Any]") -> None:
+    _CALLS.discard(call)
+    turns.release()
+    if not call.cancelled():
+        call.exception()  # retrieved: nobody may await a call whose socket went away
+
+
 def close_connections() -> None:
     """Close the database connection of every pool thread (a shutdown, a test's end): each
     thread takes one of the calls, held at a barrier until all have one."""
@@ -131,9 +143,18 @@ def screen_from(values: dict[str, Any]) -> broadcast.Screen:
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` on the pool, in this user's turn (USER_THREADS at once)."""
-        async with self.turns:
-            return await _db(fn)(*args)
+        """`fn(*args)` on the pool, in this user's turn (USER_THREADS at once).
+
+        The turn is given back when the thread is done, not when the caller stops waiting: a
+        push cancelled by its socket's disconnect leaves its render running on the pool (a
+        thread cannot be interrupted), and giving the turn back then let a user who opened
+        and closed slow screens hold every thread of the pool."""
+        turns = self.turns
+        await turns.acquire()
+        call = asyncio.ensure_future(_db(fn)(*args))
+        _CALLS.add(call)  # held until done, whoever still waits for it
+        call.add_done_callback(functools.partial(_call_done, turns))
+        return await asyncio.shield(call)
 
     async def connect(self) -> None:
         user = self.scope.get("user")

@@ -340,3 +340,67 @@ async def test_one_viewers_slow_screens_leave_threads_for_everyone_else(
         assert (await connected)[0]
         await communicator.receive_json_from(timeout=10)
         await communicator.disconnect()
+
+
+async def test_a_render_cut_off_by_its_sockets_close_keeps_its_users_turn_until_it_ends(
+    operator: User, staff: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push cancelled by its socket's disconnect leaves its render running on the pool (a
+    thread cannot be stopped). Before, the user's turn came back at the cancel: opening a slow
+    screen and closing it, again and again, held every thread of the pool with one user's
+    renders. Now the turn comes back when the render ends."""
+    gate = threading.Event()
+    real = broadcast.render_swaps
+    started = threading.Semaphore(0)
+
+    def render(screen: broadcast.Screen, pending: Any) -> Any:
+        if screen.page == "job" and screen.job in hogs:
+            started.release()
+            gate.wait(20)
+        return real(screen, pending)
+
+    hogs: set[int | None] = set()
+    monkeypatch.setattr(broadcast, "render_swaps", render)
+    try:
+        for _ in range(consumers.USER_THREADS):  # each render hangs, its socket goes away
+            client = await sync_to_async(logged_in)(operator)
+            job = await sync_to_async(jobs.enqueue)("test.echo")
+            hogs.add(job.pk)
+            since = await sync_to_async(selectors.latest_event_id)()
+            hog = socket(client, f"page=job&job={job.pk}&since={since}")
+            assert (await hog.connect(timeout=5))[0]
+            await hog.receive_json_from(timeout=5)  # its hello
+            await then_the_job_changes()
+            assert await asyncio.to_thread(started.acquire, timeout=5)
+            await hog.disconnect()
+        # The same user tries a third render at once, while both hang on the pool.
+        job = await sync_to_async(jobs.enqueue)("test.echo")
+        hogs.add(job.pk)
+        since = await sync_to_async(selectors.latest_event_id)()
+        third = socket(client, f"page=job&job={job.pk}&since={since}")
+        connecting = asyncio.create_task(third.connect(timeout=30))
+        await asyncio.sleep(0)
+        await then_the_job_changes()
+        assert not await asyncio.to_thread(started.acquire, timeout=2), "a third render ran"
+        _, other, _ = await opened_on_job(staff)  # the other threads are free for others
+        await other.disconnect()
+    finally:
+        gate.set()
+    assert (await connecting)[0]  # its turn came when a render ended
+    await third.disconnect()
+
+
+async def test_a_flood_of_anonymous_handshakes_is_refused_403_and_denies_nobody_else(
+    operator: User,
+) -> None:
+    """Anonymous handshakes share one entry of the per-user count, but each leaves it before
+    its refusal (no query, no await between): a flood of them is refused 4403 each, never
+    4429, and a logged-in user's socket opens in the middle of it."""
+    flood = [
+        socket(None, "page=overview&since=0") for _ in range(consumers.MAX_SOCKETS_PER_USER * 5)
+    ]
+    attempts = [asyncio.create_task(s.connect(timeout=10)) for s in flood]
+    _, mine, _ = await opened_on_job(operator)
+    assert {code for _, code in await asyncio.gather(*attempts)} == {4403}
+    assert not consumers._OPEN.get(None)
+    await mine.disconnect()
