@@ -6,6 +6,7 @@ allowed host."""
 import asyncio
 import contextlib
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django.contrib.sessions.models import Session
 from django.db import connections
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 import jobs
 from config.asgi import application
@@ -75,8 +77,10 @@ async def closed_before_any_push(communicator: WebsocketCommunicator, timeout: f
     return int(output.get("code", 0))
 
 
-async def then_the_job_changes() -> None:
-    await sync_to_async(transitions.claim)("host:1", limit=1, lease_seconds=30)
+async def then_the_job_changes() -> list[int]:
+    """The oldest due job is claimed (an event on it): the ids of the jobs claimed."""
+    claimed = await sync_to_async(transitions.claim)("host:1", limit=1, lease_seconds=30)
+    return [c.fence.job_id for c in claimed]
 
 
 async def test_logout_closes_the_socket_before_it_pushes_again(operator: User) -> None:
@@ -316,7 +320,11 @@ async def test_one_viewers_slow_screens_leave_threads_for_everyone_else(
 
     monkeypatch.setattr(broadcast, "render_swaps", render)
     hog = await sync_to_async(logged_in)(operator)
-    await sync_to_async(jobs.enqueue)("test.echo")  # an event after since=0: a catch-up render
+    # An event after since=0 (a catch-up render), on a job not due: the claim below must change
+    # the victim's job. (A due one was claimed in its place, and the victim was pushed only if
+    # the tail happened to announce its job's enqueue after its socket joined: 3 runs in 10.)
+    later = timezone.now() + timedelta(hours=1)
+    await sync_to_async(jobs.enqueue)("test.echo", run_at=later)
     slow = [socket(hog, "page=jobs&since=0") for _ in range(consumers.POOL_THREADS + 1)]
     # Each catch-up render hangs; the hog's sockets past its turns wait to connect.
     connecting = [asyncio.create_task(s.connect(timeout=30)) for s in slow]
@@ -326,8 +334,8 @@ async def test_one_viewers_slow_screens_leave_threads_for_everyone_else(
             assert hung or n >= consumers.USER_THREADS, f"only {n} renders started"
             if not hung:
                 break
-        _, victim, _ = await opened_on_job(staff)  # connects and says hello meanwhile
-        await then_the_job_changes()
+        _, victim, job = await opened_on_job(staff)  # connects and says hello meanwhile
+        assert await then_the_job_changes() == [job]  # after the victim's socket joined
         message = await victim.receive_json_from(timeout=5)
         while "swaps" not in message:
             message = await victim.receive_json_from(timeout=5)
