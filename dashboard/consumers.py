@@ -20,8 +20,9 @@ A viewer's sockets cannot slow anyone else's: a socket takes at most MESSAGES_BU
 once and MESSAGES_PER_SECOND after that (a browser sends one per list swap, a human's click) and
 is closed (4429) past that; a message that is not `{"screen": {...}}` JSON closes it (4400); a
 user opens at most MAX_SOCKETS_PER_USER in one process (more are refused at the handshake); and
-the queries and renders run on a pool of threads (`_db`), never queued behind one shared thread
--- one socket's slow render delays only its own push.
+the queries and renders run on a pool of threads (`_db`), never queued behind one shared thread,
+and at most USER_THREADS of one user's at once -- one user's slow renders delay only that
+user's pushes.
 
 Catch-up: the browser sends the last event id it has seen (`since`). If the database holds newer
 events, the consumer re-renders every live region of the screen at once -- partials render
@@ -30,6 +31,7 @@ current state, so no event is lost however many were missed.
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -63,10 +65,36 @@ _OPEN: dict[Any, "weakref.WeakSet[LiveConsumer]"] = {}
 # waited behind every other socket's. Each of these threads keeps its own connection.
 POOL_THREADS = 4
 _POOL = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="dashboard-db")
+# One user's sockets run at most this many calls on the pool at once; the rest of that user's
+# wait their turn in the event loop. Before, a viewer opening as many slow screens as the pool
+# has threads held all of them, and nobody else's socket could even connect.
+USER_THREADS = 2  # of POOL_THREADS: a user with a slow tab still gets the other tabs pushed
+# (event loop, user pk) -> the turns of that user's sockets; weak: the entry goes with the
+# user's last consumer. (A semaphore belongs to the loop it first waited on.)
+_TURNS: "weakref.WeakValueDictionary[Any, asyncio.Semaphore]" = weakref.WeakValueDictionary()
 
 
 def _db(fn: Callable[..., Any]) -> Any:
     return database_sync_to_async(fn, thread_sensitive=False, executor=_POOL)
+
+
+def _turns_of(user: Any) -> asyncio.Semaphore:
+    key = (asyncio.get_running_loop(), getattr(user, "pk", None))
+    turns = _TURNS.get(key)
+    if turns is None:
+        turns = _TURNS[key] = asyncio.Semaphore(USER_THREADS)
+    return turns
+
+
+# The pool calls under way, each holding one of its user's turns until its thread is done.
+_CALLS: "set[asyncio.Future[Any]]" = set()
+
+
+def _call_done(turns: asyncio.Semaphore, call: "asyncio.Future[Any]") -> None:
+    _CALLS.discard(call)
+    turns.release()
+    if not call.cancelled():
+        call.exception()  # retrieved: nobody may await a call whose socket went away
 
 
 def close_connections() -> None:
@@ -114,16 +142,34 @@ def screen_from(values: dict[str, Any]) -> broadcast.Screen:
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the pool, in this user's turn (USER_THREADS at once).
+
+        The turn is given back when the thread is done, not when the caller stops waiting: a
+        push cancelled by its socket's disconnect leaves its render running on the pool (a
+        thread cannot be interrupted), and giving the turn back then let a user who opened
+        and closed slow screens hold every thread of the pool."""
+        turns = self.turns
+        await turns.acquire()
+        call = asyncio.ensure_future(_db(fn)(*args))
+        _CALLS.add(call)  # held until done, whoever still waits for it
+        call.add_done_callback(functools.partial(_call_done, turns))
+        return await asyncio.shield(call)
+
     async def connect(self) -> None:
         user = self.scope.get("user")
-        if not await _db(can_view)(user):
-            await self.close(code=4403)  # before accept: the handshake is refused (HTTP 403)
-            return
-        sockets = _OPEN.setdefault(user.pk, weakref.WeakSet())
+        # Counted before the access check, which waits for the user's turn: handshakes waiting
+        # for it are bounded too (an anonymous one is refused without a query).
+        sockets = _OPEN.setdefault(getattr(user, "pk", None), weakref.WeakSet())
         if len(sockets) >= MAX_SOCKETS_PER_USER:
             await self.close(code=TOO_MANY)
             return
         sockets.add(self)
+        self.turns = _turns_of(user)
+        if not (user is not None and user.is_authenticated and await self._run(can_view, user)):
+            sockets.discard(self)
+            await self.close(code=4403)  # before accept: the handshake is refused (HTTP 403)
+            return
         self.tokens, self.tokens_at = float(MESSAGES_BURST), time.monotonic()
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.screen = screen_from(query)
@@ -140,7 +186,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         ]
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
-        latest = self.latest = await _db(selectors.latest_event_id)()
+        latest = self.latest = await self._run(selectors.latest_event_id)
         tail.ensure_started(from_id=latest)
         await self.accept()
         seen = row_id(since)
@@ -156,7 +202,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if sockets is not None:
             sockets.discard(self)
             if not sockets:  # no entry kept per user who ever connected
-                _OPEN.pop(user.pk, None)  # type: ignore[union-attr]
+                _OPEN.pop(getattr(user, "pk", None), None)
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         flushing = getattr(self, "flushing", None)
@@ -208,7 +254,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if self.closed:
             return False
         if force or time.monotonic() - self.checked_at >= access.RECHECK_SECONDS:
-            ok = await _db(access.socket_still_allowed)(self.scope)
+            ok = await self._run(access.socket_still_allowed, self.scope)
             self.checked_at = time.monotonic()
             if not ok:
                 await self.revoke()
@@ -254,6 +300,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if not await self.allowed():
             return
         self.last_push = time.monotonic()
-        swaps = await _db(broadcast.render_swaps)(self.screen, pending)
+        swaps = await self._run(broadcast.render_swaps, self.screen, pending)
         if not self.closed:
             await self.send_json({"last_event_id": last_event_id, "swaps": swaps})

@@ -6,6 +6,7 @@ allowed host."""
 import asyncio
 import contextlib
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django.contrib.sessions.models import Session
 from django.db import connections
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 import jobs
 from config.asgi import application
@@ -75,8 +77,10 @@ async def closed_before_any_push(communicator: WebsocketCommunicator, timeout: f
     return int(output.get("code", 0))
 
 
-async def then_the_job_changes() -> None:
-    await sync_to_async(transitions.claim)("host:1", limit=1, lease_seconds=30)
+async def then_the_job_changes() -> list[int]:
+    """The oldest due job is claimed (an event on it): the ids of the jobs claimed."""
+    claimed = await sync_to_async(transitions.claim)("host:1", limit=1, lease_seconds=30)
+    return [c.fence.job_id for c in claimed]
 
 
 async def test_logout_closes_the_socket_before_it_pushes_again(operator: User) -> None:
@@ -296,3 +300,115 @@ async def test_a_slow_render_on_one_socket_does_not_hold_up_another_sockets_work
         gate.set()
     await slow.receive_json_from(timeout=10)
     await slow.disconnect()
+
+
+async def test_one_viewers_slow_screens_leave_threads_for_everyone_else(
+    operator: User, staff: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One user's sockets take at most consumers.USER_THREADS of the pool at once. Before: a
+    viewer opening as many slow screens as the pool has threads held every thread, and another
+    user's socket could not even connect (its access check waited behind them)."""
+    gate = threading.Event()
+    real = broadcast.render_swaps
+    started = threading.Semaphore(0)
+
+    def render(screen: broadcast.Screen, pending: Any) -> Any:
+        if screen.page == "jobs":
+            started.release()
+            gate.wait(20)
+        return real(screen, pending)
+
+    monkeypatch.setattr(broadcast, "render_swaps", render)
+    hog = await sync_to_async(logged_in)(operator)
+    # An event after since=0 (a catch-up render), on a job not due: the claim below must change
+    # the victim's job. (A due one was claimed in its place, and the victim was pushed only if
+    # the tail happened to announce its job's enqueue after its socket joined: 3 runs in 10.)
+    later = timezone.now() + timedelta(hours=1)
+    await sync_to_async(jobs.enqueue)("test.echo", run_at=later)
+    slow = [socket(hog, "page=jobs&since=0") for _ in range(consumers.POOL_THREADS + 1)]
+    # Each catch-up render hangs; the hog's sockets past its turns wait to connect.
+    connecting = [asyncio.create_task(s.connect(timeout=30)) for s in slow]
+    try:
+        for n in range(consumers.POOL_THREADS):  # as many as the hog gets (all, before)
+            hung = await asyncio.to_thread(started.acquire, timeout=5 if n == 0 else 2)
+            assert hung or n >= consumers.USER_THREADS, f"only {n} renders started"
+            if not hung:
+                break
+        _, victim, job = await opened_on_job(staff)  # connects and says hello meanwhile
+        assert await then_the_job_changes() == [job]  # after the victim's socket joined
+        message = await victim.receive_json_from(timeout=5)
+        while "swaps" not in message:
+            message = await victim.receive_json_from(timeout=5)
+        assert [s["id"] for s in message["swaps"]] == ["job-live"]
+        assert not gate.is_set()
+        await victim.disconnect()
+    finally:
+        gate.set()
+    for communicator, connected in zip(slow, connecting, strict=True):
+        assert (await connected)[0]
+        await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+
+
+async def test_a_render_cut_off_by_its_sockets_close_keeps_its_users_turn_until_it_ends(
+    operator: User, staff: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push cancelled by its socket's disconnect leaves its render running on the pool (a
+    thread cannot be stopped). Before, the user's turn came back at the cancel: opening a slow
+    screen and closing it, again and again, held every thread of the pool with one user's
+    renders. Now the turn comes back when the render ends."""
+    gate = threading.Event()
+    real = broadcast.render_swaps
+    started = threading.Semaphore(0)
+
+    def render(screen: broadcast.Screen, pending: Any) -> Any:
+        if screen.page == "job" and screen.job in hogs:
+            started.release()
+            gate.wait(20)
+        return real(screen, pending)
+
+    hogs: set[int | None] = set()
+    monkeypatch.setattr(broadcast, "render_swaps", render)
+    try:
+        for _ in range(consumers.USER_THREADS):  # each render hangs, its socket goes away
+            client = await sync_to_async(logged_in)(operator)
+            job = await sync_to_async(jobs.enqueue)("test.echo")
+            hogs.add(job.pk)
+            since = await sync_to_async(selectors.latest_event_id)()
+            hog = socket(client, f"page=job&job={job.pk}&since={since}")
+            assert (await hog.connect(timeout=5))[0]
+            await hog.receive_json_from(timeout=5)  # its hello
+            await then_the_job_changes()
+            assert await asyncio.to_thread(started.acquire, timeout=5)
+            await hog.disconnect()
+        # The same user tries a third render at once, while both hang on the pool.
+        job = await sync_to_async(jobs.enqueue)("test.echo")
+        hogs.add(job.pk)
+        since = await sync_to_async(selectors.latest_event_id)()
+        third = socket(client, f"page=job&job={job.pk}&since={since}")
+        connecting = asyncio.create_task(third.connect(timeout=30))
+        await asyncio.sleep(0)
+        await then_the_job_changes()
+        assert not await asyncio.to_thread(started.acquire, timeout=2), "a third render ran"
+        _, other, _ = await opened_on_job(staff)  # the other threads are free for others
+        await other.disconnect()
+    finally:
+        gate.set()
+    assert (await connecting)[0]  # its turn came when a render ended
+    await third.disconnect()
+
+
+async def test_a_flood_of_anonymous_handshakes_is_refused_403_and_denies_nobody_else(
+    operator: User,
+) -> None:
+    """Anonymous handshakes share one entry of the per-user count, but each leaves it before
+    its refusal (no query, no await between): a flood of them is refused 4403 each, never
+    4429, and a logged-in user's socket opens in the middle of it."""
+    flood = [
+        socket(None, "page=overview&since=0") for _ in range(consumers.MAX_SOCKETS_PER_USER * 5)
+    ]
+    attempts = [asyncio.create_task(s.connect(timeout=10)) for s in flood]
+    _, mine, _ = await opened_on_job(operator)
+    assert {code for _, code in await asyncio.gather(*attempts)} == {4403}
+    assert not consumers._OPEN.get(None)
+    await mine.disconnect()
