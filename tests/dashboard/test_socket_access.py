@@ -275,29 +275,42 @@ async def test_a_slow_render_on_one_socket_does_not_hold_up_another_sockets_work
 ) -> None:
     """The sockets' queries and renders run on a pool of threads: before, on channels' one
     shared thread, the second socket could not even connect while the first one's render ran."""
-    gate = threading.Event()
+    gate, entered, finished = threading.Event(), threading.Event(), threading.Event()
     real = broadcast.render_swaps
 
     def render(screen: broadcast.Screen, pending: Any) -> Any:
-        if screen.page == "jobs":
-            gate.wait(20)
-        return real(screen, pending)
+        if screen.page != "jobs":
+            return real(screen, pending)
+        entered.set()
+        gate.wait(20)
+        try:
+            return real(screen, pending)
+        finally:
+            finished.set()
 
     monkeypatch.setattr(broadcast, "render_swaps", render)
     client = await sync_to_async(logged_in)(operator)
-    slow = socket(client, "page=jobs&since=0")  # its catch-up render starts at once, and hangs
-    assert (await slow.connect(timeout=5))[0]
+    # An event after since=0, so the slow socket has a catch-up render to make; on a job not due,
+    # so the claim below changes the victim's job, not this one.
+    later = timezone.now() + timedelta(hours=1)
+    await sync_to_async(jobs.enqueue)("test.echo", run_at=later)
+    slow = socket(client, "page=jobs&since=0")
+    connecting = asyncio.create_task(slow.connect(timeout=10))
     try:
-        _, victim, _ = await opened_on_job(operator)  # connects and says hello meanwhile
-        await then_the_job_changes()
+        assert await asyncio.to_thread(entered.wait, 5), (
+            "the slow socket's catch-up render never began"
+        )
+        _, victim, job = await opened_on_job(operator)  # connects and says hello meanwhile
+        assert await then_the_job_changes() == [job]
         message = await victim.receive_json_from(timeout=5)
         while "swaps" not in message:
             message = await victim.receive_json_from(timeout=5)
         assert [s["id"] for s in message["swaps"]] == ["job-live"]
-        assert not gate.is_set()  # the slow render was still running all along
+        assert not finished.is_set()  # the slow render was still running all along
         await victim.disconnect()
     finally:
         gate.set()
+    assert (await connecting)[0]
     await slow.receive_json_from(timeout=10)
     await slow.disconnect()
 
