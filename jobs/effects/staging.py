@@ -2,10 +2,10 @@
 
 Owns: `ctx.stage(name, content)` -- recording a StagedOutput row, then writing the file through
 Django's storage API (`JOBS["STAGING_STORAGE"]`, a key of `STORAGES`) at
-`jobs/<job_id>/attempt-<n>/<name>` (a re-stage of the name: beside it, under a fresh name the
-row then moves onto) -- and a worker deleting its own outputs once its attempt
-ends without committing (a rejected commit, a lost lease, a failure) -- never the outputs of an
-attempt whose commit landed, but for a file written after it (`written_too_late`).
+`jobs/<job_id>/attempt-<n>/<name>` (a re-stage of the name: beside it, under a fresh name
+`<stem>~<7 random><ext>` the row then moves onto) -- and a worker deleting its own outputs once
+its attempt ends without committing (a rejected commit, a lost lease, a failure) -- never the
+outputs of an attempt whose commit landed, but for a file written after it (`written_too_late`).
 
 Never: promotes anything itself. The fenced commit sets `Job.result_ref` to the attempt's
 prefix in the statement that ends the attempt; a zombie's commit changes zero rows, so
@@ -31,6 +31,7 @@ from django.core.files.storage import Storage, storages
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
+from django.utils.crypto import get_random_string
 
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import AttemptEnded, InvalidOption
@@ -147,10 +148,9 @@ def _replace(fence: Fence, st: Storage, name: str, file: "File[Any]", size: int)
     if found is None:  # settled, or the attempt is over: refused before writing anything
         raise AttemptEnded(fence.job_id, fence.attempt, "stage")
     current, current_size = found
-    root, ext = os.path.splitext(prefix(fence.job_id, fence.attempt) + name)
     fresh = current
     while fresh == current:  # never the file the row names now (7 random characters: rare)
-        fresh = st.get_alternative_name(root, ext)
+        fresh = _fresh(fence, name)
     # Row before file, as for any output: a spare row names the new file until the output's row
     # does, then the earlier file until it is deleted -- a crash anywhere leaves the janitor a
     # row for every file (a spare is never promoted: jobs/effects/janitor.py).
@@ -174,6 +174,15 @@ def _replace(fence: Fence, st: Storage, name: str, file: "File[Any]", size: int)
         current, current_size = found  # another thread of the handler moved the row first
     _delete_spare(fence, st, spare.pk, current)
     return written
+
+
+def _fresh(fence: Fence, name: str) -> str:
+    """`<stem>~<7 random><ext>` in the attempt's prefix: a name no handler can stage ('~' is not
+    in NAME), so an output's file never lands on a replacement's, even on a storage that
+    overwrites; and ours, not the storage's get_alternative_name(), which such a storage may
+    answer with the name it was given (FileSystemStorage with allow_overwrite: a loop)."""
+    root, ext = os.path.splitext(name)
+    return f"{prefix(fence.job_id, fence.attempt)}{root}~{get_random_string(7)}{ext}"
 
 
 def _delete_spare(fence: Fence, st: Storage, pk: int, path: str) -> None:
