@@ -117,7 +117,7 @@ def stage(fence: Fence, name: str, content: Any) -> Staged:
     if written != path:
         mine.filter(path=path).update(path=written)
     if not mine.filter(path=written).exists():  # settled (or replaced) while we wrote: undo it
-        st.delete(written)
+        _undo(fence, st, written)
         logger.warning(
             "job %s attempt %s: output %s settled or replaced meanwhile", *_ids(fence), name
         )
@@ -186,14 +186,34 @@ def _fresh(fence: Fence, name: str) -> str:
 
 
 def _delete_spare(fence: Fence, st: Storage, pk: int, path: str) -> None:
-    """Delete the file a spare row names, then the row. If the storage will not, the row stays
-    for the janitor, which deletes the file once the attempt is over (committed or not)."""
+    """Delete the file a spare row names, then the row."""
+    if _undo(fence, st, path, pk):
+        StagedOutput.objects.filter(pk=pk).delete()
+
+
+def _undo(fence: Fence, st: Storage, path: str, pk: int | None = None) -> bool:
+    """Delete `path`, a file no output names (a spare's, or one written after its row was
+    settled or moved on); whether it was. If the storage will not, the janitor deletes it: row
+    `pk` (else a new spare row) is decided `orphaned`, its file not yet deleted -- the janitor
+    retries such a delete whatever the attempt. Left as it was, the row may be `discarded` by the
+    attempt's worker meanwhile, which the janitor never reads: the file would stay for good."""
     try:
         st.delete(path)
+        return True
     except Exception:  # noqa: BLE001  any backend error: the janitor retries
         logger.exception("job %s attempt %s: could not delete %s", *_ids(fence), path)
-        return
-    StagedOutput.objects.filter(pk=pk).delete()
+    orphaned = StagedOutput.Status.ORPHANED
+    if pk is None or not StagedOutput.objects.filter(pk=pk).update(
+        status=orphaned, settled_at=None
+    ):
+        StagedOutput.objects.create(
+            job_id=fence.job_id,
+            attempt=fence.attempt,
+            name=StagedOutput.spare_name(),
+            path=path,
+            status=orphaned,
+        )
+    return False
 
 
 def written_too_late(fence: Fence, path: str) -> None:
