@@ -204,8 +204,9 @@ class JobContext:
     def stage(self, name: str, content: Any) -> str:
         """Write `content` (bytes, str or a file) as this attempt's output `name`.
 
-        Stored at `jobs/<job_id>/attempt-<n>/<name>` in `JOBS["STAGING_STORAGE"]`; the commit
-        points `Job.result_ref` at this attempt's outputs. Returns the storage name.
+        Stored at `jobs/<job_id>/attempt-<n>/<name>` in `JOBS["STAGING_STORAGE"]` (a name staged
+        again: beside it, as `<stem>~<7 random><ext>`); the commit points `Job.result_ref` at
+        this attempt's outputs. Returns the storage name.
         """
         self._raise_if_lost("stage")
         pending.check_open(self._held.work, "stage")  # before the file: the attempt ended

@@ -16,9 +16,11 @@ deletes again (deleting a missing file is not an error).
 Never: touches an output whose attempt succeeded (a spare row, naming a file a re-stage
 replaced or never got to name, is no output), or whose attempt is still `running` -- even
 with its lease run out, such an attempt may still commit (a late write before any reclaim is
-accepted). Never holds a transaction open across a storage call. Never lists the storage
-bucket: it reads the StagedOutput table through partial indexes of unsettled rows, a bounded
-batch per tick, so its cost follows the number of outputs staged, not the size of the bucket.
+accepted) -- a row its own worker decided `orphaned` (a file no output names that it could not
+delete, jobs/effects/staging.py) is deleted whatever its attempt. Never holds a transaction
+open across a storage call. Never lists the storage bucket: it reads the StagedOutput table
+through partial indexes of unsettled rows, a bounded batch per tick, so its cost follows the
+number of outputs staged, not the size of the bucket.
 Deletes are tried in turn (after the last one this process tried, then from the oldest), so
 orphans whose delete keeps failing never hold the others back.
 

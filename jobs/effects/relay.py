@@ -40,7 +40,9 @@ Never: claims an intent it has no free slot for (its lease would run out while i
 a claim across a crash -- the rows decide (jobs/effects/outbox.py).
 
 Hazards: the call threads are daemons: a stopping process does not wait for calls in flight
-(their claims' leases run out and the next relay reconciles them). The renewals are the relay's
+(their claims' leases run out and the next relay reconciles them). A stopped relay whose process
+lives on (the handlers' shutdown grace) hands the calls still out to `keep_claims`, which renews
+their claims until their threads end or the process exits. The renewals are the relay's
 own: a relay process stopped (SIGSTOP), or cut from the database, for longer than the lease loses
 the claim with its call still out, and the next relay may reconcile and perform while that call
 can still land -- only a target that keeps the receiver contract (a lower token refused,
@@ -145,6 +147,36 @@ class Relay:
                 if not f.lost
             ]
         self.freed.wait(max(0.0, min([timeout, *(d - now for d in due)])))
+
+    def keep_claims(self) -> None:
+        """The relay has stopped claiming (its scheduler stops) and its process lives on -- the
+        grace its handlers get, up to SHUTDOWN_GRACE_SECONDS: the calls still out keep their
+        intents claimed, their leases renewed on a daemon thread of its own until their threads
+        end. At the process's exit it dies with them; the leases then run out as after a crash."""
+        with self._lock:
+            if not self._calls:
+                return
+        keeper = threading.Thread(target=self._keep_until_calls_end, name="jobs-relay-keeper")
+        keeper.daemon = True
+        keeper.start()
+
+    def _keep_until_calls_end(self) -> None:
+        try:
+            while True:
+                self.freed.clear()  # before reading the calls: one ending from now on sets it
+                with self._lock:
+                    if not self._calls:
+                        return
+                try:
+                    self._mind_overdue()
+                except Exception:  # noqa: BLE001  a bug: tried again, the claims are at stake
+                    logger.exception("relay: the claims of calls still out were not renewed")
+                    connection.close()
+                    self.freed.wait(self.lease_seconds / 10)
+                    continue
+                self.wait(self.lease_seconds / 3)
+        finally:
+            connection.close()
 
     def _start(self, c: outbox.Claim, reserved: bool) -> bool:
         """Start `c`'s call on a thread of its own. A thread that cannot start (RuntimeError

@@ -2,10 +2,10 @@
 
 Owns: `ctx.stage(name, content)` -- recording a StagedOutput row, then writing the file through
 Django's storage API (`JOBS["STAGING_STORAGE"]`, a key of `STORAGES`) at
-`jobs/<job_id>/attempt-<n>/<name>` (a re-stage of the name: beside it, under a fresh name the
-row then moves onto) -- and a worker deleting its own outputs once its attempt
-ends without committing (a rejected commit, a lost lease, a failure) -- never the outputs of an
-attempt whose commit landed, but for a file written after it (`written_too_late`).
+`jobs/<job_id>/attempt-<n>/<name>` (a re-stage of the name: beside it, under a fresh name
+`<stem>~<7 random><ext>` the row then moves onto) -- and a worker deleting its own outputs once
+its attempt ends without committing (a rejected commit, a lost lease, a failure) -- never the
+outputs of an attempt whose commit landed, but for a file written after it (`written_too_late`).
 
 Never: promotes anything itself. The fenced commit sets `Job.result_ref` to the attempt's
 prefix in the statement that ends the attempt; a zombie's commit changes zero rows, so
@@ -31,6 +31,7 @@ from django.core.files.storage import Storage, storages
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
+from django.utils.crypto import get_random_string
 
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import AttemptEnded, InvalidOption
@@ -116,7 +117,7 @@ def stage(fence: Fence, name: str, content: Any) -> Staged:
     if written != path:
         mine.filter(path=path).update(path=written)
     if not mine.filter(path=written).exists():  # settled (or replaced) while we wrote: undo it
-        st.delete(written)
+        _undo(fence, st, written)
         logger.warning(
             "job %s attempt %s: output %s settled or replaced meanwhile", *_ids(fence), name
         )
@@ -147,10 +148,9 @@ def _replace(fence: Fence, st: Storage, name: str, file: "File[Any]", size: int)
     if found is None:  # settled, or the attempt is over: refused before writing anything
         raise AttemptEnded(fence.job_id, fence.attempt, "stage")
     current, current_size = found
-    root, ext = os.path.splitext(prefix(fence.job_id, fence.attempt) + name)
     fresh = current
     while fresh == current:  # never the file the row names now (7 random characters: rare)
-        fresh = st.get_alternative_name(root, ext)
+        fresh = _fresh(fence, name)
     # Row before file, as for any output: a spare row names the new file until the output's row
     # does, then the earlier file until it is deleted -- a crash anywhere leaves the janitor a
     # row for every file (a spare is never promoted: jobs/effects/janitor.py).
@@ -176,15 +176,44 @@ def _replace(fence: Fence, st: Storage, name: str, file: "File[Any]", size: int)
     return written
 
 
+def _fresh(fence: Fence, name: str) -> str:
+    """`<stem>~<7 random><ext>` in the attempt's prefix: a name no handler can stage ('~' is not
+    in NAME), so an output's file never lands on a replacement's, even on a storage that
+    overwrites; and ours, not the storage's get_alternative_name(), which such a storage may
+    answer with the name it was given (FileSystemStorage with allow_overwrite: a loop)."""
+    root, ext = os.path.splitext(name)
+    return f"{prefix(fence.job_id, fence.attempt)}{root}~{get_random_string(7)}{ext}"
+
+
 def _delete_spare(fence: Fence, st: Storage, pk: int, path: str) -> None:
-    """Delete the file a spare row names, then the row. If the storage will not, the row stays
-    for the janitor, which deletes the file once the attempt is over (committed or not)."""
+    """Delete the file a spare row names, then the row."""
+    if _undo(fence, st, path, pk):
+        StagedOutput.objects.filter(pk=pk).delete()
+
+
+def _undo(fence: Fence, st: Storage, path: str, pk: int | None = None) -> bool:
+    """Delete `path`, a file no output names (a spare's, or one written after its row was
+    settled or moved on); whether it was. If the storage will not, the janitor deletes it: row
+    `pk` (else a new spare row) is decided `orphaned`, its file not yet deleted -- the janitor
+    retries such a delete whatever the attempt. Left as it was, the row may be `discarded` by the
+    attempt's worker meanwhile, which the janitor never reads: the file would stay for good."""
     try:
         st.delete(path)
+        return True
     except Exception:  # noqa: BLE001  any backend error: the janitor retries
         logger.exception("job %s attempt %s: could not delete %s", *_ids(fence), path)
-        return
-    StagedOutput.objects.filter(pk=pk).delete()
+    orphaned = StagedOutput.Status.ORPHANED
+    if pk is None or not StagedOutput.objects.filter(pk=pk).update(
+        status=orphaned, settled_at=None
+    ):
+        StagedOutput.objects.create(
+            job_id=fence.job_id,
+            attempt=fence.attempt,
+            name=StagedOutput.spare_name(),
+            path=path,
+            status=orphaned,
+        )
+    return False
 
 
 def written_too_late(fence: Fence, path: str) -> None:

@@ -13,7 +13,8 @@ on after a pause. Both tasks are safe with several schedulers at once (SKIP LOCK
 fenced marks). Their round trips are not under the platform's deadline (a storage backend may
 rightly be slow; a webhook call has its own total deadline); libpq's keepalives bound a dead
 peer, and a stop never waits longer than STOP_SECONDS (daemon threads: the process exits without
-them).
+them). The relay's calls still out at a stop keep their intents claimed while the process lives
+(the handlers' shutdown grace): a daemon thread of the relay's renews them (Relay.keep_claims).
 """
 
 import logging
@@ -53,6 +54,8 @@ class Maintenance:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        # The process may live on for its handlers' grace: calls still out keep their claims.
+        self.relay.keep_claims()
 
     def _loop(self, name: str, step: Callable[[], float]) -> None:
         """Run `step` until stopped; it returns how long to wait before the next run."""

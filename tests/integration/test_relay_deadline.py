@@ -228,3 +228,38 @@ def test_the_embedded_relay_wakes_to_renew_an_overdue_calls_lease_whatever_its_p
         target.release.set()
         maintenance.stop()
     assert target.started == target.completed == 1
+
+
+def test_an_overdue_calls_claim_is_kept_after_the_relay_stops_while_its_process_lives_on():
+    # A stop (SIGTERM) ends the embedded scheduler and its relay loop first; the process then
+    # waits out its handlers' grace (SHUTDOWN_GRACE_SECONDS, up to a day) with the call's thread
+    # still alive. Before, nothing renewed the claim then: it ran out with the call still out,
+    # and the next relay checked ("not yet"), performed, and the first call could land too.
+    target = _Blocks()
+    register_target("test.blocks-stop", target)
+    key = _commit_intent("test.blocks-stop")
+    maintenance = Maintenance("relay-stop")
+    maintenance.relay = _short_relay("relay-stop")
+    other = _short_relay("relay-next")  # another scheduler's
+    maintenance.start()
+    try:
+        wait_for(lambda: maintenance.relay.overdue() == [key], 10, "the call never became overdue")
+        maintenance.stop()  # the process lives on: its handlers' grace
+        stopped = Intent.objects.get(key=key).lease_expires_at
+
+        def called_again_or_outlived_its_lease() -> bool:
+            again = target.started > 1 or target.checks > 0
+            row = Intent.objects.get(key=key)
+            return again or (_past(stopped) and row.lease_expires_at > stopped)
+
+        _pump_until(other, called_again_or_outlived_its_lease, 15, "the claim was not kept")
+        assert (target.started, target.checks) == (1, 0)  # before: checked, "not yet", performed
+        row = Intent.objects.get(key=key)
+        assert (row.state, row.relay) == ("performing", "relay-stop")
+    finally:
+        target.release.set()
+    wait_for(lambda: Intent.objects.get(key=key).state == "done", 10, "not decided")
+    wait_for(lambda: not maintenance.relay.in_flight(), 10, "its thread never ended")
+    keepers = [t for t in threading.enumerate() if t.name == "jobs-relay-keeper"]
+    wait_for(lambda: not any(t.is_alive() for t in keepers), 10, "the renewals never stopped")
+    assert (target.started, target.completed, target.checks) == (1, 1, 0)

@@ -222,3 +222,49 @@ def test_a_restage_moving_the_row_while_its_worker_discards_leaves_its_file_to_t
     assert (row.status, row.path) == ("staged", new)
     janitor.sweep("janitor-test")
     assert _files_in(files) == []
+
+
+def test_a_restage_refused_by_a_failed_attempt_whose_clean_up_fails_leaves_its_file_to_the_janitor(
+    files,
+):
+    # The attempt fails while a re-stage writes its new file: the worker discards the attempt's
+    # outputs, the spare row naming the new file among them (its file not written yet). The
+    # re-stage is refused and deletes its file -- and the storage refuses that delete. Before,
+    # the spare row was left `discarded`, which the janitor never reads: the file stayed for good.
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.stage("result.txt", b"first")
+    GATE.op = "save"
+    thread, out = _restage_on_a_leaked_thread(running, b"late")
+    assert GATE.reached.wait(10), out
+    GATE.failing_delete = StagedOutput.objects.get(name__startswith="~").path
+    running.fail("boom")  # its worker discards the attempt's outputs, on this connection
+    GATE.go.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+    assert isinstance(out.get("error"), AttemptEnded), out
+    janitor.sweep("janitor-test")
+    assert _files_in(files) == []
+
+
+def test_a_first_stage_settled_while_it_wrote_whose_undo_fails_leaves_its_file_to_the_janitor(
+    files,
+):
+    # The same for a name's first stage: its row is `discarded` by the failed attempt's worker
+    # while the file is being written; the file's own delete is then refused. Before, the
+    # storage's error reached the handler and the file stayed for good (no row the janitor reads).
+    job = jobs.enqueue("test.echo")
+    running = claim(A)
+    GATE.op = "save"
+    thread, out = _restage_on_a_leaked_thread(running, b"late")  # its first stage of the name
+    assert GATE.reached.wait(10), out
+    GATE.failing_delete = f"jobs/{job.pk}/attempt-1/result.txt"
+    running.fail("boom")
+    GATE.go.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+    assert isinstance(out.get("error"), AttemptEnded), out
+    janitor.sweep("janitor-test")
+    assert _files_in(files) == []

@@ -252,12 +252,45 @@ def test_staging_a_name_twice_in_one_attempt_replaces_the_first_file(media):
     running = claim(A)
     first = running.ctx.stage("out.txt", "first")
     ref = running.ctx.stage("out.txt", "second, longer")
-    # Written beside the first under a fresh name (out_<7 random>.txt), then the first deleted.
-    assert ref != first and ref.startswith(f"jobs/{job.pk}/attempt-1/out_")
+    # Written beside the first under a fresh name (out~<7 random>.txt), then the first deleted.
+    assert ref != first and ref.startswith(f"jobs/{job.pk}/attempt-1/out~")
     assert (media / ref).read_text() == "second, longer"
     assert [p.name for p in (media / f"jobs/{job.pk}/attempt-1").iterdir()] == [Path(ref).name]
     row = StagedOutput.objects.get(job=job)
     assert (row.path, row.size) == (ref, len("second, longer"))
+
+
+def test_a_restage_on_a_storage_that_overwrites_takes_a_name_no_handler_can_stage(
+    settings, tmp_path
+):
+    # A storage that overwrites (S3's default; FileSystemStorage(allow_overwrite=True)) writes
+    # each name where it is told. Before: the fresh name came from the storage's
+    # get_alternative_name(), which FileSystemStorage(allow_overwrite=True) answers with the
+    # name itself -- the re-stage looped for good, at full CPU; and its form, `<stem>_<7
+    # random><ext>`, is a name a handler may stage too (the basename of its ref, say), whose
+    # file would then overwrite the replacement.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "overwriting": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path), "allow_overwrite": True},
+        },
+    }
+    settings.JOBS = {**settings.JOBS, "STAGING_STORAGE": "overwriting"}
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.stage("out.txt", "first")
+    ref = running.ctx.stage("out.txt", "second")
+    try:
+        other = running.ctx.stage(Path(ref).name, "another output")
+    except InvalidOption:  # not a name a handler can stage: nothing to overwrite
+        other = None
+    running.commit("ok")
+    out = StagedOutput.objects.get(name="out.txt")
+    assert out.path == ref
+    assert (tmp_path / ref).read_text() == "second"
+    if other is not None:
+        assert other != ref and (tmp_path / other).read_text() == "another output"
 
 
 def test_the_janitor_reads_only_the_unsettled_rows_through_its_partial_index(media):
