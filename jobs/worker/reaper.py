@@ -122,6 +122,14 @@ def _tell() -> None:
                 registry.finished(kind, job_id, attempt, False)
             except BaseException:  # noqa: BLE001  SystemExit too: the failure has landed
                 logger.exception("job %s attempt %s: the on_finished hook failed", job_id, attempt)
+            # The next hook told on this thread must not inherit this one's connection broken
+            # (a database restart: "the connection is closed" for a fault not its own) or left
+            # outside autocommit: Django's between-requests check, a round trip only after an
+            # error.
+            try:
+                connection.close_if_unusable_or_obsolete()
+            except DatabaseError:
+                connection.close()
     finally:
         connection.close()  # a hook's queries used this thread's own connection
 
