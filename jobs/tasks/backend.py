@@ -276,7 +276,10 @@ def check_arguments(task: Task, args: list[Any], kwargs: dict[str, Any]) -> None
     try:  # with takes_context the worker passes the context first: a placeholder stands for it
         signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
     except TypeError as exc:  # also a keyword that is not text ("keywords must be strings")
-        parameters = str(signature.replace(return_annotation=inspect.Signature.empty))[:200]
+        try:  # a default's repr() is user code, and may raise
+            parameters = str(signature.replace(return_annotation=inspect.Signature.empty))[:200]
+        except Exception:  # noqa: BLE001
+            parameters = "(...)"
         raise TypeError(
             f"task {task.module_path}{parameters} cannot take these arguments: {exc} "
             "(nothing was enqueued)"

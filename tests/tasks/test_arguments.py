@@ -122,3 +122,23 @@ def test_a_task_annotated_with_a_name_only_type_checkers_import_is_enqueued():
     assert Job.objects.filter(pk=result.id, kind=deferred_annotations.charge.module_path).exists()
     with pytest.raises(TypeError, match="missing a required argument: 'amount'"):
         deferred_annotations.charge.enqueue()  # the signature is still read and checked
+
+
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("a default whose repr raises")
+
+
+_UNPRINTABLE = _Unprintable()
+
+
+def test_refused_arguments_are_a_type_error_even_when_the_signature_cannot_be_printed():
+    """The message shows the signature; one holding a default whose repr() raises still gives
+    the TypeError (it was that RuntimeError, out of enqueue)."""
+
+    def guarded(a, marker=_UNPRINTABLE):
+        return a
+
+    task = SimpleNamespace(func=guarded, takes_context=False, module_path="tests.guarded")
+    with pytest.raises(TypeError, match=r"task tests\.guarded\(\.\.\.\) cannot take these"):
+        check_arguments(task, [1, 2, 3], {})
