@@ -104,7 +104,9 @@ def tell_later(kind: str, job_id: int, attempt: int) -> None:
         _tellers[0] += 1
     try:
         threading.Thread(target=_tell, name="jobs-reclaim-finished", daemon=True).start()
-    except RuntimeError:  # no thread to be had (a limit, the interpreter ending): the next one
+    except Exception:  # noqa: BLE001  no thread to be had (RuntimeError at a limit or as the
+        # interpreter ends, MemoryError): the slot is given back -- else four such failures and
+        # no hook would ever be told -- and the job's hook waits for the next one to start.
         with _tell_lock:
             _tellers[0] -= 1
         logger.exception("job %s: no thread to tell its on_finished hook yet", job_id)

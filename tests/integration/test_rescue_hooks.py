@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import pytest
 from django.db import DatabaseError, connection
@@ -154,3 +155,32 @@ def test_a_hook_that_breaks_its_connection_fails_no_later_hook_on_its_thread(mon
         release.set()
     _wait("the second hook is told", lambda: 2 in heard)
     assert heard == {1: "broken", 2: (1,)}
+
+
+def test_a_hook_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
+    """A thread that cannot be started (here MemoryError) kept its slot: the reclaim saw the
+    error, and after HOOK_THREADS such failures no hook was ever told again. Now its job's hook
+    waits in the queue and the next thread that starts tells it."""
+    heard: list[int] = []
+
+    def told(job_id: int, attempt: int, succeeded: bool) -> None:
+        heard.append(job_id)
+
+    class NoThread:
+        def __init__(self, **kwargs) -> None:
+            pass
+
+        def start(self) -> None:
+            raise MemoryError
+
+    monkeypatch.setitem(_handlers, "test.echo", replace(_handlers["test.echo"], on_finished=told))
+    monkeypatch.setattr(reaper, "_tellers", [0])
+    monkeypatch.setattr(reaper, "_told", reaper.deque())
+    monkeypatch.setattr(reaper, "threading", SimpleNamespace(Thread=NoThread))
+    for job_id in range(1, reaper.HOOK_THREADS + 2):
+        reaper.tell_later("test.echo", job_id, 1)  # no thread: nothing raised, nothing told
+    assert reaper._tellers == [0] and heard == []
+    monkeypatch.setattr(reaper, "threading", threading)
+    reaper.tell_later("test.echo", 99, 1)
+    _wait("every waiting hook told", lambda: len(heard) == reaper.HOOK_THREADS + 2)
+    assert heard == [*range(1, reaper.HOOK_THREADS + 2), 99]
