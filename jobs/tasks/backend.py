@@ -20,6 +20,7 @@ they would fail every attempt in the worker, retries and all, as Celery's apply_
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -275,7 +276,10 @@ def check_arguments(task: Task, args: list[Any], kwargs: dict[str, Any]) -> None
     try:  # with takes_context the worker passes the context first: a placeholder stands for it
         signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
     except TypeError as exc:  # also a keyword that is not text ("keywords must be strings")
-        parameters = str(signature.replace(return_annotation=inspect.Signature.empty))[:200]
+        try:  # a default's repr() is user code, and may raise
+            parameters = str(signature.replace(return_annotation=inspect.Signature.empty))[:200]
+        except Exception:  # noqa: BLE001
+            parameters = "(...)"
         raise TypeError(
             f"task {task.module_path}{parameters} cannot take these arguments: {exc} "
             "(nothing was enqueued)"
@@ -288,9 +292,19 @@ def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
     cannot read (a builtin). Not the one `functools.wraps` points to: a decorator's wrapper may
     take other arguments than the function it wraps (one it injects), and the wrapper is called."""
     try:
-        return inspect.signature(func, follow_wrapped=False)
-    except (TypeError, ValueError):
+        return inspect.signature(func, follow_wrapped=False, **_LAZY_ANNOTATIONS)
+    except Exception:  # noqa: BLE001  NameError, AttributeError...: what reading it raised
         return None
+
+
+# The annotations are not needed, only the parameters: from Python 3.14 (PEP 649) reading them
+# as values evaluates them, and a name imported only for type checkers (`if TYPE_CHECKING:`) is
+# a NameError -- a valid task refused at every enqueue. Django reads signatures so too.
+_LAZY_ANNOTATIONS: dict[str, Any] = {}
+if sys.version_info >= (3, 14):
+    import annotationlib
+
+    _LAZY_ANNOTATIONS["annotation_format"] = annotationlib.Format.FORWARDREF
 
 
 def result_job_id(result_id: Any) -> int:

@@ -24,19 +24,20 @@ should have called `os._exit`) shares the worker's sockets and jobs: it exits at
 
 Session state the server does not report -- `SET statement_timeout`, `SET search_path` (before
 PostgreSQL 18), `SET ROLE`, a session-level advisory lock, a temporary table, `LISTEN`,
-`set_config(..., false)`, `RESET`/`DISCARD` -- is seen from the handler's own statements: while
-a handler runs, an execute wrapper on the drain's connection (Django's `execute_wrapper`, so
-the ORM and `connection.cursor()`) marks the connection when a statement's text does one of
-those (jobs.worker.session_sql: a `;` inside a literal, a quoted identifier or a comment
-splits nothing); it is closed after the handler like one whose reported parameters changed
-(the server drops the locks and temporary tables, and the next job gets a fresh session).
-Behind a pooler (PgBouncer in transaction pooling: connectivity.direct_session, asked once per
-connection on its first such statement) closing ours would not reach the pooled server
-connection that ran it: the statement is refused before it is sent (SessionStateThroughPooler,
-the handler's own failure). Not seen: such a statement sent through the driver's own cursor
-(`connection.connection.cursor()`) or made inside a server-side function. Django's per-thread
-activations (`timezone.activate`, `translation.activate`) live in context variables: the runner
-runs each handler in a copy of its context (jobs.worker.runner), so they end with the handler.
+`set_config(..., false)`, `RESET`/`DISCARD` -- is seen from the handler's own statements: while a
+handler runs, an execute wrapper on the drain's connection (Django's `execute_wrapper`, so the ORM
+and `connection.cursor()`; a statement given as text, bytes or psycopg's `sql.Composed`) marks the
+connection when a statement's text does one of those (jobs.worker.session_sql: a `;` inside a
+literal, a quoted identifier or a comment splits nothing); it is closed after the handler like one
+whose reported parameters changed (the server drops the locks and temporary tables, and the next
+job gets a fresh session). Behind a pooler (PgBouncer in transaction pooling:
+connectivity.direct_session, asked once per connection on its first such statement) closing ours
+would not reach the pooled server connection that ran it: the statement is refused before it is
+sent (SessionStateThroughPooler, the handler's own failure). Not seen: such a statement sent
+through the driver's own cursor (`connection.connection.cursor()`) or made inside a server-side
+function. Django's per-thread activations (`timezone.activate`, `translation.activate`) live in
+context variables: the runner runs each handler in a copy of its context (jobs.worker.runner), so
+they end with the handler.
 
 Never: a round trip. The looks are local (Django's flags, libpq's transaction status and the
 parameters the server reports on every change), so the drain's hot path pays microseconds.
@@ -96,7 +97,8 @@ def _watch(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any
     (Django's, of this thread) when a statement touches the session -- or, behind a pooler,
     refuses it before it is sent: closing our client connection would not undo it on the
     pooled server connection, which goes on to serve other jobs' claims and commits."""
-    if isinstance(sql, str) and touches_session(sql):
+    text = sql if isinstance(sql, str) else _text_of(sql, context)
+    if text is not None and touches_session(text):
         conn = context["connection"]
         if not _direct(conn):
             raise SessionStateThroughPooler(
@@ -105,10 +107,22 @@ def _watch(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any
                 "table), and the worker reaches PostgreSQL through a pooler (PgBouncer in "
                 "transaction pooling): the pooled server connection would keep it for other "
                 "jobs. Refused, never sent. Use SET LOCAL or set_config(..., true) inside "
-                "transaction.atomic(), or pg_advisory_xact_lock: " + sql[:200]
+                "transaction.atomic(), or pg_advisory_xact_lock: " + text[:200]
             )
         conn.jobs_session_touched = True
     return execute(sql, params, many, context)
+
+
+def _text_of(sql: Any, context: Any) -> str | None:
+    """The text of a statement not given as a str: psycopg's `sql.SQL(...).format(...)` (a
+    `SET {}` built so went unseen) or bytes; None if it cannot be read (the driver says why)."""
+    try:
+        if isinstance(sql, bytes | bytearray | memoryview):
+            return bytes(sql).decode("utf-8", "replace")
+        as_string = getattr(sql, "as_string", None)
+        return None if as_string is None else str(as_string(context["connection"].connection))
+    except Exception:  # noqa: BLE001  not ours to fail: the statement goes to the driver as is
+        return None
 
 
 # enqueue's one-statement path (jobs.models.one_statement) need not go through Django's cursor

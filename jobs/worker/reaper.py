@@ -104,7 +104,9 @@ def tell_later(kind: str, job_id: int, attempt: int) -> None:
         _tellers[0] += 1
     try:
         threading.Thread(target=_tell, name="jobs-reclaim-finished", daemon=True).start()
-    except RuntimeError:  # no thread to be had (a limit, the interpreter ending): the next one
+    except Exception:  # noqa: BLE001  no thread to be had (RuntimeError at a limit or as the
+        # interpreter ends, MemoryError): the slot is given back -- else four such failures and
+        # no hook would ever be told -- and the job's hook waits for the next one to start.
         with _tell_lock:
             _tellers[0] -= 1
         logger.exception("job %s: no thread to tell its on_finished hook yet", job_id)
@@ -122,6 +124,14 @@ def _tell() -> None:
                 registry.finished(kind, job_id, attempt, False)
             except BaseException:  # noqa: BLE001  SystemExit too: the failure has landed
                 logger.exception("job %s attempt %s: the on_finished hook failed", job_id, attempt)
+            # The next hook told on this thread must not inherit this one's connection broken
+            # (a database restart: "the connection is closed" for a fault not its own) or left
+            # outside autocommit: Django's between-requests check, a round trip only after an
+            # error.
+            try:
+                connection.close_if_unusable_or_obsolete()
+            except DatabaseError:
+                connection.close()
     finally:
         connection.close()  # a hook's queries used this thread's own connection
 

@@ -26,9 +26,15 @@ import re
 # (`_statements`); a few function calls and INTO TEMP anywhere. All on the lowered text, each
 # search starting with a literal (Python's re then skips ahead quickly): ~1-3 us a 300-character
 # ORM statement, where one pattern searched at every position cost ~23 us.
+# Blanks and comments are taken whole (possessive, and a comment's end is its first `*/`): one
+# that could backtrack -- `/\*.*?\*/` stretched over the next comment, or over a `;` to a later
+# `*/` -- tried every way to split a run of comments, exponential in their number (22 leading
+# `/* a */` took a second, 40 for ever), and quadratic in a text of many `;/* */`. After SET a
+# comment or a quoted name is a separator too (`SET/**/role x`, `SET"search_path" TO x`).
+_BLANKS = r"(?:\s++|/\*[^*]*+\*++(?:[^/*][^*]*+\*++)*+/|--[^\n]*+(?:\n|$))*+"
 _STARTS = re.compile(
-    r"(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))*"
-    r"(?:set\s++(?!local\b|transaction\b|constraints\b)|reset\b|discard\b|listen\b|load\b"
+    _BLANKS + r"(?:set(?![\w$])" + _BLANKS + r"(?!local\b|transaction\b|constraints\b)"
+    r"|reset\b|discard\b|listen\b|load\b"
     r"|create\s+(?:(?:global|local)\s+)?(?:temp|unlogged\s+temp)"
     r"|declare\b[^;]*?\bwith\s+hold\b)",
     re.DOTALL,
@@ -105,8 +111,15 @@ def _into_temp(low: str) -> bool:
         start = m.start()
         if start and _word_char(low[start - 1]):
             continue  # a word ending in "into"
-        head = low[:start].rstrip()
-        if head.endswith("insert") and not _word_char(head[-7:-6] or " "):
+        # The word before, past the blanks: walked back, never `low[:start].rstrip()`, a copy
+        # of the text so far for every match (quadratic: 10,000 `INSERT INTO temp VALUES (1);`
+        # took seconds). The blanks walked over lie between two matches, so all is linear.
+        head = start
+        while head and low[head - 1].isspace():
+            head -= 1
+        if low[max(head - 6, 0) : head] == "insert" and not _word_char(
+            low[head - 7 : head - 6] or " "
+        ):
             continue  # INSERT INTO temp...: a table
         return True
     return False

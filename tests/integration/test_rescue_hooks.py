@@ -9,15 +9,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from jobs.core.identity import owner_of
 from jobs.core.registry import _handlers
 from jobs.core.states import JobState
 from jobs.models import Job
-from jobs.worker import bridge, rescue, scheduler, watchdog
+from jobs.worker import bridge, reaper, rescue, scheduler, watchdog
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -120,3 +121,66 @@ def test_a_scheduler_tick_that_reaps_waits_for_no_hook_and_survives_system_exit(
     _wait("the blocking hook runs", hook.entered.is_set)
     hook.release.set()
     _wait("the blocked hook ends", lambda: job_of[BLOCKS] in hook.heard)
+
+
+def test_a_hook_that_breaks_its_connection_fails_no_later_hook_on_its_thread(monkeypatch):
+    """The hook threads tell one hook after another, each on the thread's own connection: a
+    hook that lost it (here its server process is terminated, as a database restart does) left
+    it broken for the next hook told on that thread, which failed ("connection already closed")
+    for a fault that was not its own."""
+    monkeypatch.setattr(reaper, "HOOK_THREADS", 1)  # both hooks on the one thread, in turn
+    entered, release, heard = threading.Event(), threading.Event(), {}
+
+    def told(job_id: int, attempt: int, succeeded: bool) -> None:
+        if job_id == 1:
+            entered.set()
+            release.wait(30)
+            with pytest.raises(DatabaseError), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            heard[job_id] = "broken"
+            return
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                heard[job_id] = cursor.fetchone()
+        except DatabaseError as exc:
+            heard[job_id] = exc
+
+    monkeypatch.setitem(_handlers, "test.echo", replace(_handlers["test.echo"], on_finished=told))
+    try:
+        reaper.tell_later("test.echo", 1, 1)
+        _wait("the first hook runs", entered.is_set)
+        reaper.tell_later("test.echo", 2, 1)  # waits for the one thread
+    finally:
+        release.set()
+    _wait("the second hook is told", lambda: 2 in heard)
+    assert heard == {1: "broken", 2: (1,)}
+
+
+def test_a_hook_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
+    """A thread that cannot be started (here MemoryError) kept its slot: the reclaim saw the
+    error, and after HOOK_THREADS such failures no hook was ever told again. Now its job's hook
+    waits in the queue and the next thread that starts tells it."""
+    heard: list[int] = []
+
+    def told(job_id: int, attempt: int, succeeded: bool) -> None:
+        heard.append(job_id)
+
+    class NoThread:
+        def __init__(self, **kwargs) -> None:
+            pass
+
+        def start(self) -> None:
+            raise MemoryError
+
+    monkeypatch.setitem(_handlers, "test.echo", replace(_handlers["test.echo"], on_finished=told))
+    monkeypatch.setattr(reaper, "_tellers", [0])
+    monkeypatch.setattr(reaper, "_told", reaper.deque())
+    monkeypatch.setattr(reaper, "threading", SimpleNamespace(Thread=NoThread))
+    for job_id in range(1, reaper.HOOK_THREADS + 2):
+        reaper.tell_later("test.echo", job_id, 1)  # no thread: nothing raised, nothing told
+    assert reaper._tellers == [0] and heard == []
+    monkeypatch.setattr(reaper, "threading", threading)
+    reaper.tell_later("test.echo", 99, 1)
+    _wait("every waiting hook told", lambda: len(heard) == reaper.HOOK_THREADS + 2)
+    assert heard == [*range(1, reaper.HOOK_THREADS + 2), 99]

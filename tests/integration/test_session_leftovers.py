@@ -129,3 +129,20 @@ def test_a_session_statement_in_a_failed_transaction_fails_with_djangos_own_erro
                 cur.execute("SET search_path = public")
     finally:
         hygiene.after(found)
+
+
+@pytest.mark.parametrize("compose", ["psycopg.sql", "bytes"])
+def test_a_set_not_given_as_text_is_seen(compose: str) -> None:
+    """A statement built with psycopg's sql module (or given as bytes) reaches the driver through
+    Django's cursor as it is: the watch read only str statements, and its SET outlived the job."""
+    from psycopg import sql
+
+    statement = sql.SQL("SET statement_timeout = {}").format(sql.Literal(123456))
+    connection.ensure_connection()
+    found = hygiene.before()
+    with connection.cursor() as cur:
+        cur.execute(statement if compose == "psycopg.sql" else statement.as_string().encode())
+    hygiene.after(found)
+    with connection.cursor() as cur:  # a fresh session: the worker's own timeout
+        cur.execute("SHOW statement_timeout")
+        assert cur.fetchone()[0] != "123456ms"

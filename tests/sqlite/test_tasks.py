@@ -48,3 +48,18 @@ def test_a_rolled_back_enqueue_leaves_nothing_on_sqlite():
         tasks.add.enqueue(1, 2)
         raise RuntimeError("roll back")
     assert not Job.objects.exists()
+
+
+@override_settings(JOBS={"RETRY_BASE_SECONDS": 0.0})
+def test_a_result_that_cannot_be_stored_fails_once_and_bad_arguments_write_nothing_on_sqlite():
+    result = tasks.unencodable.enqueue("set")
+    runner.drain()
+    runner.drain()
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
+    assert [e.exception_class_path for e in result.errors] == [
+        "jobs.tasks.execution.UnencodableResult"
+    ]
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        tasks.add.enqueue(1, 2, 3)
+    assert Job.objects.count() == 1

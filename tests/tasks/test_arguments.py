@@ -2,6 +2,7 @@
 does: a TypeError naming the task and what is wrong, and nothing written. Before, such a task was
 enqueued and failed in the worker, every attempt of it, after a retry cycle."""
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -95,3 +96,49 @@ def test_a_function_whose_signature_cannot_be_read_takes_any_arguments():
     opaque.__signature__ = "not a signature"  # inspect.signature raises TypeError for it
     task = SimpleNamespace(func=opaque, takes_context=False, module_path="tests.opaque")
     check_arguments(task, [1, 2, 3], {"x": 1})  # no error: as before the check existed
+
+
+def test_a_function_whose_signature_raises_when_read_takes_any_arguments():
+    """Reading a signature runs code (a `__signature__` callable; from Python 3.14 annotations
+    evaluated when read): whatever it raises, the call is not refused -- it was a NameError out
+    of enqueue for a task that runs."""
+
+    def lazy(*args):
+        return args
+
+    def unreadable():
+        raise NameError("name 'Decimal' is not defined")
+
+    lazy.__signature__ = unreadable  # inspect.signature calls it
+    task = SimpleNamespace(func=lazy, takes_context=False, module_path="tests.lazy")
+    check_arguments(task, [1, 2, 3], {"x": 1})  # no error: as a signature that cannot be read
+
+
+@pytest.mark.skipif(sys.version_info < (3, 14), reason="PEP 649's lazy annotations: Python 3.14")
+def test_a_task_annotated_with_a_name_only_type_checkers_import_is_enqueued():
+    from tests.app import deferred_annotations
+
+    result = deferred_annotations.charge.enqueue("9.99")
+    assert Job.objects.filter(pk=result.id, kind=deferred_annotations.charge.module_path).exists()
+    with pytest.raises(TypeError, match="missing a required argument: 'amount'"):
+        deferred_annotations.charge.enqueue()  # the signature is still read and checked
+
+
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("a default whose repr raises")
+
+
+_UNPRINTABLE = _Unprintable()
+
+
+def test_refused_arguments_are_a_type_error_even_when_the_signature_cannot_be_printed():
+    """The message shows the signature; one holding a default whose repr() raises still gives
+    the TypeError (it was that RuntimeError, out of enqueue)."""
+
+    def guarded(a, marker=_UNPRINTABLE):
+        return a
+
+    task = SimpleNamespace(func=guarded, takes_context=False, module_path="tests.guarded")
+    with pytest.raises(TypeError, match=r"task tests\.guarded\(\.\.\.\) cannot take these"):
+        check_arguments(task, [1, 2, 3], {})
