@@ -20,6 +20,7 @@ from jobs.core.exceptions import (
     JobsError,
     LeaseLost,
     PayloadTooLarge,
+    PermanentFailure,
     UnknownKind,
 )
 from jobs.core.registry import handler
@@ -34,6 +35,7 @@ __all__ = [
     "JobsError",
     "LeaseLost",
     "PayloadTooLarge",
+    "PermanentFailure",
     "UnknownKind",
     "enqueue",
     "handler",

@@ -7,7 +7,6 @@ from django.test import override_settings
 from django.utils import timezone
 
 import jobs
-from jobs.core.exceptions import PermanentFailure
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
 from jobs.worker import runner
@@ -114,14 +113,14 @@ def test_a_handler_whose_lease_was_taken_discards_its_work(second_connection, sw
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING  # attempt 2's, untouched
 
 
-class _Refused(PermanentFailure):
+class _Refused(jobs.PermanentFailure):
     def __str__(self) -> str:
         raise RuntimeError("a hostile __str__")
 
 
 @override_settings(JOBS={"RETRY_BASE_SECONDS": 0.0})
 def test_a_handler_that_raises_permanent_failure_fails_at_once_with_attempts_left(swap_handler):
-    """A plain handler may raise jobs.core.exceptions.PermanentFailure (as jobs.tasks does for a
+    """A plain handler may raise jobs.PermanentFailure (as jobs.tasks does for a
     result that cannot be stored): its job fails on that attempt, not retried, even when the
     exception's own text cannot be read."""
     job = jobs.enqueue("test.echo", max_attempts=3)
