@@ -153,3 +153,12 @@ def test_an_id_below_one_is_refused_not_silently_skipped(make_job, admin_user, c
         run(*args)
     job.refresh_from_db()
     assert job.state == JobState.QUEUED  # nothing done: the command stopped before acting
+
+
+def test_queues_prints_a_hand_inserted_queue_names_control_characters_escaped(make_job):
+    # `jobs queues` lists every queue a row names; one inserted by hand (not through enqueue's
+    # checks) reached the terminal as it was. Found in review.
+    make_job(queue="mail\x1b]0;pwned\x07")
+    text = run("queues")
+    assert "\x1b" not in text and "\x07" not in text, text
+    assert "mail\\x1b]0;pwned\\x07" in text

@@ -12,7 +12,6 @@ days with their history, in batches; it is a maintenance task for cron or a depl
 import argparse
 import getpass
 import os
-import re
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -21,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from jobs.core.states import JobState
 from jobs.management import intents as intents_cli
 from jobs.management import queues as queues_command
+from jobs.management.terminal import printable
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.ops import actions, retention
 from jobs.ops.describe import effective_lease, effective_max_attempts, seconds
@@ -31,16 +31,6 @@ LIST_LIMIT = 1000
 # Never printed, so never decoded: a raw-SQL row Python cannot decode (nested past its limit, a
 # number of 5,001 digits) must not end a listing of other jobs, nor its own `show`.
 JSON_COLUMNS = ("payload", "progress", "result")
-
-
-# C0 and C1 control characters: a handler's error text (or a raw row's kind or worker) is printed
-# on the operator's terminal, where an ESC or CSI sequence would act instead of being read.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _printable(line: str) -> str:
-    """One line as text a terminal shows rather than obeys: control characters as \\xNN."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
 
 
 def _first_line(text: str, width: int = 100) -> str:
@@ -146,7 +136,7 @@ class Command(BaseCommand):
         families = {f.name: f for f in collect_families()}
 
         def out(line: str) -> None:  # a lease hint names a kind, which a raw row may hold
-            self.stdout.write(_printable(line))
+            self.stdout.write(printable(line))
 
         out("queues (queued, oldest due waiting):")
         ages = {
@@ -182,7 +172,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{'id':>10} {'state':<10} {'att':>4} {'queue':<12} {'kind':<24} updated")
         for job in jobs:
             self.stdout.write(
-                _printable(
+                printable(
                     f"{job.pk:>10} {job.state:<10} {job.attempt:>4} {job.queue[:12]:<12} "
                     f"{job.kind[:24]:<24} {seconds(job.updated_at)}"
                 )
@@ -194,7 +184,7 @@ class Command(BaseCommand):
             raise CommandError(f"no job {job_id}")
 
         def out(line: str) -> None:
-            self.stdout.write(_printable(line))
+            self.stdout.write(printable(line))
 
         out(f"job {job.pk}  {job.kind}  queue={job.queue}  priority={job.priority}")
         out(f"  state {job.state}, attempt {job.attempt} ({job.attempts_released} uncharged)")
