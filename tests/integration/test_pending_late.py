@@ -27,6 +27,20 @@ A = "host-a:1"
 HOOK = {"url": "http://127.0.0.1:9/hook", "json": {}}
 
 
+def _record(running: Running, record: str, out: dict) -> None:
+    """On a thread the handler left running: `record` ("intent" or "stage"); what it raised goes
+    to out["error"]."""
+    try:
+        if record == "intent":
+            running.ctx.intent("late", "webhook", HOOK)
+        else:
+            running.ctx.stage("late.txt", b"late")
+    except BaseException as exc:  # noqa: BLE001  handed to the test
+        out["error"] = exc
+    finally:
+        connection.close()  # this thread's own
+
+
 def _from_a_leaked_thread(running: Running, record: str) -> BaseException | None:
     """`record` ("intent" or "stage") called on a thread the handler started and left running,
     once its attempt has ended; what it raised."""
@@ -34,15 +48,7 @@ def _from_a_leaked_thread(running: Running, record: str) -> BaseException | None
 
     def leaked() -> None:
         ended.wait(10)
-        try:
-            if record == "intent":
-                running.ctx.intent("late", "webhook", HOOK)
-            else:
-                running.ctx.stage("late.txt", b"late")
-        except BaseException as exc:  # noqa: BLE001  handed to the test
-            out["error"] = exc
-        finally:
-            connection.close()  # this thread's own
+        _record(running, record, out)
 
     thread = threading.Thread(target=leaked, name="leaked-by-handler")
     thread.start()
@@ -214,18 +220,9 @@ def test_a_record_after_the_commit_read_the_attempts_work_is_refused_not_dropped
     def read_then_a_leaked_record(fence):  # type: ignore[no-untyped-def]
         work = read(fence)
 
-        def leaked() -> None:
-            try:
-                if record == "intent":
-                    running.ctx.intent("late", "webhook", HOOK)
-                else:
-                    running.ctx.stage("late.txt", b"late")
-            except BaseException as exc:  # noqa: BLE001  handed to the test
-                out["error"] = exc
-            finally:
-                connection.close()  # this thread's own
-
-        thread = threading.Thread(target=leaked, name="leaked-by-handler")
+        thread = threading.Thread(
+            target=_record, args=(running, record, out), name="leaked-by-handler"
+        )
         thread.start()
         thread.join(10)
         return work
