@@ -116,13 +116,13 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
         return Outcome(succeeded=False, error=error, permanent=permanent)
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
+        return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
     except InvalidPayload as exc:
-        return Outcome(succeeded=False, error=f"handler returned an unusable result: {exc}")
-    except Exception as exc:  # noqa: BLE001  the value's own code raised (a hostile items(), a
-        # RecursionError, a MemoryError): this job's failure, never the drain's
+        why = str(exc)
+    except Exception as exc:  # noqa: BLE001  its own code raised (items(), RecursionError, ...)
         why = "".join(traceback.format_exception_only(exc)).strip()  # safe if str(exc) raises
-        return Outcome(succeeded=False, error=f"handler returned an unusable result: {why}")
-    return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
+    # Not retried (as a task's UnencodableResult): a rerun would most likely return it again.
+    return Outcome(False, error=f"handler returned an unusable result: {why}", permanent=True)
 
 
 _DAEMONIC = "daemonic processes are not allowed to have children"

@@ -91,6 +91,19 @@ def test_a_result_that_is_not_json_fails_the_attempt(swap_handler):
     assert job.state == JobState.FAILED and "unusable result" in job.error
 
 
+@pytest.mark.parametrize("bad", [{1, 2, 3}, float("nan"), "x" * (1 << 20)])
+def test_a_result_that_cannot_be_stored_fails_at_once_not_retried(swap_handler, settings, bad):
+    """The same handler would most likely return the same value: rerunning its work for it is
+    what a PermanentFailure spares (a task's UnencodableResult is one; so is a plain handler's)."""
+    settings.JOBS = {**settings.JOBS, "MAX_PAYLOAD_BYTES": 1 << 16}
+    job = jobs.enqueue("test.echo", {"n": 1}, max_attempts=5)
+    swap_handler("test.echo", lambda ctx: bad)
+    runner.drain()
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.FAILED, 1), job.error
+    assert "unusable result" in job.error
+
+
 def test_a_handler_whose_lease_was_taken_discards_its_work(second_connection, swap_handler):
     """The handler's own checkpoint finds the lease gone: no commit is even attempted."""
     from tests.app.handlers import checkpointing
