@@ -35,6 +35,10 @@ _ALIAS_FIXED = {"@hourly": False}
 # a whole field croniter draws at random (its hash_expression_re, type "r"; a name such as MAR
 # or FRI is no match, and croniter refuses "r" inside a list)
 _RANDOM_FIELD = re.compile(r"r(?:\(\d+-\d+\))?(?:/\d+)?", re.ASCII | re.IGNORECASE)
+# Keys of the zone database that name whatever zone the machine reading them is set to (Debian's
+# tzdata has both): a schedule in one would tick at other hours on a web server and a worker set
+# differently, and move when a machine's setting changes.
+_THIS_MACHINES = frozenset({"localtime", "posixrules"})
 
 
 def check(cron: object, timezone: object, now: datetime) -> None:
@@ -46,6 +50,11 @@ def check(cron: object, timezone: object, now: datetime) -> None:
         raise InvalidOption(
             f"{cron!r} has a field croniter draws at random (R): its ticks would change each "
             "time they are counted; write the value instead"
+        )
+    if timezone in _THIS_MACHINES:
+        raise InvalidOption(
+            f"time zone {timezone!r} is whatever zone each machine is set to: name the zone "
+            "(e.g. 'Europe/Paris', 'UTC')"
         )
     try:
         ZoneInfo(timezone)  # type: ignore[arg-type]

@@ -96,3 +96,11 @@ def test_a_field_croniter_draws_at_random_is_refused_where_it_is_declared(cron: 
 @pytest.mark.parametrize("cron", ["0 0 * MAR *", "0 0 * * FRI", "0 0 * APR,OCT SAT", "@hourly"])
 def test_names_holding_an_r_are_not_taken_for_a_random_field(cron: str) -> None:
     crontab.check(cron, "UTC", utc(2026, 12, 1))
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules"])
+def test_a_zone_key_naming_the_machines_own_zone_is_refused(zone: str) -> None:
+    # ZoneInfo("localtime") reads /usr/share/zoneinfo/localtime (Debian: the machine's zone): a
+    # schedule in it would tick at other hours on machines set differently. Found in review.
+    with pytest.raises(InvalidOption, match="each machine"):
+        crontab.check("0 9 * * *", zone, utc(2026, 12, 1))
