@@ -118,7 +118,12 @@ class Relay:
 
     def pump(self) -> int:
         """Claim as many due intents as free slots allow and start their calls; how many. The
-        open threads first, then the reserved ones (jobs/effects/slots.py)."""
+        open threads first, then the reserved ones (jobs/effects/slots.py) -- only once the open
+        ones are full: an open claim that found fewer intents than it had room for took what
+        was due, and intents committed since then go to the next pump's open threads. (Read
+        between the two claims, a burst went to the reserve first: lanes not yet seen slow took
+        both reserved threads while open ones stood free, and if they hung, a healthy lane's
+        intent waited for their deadline.)"""
         self.freed.clear()  # before reading the slots: a call ending from now on sets it again
         self._mind_overdue()
         started = 0
@@ -134,6 +139,8 @@ class Relay:
                 busy=plan.busy,
             )
             started += sum(self._start(c, reserved) for c in claims)
+            if len(claims) < plan.limit:
+                break  # room left where it claimed: nothing more was due (the reserve waits)
         return started
 
     def wait(self, timeout: float) -> None:

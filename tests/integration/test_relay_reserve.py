@@ -94,3 +94,29 @@ def test_ports_seen_hanging_take_only_the_open_threads_while_they_keep_hanging()
             time.sleep(1.0)
         assert max(delays) < 1.0, delays
         assert sum(d.connections for d in dead) > 12  # they kept hanging all along
+
+
+def test_intents_committed_between_the_open_and_the_reserved_claim_wait_for_the_open_threads(
+    monkeypatch,
+):
+    # A burst committed after one pump's open claim found nothing, and before its reserved claim:
+    # before, the reserved claim took it first -- two hanging lanes not yet seen slow in both
+    # reserved threads, then the next pump's open claim the rest: all eight threads taken by the
+    # four hanging ports (found as this file's first test failing one run in three under load).
+    real = outbox.claim
+    keys: list[str] = []
+
+    def claim_then_commit(*args, **kwargs):
+        got = real(*args, **kwargs)
+        if not keys:  # the first claim: the open threads', nothing due yet
+            keys.extend(_commit("webhook", [{"url": f"{d.url}/hook"} for d in dead for _ in "ab"]))
+        return got
+
+    with _hanging_ports(4) as dead:
+        r = relay.Relay("test-reserve-order")
+        monkeypatch.setattr(outbox, "claim", claim_then_commit)
+        assert r.pump() == 0  # the open claim found nothing: the reserved one is not tried
+        monkeypatch.setattr(outbox, "claim", real)
+        assert r.pump() == 7  # six open threads, then one reserved thread for the fourth port
+        assert sum(r.in_flight().values()) == relay.THREADS - 1
+        wait_for(lambda: sum(d.connections for d in dead) == 7, 10, "the calls did not start")
