@@ -435,7 +435,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # One line a record: a message's control characters (a peer's error text) as \xNN.
+        "line": {
+            "()": "jobs.ops.logs.LineFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         "json": {"()": "jobs.ops.logs.JsonFormatter"},  # JOBS_LOG_FORMAT=json: one object a line
     },
     "handlers": {

@@ -43,6 +43,16 @@ _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # exponent as <digit>e<sign><digit>; strings are matched whole so that text in them is skipped.
 _EXPONENT = re.compile(r"[0-9]e[-+][0-9]")
 _STRING_OR_EXPONENT = re.compile(r'"(?:[^"\\]++|\\.)*+"|-?[0-9]+(?:\.[0-9]+)?e[-+][0-9]+')
+# A JSON number is PostgreSQL's `numeric`, which holds at most 131,072 digits before the decimal
+# point: a longer integer fails the whole statement (a DataError, which aborts the caller's
+# transaction). Python writes no int longer than 4,300 digits unless that limit is lifted
+# (PYTHONINTMAXSTRDIGITS=0, sys.set_int_max_str_digits(0)); then it is refused here.
+NUMERIC_DIGITS = 131_072
+# Strings are matched whole (text in them is skipped); a run of digits only from its first digit,
+# so that a long run is read once, not once per digit.
+_STRING_OR_LONG_INTEGER = re.compile(
+    r'"(?:[^"\\]++|\\.)*+"|(?<![0-9])[0-9]{' + str(NUMERIC_DIGITS + 1) + ",}"
+)
 
 
 def _is_number(value: object) -> bool:
@@ -142,8 +152,9 @@ def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:
     """Refuse what is not plain JSON the database can store; return its encoded size in bytes.
 
     Refused: non-JSON types, NaN/Infinity, nesting deeper than JSON_DEPTH, strings holding NUL or
-    lone surrogates (PostgreSQL's jsonb stores neither), and more than `limit_bytes` of UTF-8 --
-    a number counted as the database writes it back, in plain notation (1e+308: 309 bytes).
+    lone surrogates (PostgreSQL's jsonb stores neither), integers longer than `numeric` holds,
+    and more than `limit_bytes` of UTF-8 -- a number counted as the database writes it back, in
+    plain notation (1e+308: 309 bytes).
     """
     if value is None or isinstance(value, bool):
         return 5  # the common result of a no-op ("null", "true", "false"): nothing to inspect
@@ -192,7 +203,17 @@ def _checked_json(value: Any, limit_bytes: int, what: str) -> tuple[str, int]:
         raise PayloadTooLarge(f"{what} is {size} bytes encoded; the limit is {limit_bytes}")
     if "\\u0000" in encoded and _ESCAPED_NUL.search(encoded):
         raise InvalidPayload(f"{what} holds a NUL character, which the database cannot store")
+    if len(encoded) > NUMERIC_DIGITS and _has_long_integer(encoded):
+        raise InvalidPayload(
+            f"{what} holds an integer of more than {NUMERIC_DIGITS} digits, "
+            "which the database cannot store"
+        )
     return encoded, size
+
+
+def _has_long_integer(encoded: str) -> bool:
+    """Whether a number of `encoded` (strings skipped) has more digits than `numeric` holds."""
+    return any(m.group()[0] != '"' for m in _STRING_OR_LONG_INTEGER.finditer(encoded))
 
 
 def _plain_growth(encoded: str) -> int:

@@ -3,9 +3,11 @@
 Owns: `owner_of(pid)`, the one rule -- "<hostname>:<pid>", and in a pid namespace of its own (a
 container) "<hostname>/<namespace inode>:<pid>" -- read by the runner (jobs.worker.runner
 .worker_identity), the rescuer (jobs.worker.rescue) and the zombie drill (demo.drill), which
-may not import the worker's rooms. Never: decides whether that process is alive.
+may not import the worker's rooms. And `os_user()`, who runs a `manage.py jobs` command when no
+operator is named. Never: decides whether that process is alive.
 """
 
+import getpass
 import os
 import socket
 
@@ -24,3 +26,14 @@ def owner_of(pid: int) -> str:
         ns = _INIT_PID_NS
     host = socket.gethostname()
     return f"{host}:{pid}" if ns == _INIT_PID_NS else f"{host}/{ns}:{pid}"
+
+
+def os_user() -> str:
+    """The login name of this process's user, or "uid <n>" where it has none: a container run as
+    a uid with no passwd entry and no USER or LOGNAME (Kubernetes' runAsUser, OpenShift), where
+    getpass.getuser() raises (KeyError; OSError from Python 3.13) -- before, out of `manage.py
+    jobs queues pause` and every operator action as a traceback instead of their own answer."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError, ImportError):
+        return f"uid {os.getuid()}"

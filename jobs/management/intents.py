@@ -7,13 +7,13 @@ call's outcome is unknown without reconciling it first (a possible duplicate, ac
 operator).
 """
 
-import getpass
 import os
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
+from jobs.core import identity
 from jobs.models import Intent
 from jobs.ops import intents
 
@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(options: dict[str, Any], out: Any) -> None:
-    username = options["user"] or os.environ.get("JOBS_OPERATOR") or getpass.getuser()
+    username = options["user"] or os.environ.get("JOBS_OPERATOR") or identity.os_user()
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise CommandError(f"no Django user {username!r}: pass --user (a staff operator)")

@@ -5,12 +5,6 @@ hold control characters; printed as they are, an ESC or CSI sequence would act o
 (retitle it, clear it, answer back) instead of being read. Never: changes what is stored.
 """
 
-import re
+from jobs.ops.logs import printable  # one rule for the terminal and the log's text lines
 
-# C0 and C1 control characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(line: str) -> str:
-    """One line as text a terminal shows rather than obeys: control characters as \\xNN."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+__all__ = ["printable"]

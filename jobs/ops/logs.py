@@ -1,19 +1,55 @@
 """Log formatting: one line per record, as text or as JSON (JOBS_LOG_FORMAT=json).
 
-Owns: rendering. The structured lines (a rejected write, a reclaim, an operator action) pass
-their fields as `extra={"fields": {...}}`; the JSON formatter puts them at the top level of the
-object, so a log pipeline can filter on job_id, attempt_presented, worker, ... without parsing
-the message. Never: raises, or writes a line that is not JSON -- a value that is not JSON (a
-set, a dict with tuple keys, a cycle, NaN or an infinity, which json writes as the invalid
-`NaN`/`Infinity`) becomes its repr, and text holding a lone surrogate (a handler's exception
-message can) is written with \\u escapes, as a UTF-8 stream can carry it.
+Owns: rendering, and the rule that makes data printable on one line (`printable`, which `manage.py
+jobs` prints rows with too). The structured lines (a rejected write, a reclaim, an operator
+action) pass their fields as `extra={"fields": {...}}`; the JSON formatter puts them at the top
+level of the object, so a log pipeline can filter on job_id, attempt_presented, worker, ...
+without parsing the message. Never: raises, or writes a line that is not JSON -- a value that is
+not JSON (a set, a dict with tuple keys, a cycle, NaN or an infinity, which json writes as the
+invalid `NaN`/`Infinity`) becomes its repr, and text holding a lone surrogate (a handler's
+exception message can) is written with \\u escapes, as a UTF-8 stream can carry it.
+
+Hazard, the text format (the default, `bin/run`'s console): a message carries data -- a peer's
+error text (an outbox target's exception), the keys of an application's rows in a refused token
+write, a kind or worker read from a row. Written as it is, a newline in it would end the line
+(the rest read as a line of its own, which it can forge) and an ESC or CSI sequence would act on
+the operator's terminal. So `LineFormatter` writes every C0 and C1 control character of a
+message as \\xNN; a traceback appended after it keeps its line breaks, nothing else.
 """
 
 import json
 import logging
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
+
+# C0 and C1 control characters; in a traceback, all but its newlines.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def printable(line: str) -> str:
+    """One line as text a terminal shows rather than obeys: control characters as \\xNN."""
+    return _CONTROL.sub(_escaped, line)
+
+
+class LineFormatter(logging.Formatter):
+    """The text console's format: each record one line, its message's control characters
+    escaped (a traceback appended after it keeps its line breaks, nothing else)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return _CONTROL_BUT_NEWLINE.sub(_escaped, super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _CONTROL_BUT_NEWLINE.sub(_escaped, super().formatStack(stack_info))
 
 
 def _plain(value: Any) -> Any:

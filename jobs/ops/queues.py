@@ -13,7 +13,6 @@ Hazards: a limit lower than the jobs running now stops nothing -- claims from th
 until fewer than the limit run.
 """
 
-import getpass
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection, transaction
 
+from jobs.core import identity
 from jobs.core.enqueue import QUEUE_NAME
 from jobs.core.sql import driver_for
 from jobs.core.sql import queues as sql
@@ -117,7 +117,7 @@ def validate_name(name: Any) -> None:
 def _check_actor(actor: Any) -> str:
     """Who acts, as stored on the row: a permitted Django user, or the CLI (None)."""
     if actor is None:
-        return f"cli ({getpass.getuser()})"[:200]
+        return f"cli ({identity.os_user()})"[:200]
     if not may_act(actor):
         raise PermissionError(f"{actor} may not control queues (needs staff and jobs.change_job)")
     return str(actor.get_username())[:200]

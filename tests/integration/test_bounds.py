@@ -5,9 +5,10 @@ import collections
 import datetime as dt
 import json
 import math
+import sys
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -82,6 +83,32 @@ def test_a_number_is_sized_as_the_database_writes_it_back(number):
         cur.execute("SELECT octet_length((%s)::jsonb::text)", [json.dumps(number)])
         (stored,) = cur.fetchone()
     assert bounds.json_value(number, 10_000) == bounds.json_value([number], 10_000) - 2 == stored
+
+
+@pytest.fixture
+def no_int_digit_limit():
+    """Python as PYTHONINTMAXSTRDIGITS=0 runs it: ints of any length written and read."""
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    yield
+    sys.set_int_max_str_digits(before)
+
+
+def test_an_integer_longer_than_numeric_holds_is_an_invalid_payload_and_the_transaction_goes_on(
+    no_int_digit_limit, settings
+):
+    # PostgreSQL's numeric holds 131,072 digits before the point; one more failed the INSERT
+    # with a DataError that aborted the caller's transaction.
+    settings.JOBS = {"MAX_PAYLOAD_BYTES": 1024 * 1024}
+    longest, too_long = 10**131_071, 10**131_072
+    with transaction.atomic():
+        with pytest.raises(jobs.InvalidPayload, match="more than 131072 digits"):
+            jobs.enqueue("test.echo", {"n": [1, -too_long]})
+        with pytest.raises(jobs.InvalidPayload):
+            jobs.enqueue("test.echo", too_long)
+        job = jobs.enqueue("test.echo", {"n": -longest, "text": "9" * 140_000})
+    assert Job.objects.get(pk=job.pk).payload == {"n": -longest, "text": "9" * 140_000}
+    assert Job.objects.count() == 1
 
 
 def test_a_payload_of_numbers_the_database_writes_back_longer_is_too_large(settings):

@@ -162,3 +162,38 @@ def test_queues_prints_a_hand_inserted_queue_names_control_characters_escaped(ma
     text = run("queues")
     assert "\x1b" not in text and "\x07" not in text, text
     assert "mail\\x1b]0;pwned\\x07" in text
+
+
+@pytest.fixture
+def uid_without_a_name(monkeypatch):
+    """A process as a container runs it under a uid no passwd entry names, with no USER or
+    LOGNAME: what Python's getpass.getuser() meets there (pwd.getpwuid raising KeyError)."""
+    import pwd
+
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME", "JOBS_OPERATOR"):
+        monkeypatch.delenv(name, raising=False)
+
+    def unknown(uid: int) -> None:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+
+
+def test_a_queue_is_paused_from_a_uid_without_a_login_name_and_audited_by_uid(
+    uid_without_a_name,
+):
+    import os
+
+    from jobs.models import QueueControl
+
+    assert run("queues", "pause", "reports").strip() == "queue reports paused"
+    row = QueueControl.objects.get(queue="reports")
+    assert row.paused and row.changed_by == f"cli (uid {os.getuid()})"
+
+
+@pytest.mark.parametrize(
+    "args", [("cancel", "1"), ("intents", "retry", "--failed")], ids=["cancel", "intents"]
+)
+def test_an_action_from_a_uid_without_a_login_name_asks_for_user(uid_without_a_name, args):
+    with pytest.raises(CommandError, match=r"no Django user 'uid \d+': pass --user"):
+        run(*args)

@@ -160,3 +160,78 @@ def test_the_json_formatter_writes_json_whatever_the_fields_hold():
     assert line["job_id"] == 7 and line["gap"] == "nan" and line["lateness"] == "inf"
     assert line["by_pair"] == "{(1, 2): 3}" and line["cycle"] == "[[...]]"
     assert line["text"] == "lone \ud800" and line["message"] == "m \udcff"
+
+
+# What a peer may answer: a line break that starts a forged line, and a CSI sequence that would
+# clear the operator's terminal.
+HOSTILE = "502 bad gateway\n2026-12-07 WARNING jobs.fencing stale commit rejected: job=1\x1b[2J"
+
+
+def _console_lines(records: list[logging.LogRecord]) -> list[str]:
+    """The records as the settings' console handler (the text format, `bin/run`'s) writes them."""
+    (console,) = logging.getLogger("jobs").handlers
+    return [console.format(record) for record in records]
+
+
+class _FailsWithThePeersText:
+    def perform(self, key: str, data: object) -> None:
+        raise RuntimeError(HOSTILE)
+
+    def reconcile(self, key: str, data: object) -> bool | None:
+        return None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_peers_error_text_reaches_the_text_console_as_one_printable_line(monkeypatch, caplog):
+    import jobs
+    from jobs.effects import outbox, targets
+    from tests.integration.attempts import claim
+
+    monkeypatch.setitem(targets._targets, "test.peer-text", _FailsWithThePeersText())
+    monkeypatch.setitem(targets._takes_token, ("test.peer-text", "perform"), False)
+    monkeypatch.setitem(targets._takes_token, ("test.peer-text", "reconcile"), False)
+    jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    running.ctx.intent("publish", "test.peer-text", {})
+    running.commit(None)
+    with caplog.at_level(logging.INFO, logger="jobs.outbox"):
+        assert outbox.relay_once("relay-a") == 1
+    (line,) = [t for t in _console_lines(caplog.records) if "retried" in t]
+    assert "\n" not in line and "\x1b" not in line
+    assert line.endswith(
+        "RuntimeError: 502 bad gateway\\x0a2026-12-07 WARNING jobs.fencing "
+        "stale commit rejected: job=1\\x1b[2J"
+    )
+
+
+def test_a_rejected_writes_resource_reaches_the_text_console_on_its_line(make_job, caplog):
+    """A token write's resource names the application's rows by key, and a text key may hold
+    anything a user typed."""
+    from jobs.core.states import Write
+    from jobs.effects.fenced import record_rejection
+
+    job = make_job(kind="test.echo", state=JobState.RUNNING, attempt=3)
+    with caplog.at_level(logging.WARNING, logger="jobs.fencing"):
+        record_rejection(Fence(job.pk, 2, "host-z:9"), Write.TOKEN, f"app.Doc:{HOSTILE}", None)
+    (line,) = _console_lines(caplog.records)
+    assert "\n" not in line and "\x1b" not in line
+    assert "attempt_presented=2 attempt_current=3 resource=app.Doc:502 bad gateway\\x0a" in line
+
+
+def test_a_traceback_on_the_text_console_keeps_its_lines_and_escapes_the_rest():
+    try:
+        raise RuntimeError(HOSTILE)
+    except RuntimeError:
+        record = logging.LogRecord("jobs.outbox", logging.ERROR, __file__, 1, "failed", (), None)
+        record.exc_info = sys.exc_info()
+    (text,) = _console_lines([record])
+    assert "\x1b" not in text
+    lines = text.splitlines()
+    assert (
+        lines[0].endswith("ERROR jobs.outbox failed")
+        and lines[1] == "Traceback (most recent call last):"
+    )
+    assert lines[-2:] == [
+        "RuntimeError: 502 bad gateway",
+        "2026-12-07 WARNING jobs.fencing stale commit rejected: job=1\\x1b[2J",
+    ]

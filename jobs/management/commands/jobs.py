@@ -10,13 +10,13 @@ days with their history, in batches; it is a maintenance task for cron or a depl
 """
 
 import argparse
-import getpass
 import os
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from jobs.core import identity
 from jobs.core.states import JobState
 from jobs.management import intents as intents_cli
 from jobs.management import queues as queues_command
@@ -223,7 +223,7 @@ class Command(BaseCommand):
         return jobs
 
     def act(self, action: str, options: dict[str, Any]) -> None:
-        username = options["user"] or os.environ.get("JOBS_OPERATOR") or getpass.getuser()
+        username = options["user"] or os.environ.get("JOBS_OPERATOR") or identity.os_user()
         username = queues_command.storable("user", username)
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
