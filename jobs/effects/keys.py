@@ -229,7 +229,13 @@ def send_mail(
         raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
 
     def send(key: str) -> dict[str, Any]:
-        message_id = _mail_started(ctx, key)
+        # Outside the handler's own transaction, like the ledger's begin and finish. Inside it,
+        # the mark locked the key row until that transaction ended: finish, on the context's own
+        # connection, waited for it until its deadline cut it (the mail sent, nothing recorded),
+        # and the rollback erased the record of a possible duplicate.
+        started: list[str] = []
+        ctx._outside_transaction(lambda: started.append(_mail_started(ctx, key)))
+        message_id = started[0]
         sent = message(key, message_id).send()
         return {"sent": sent, "message_id": message_id}
 
