@@ -55,7 +55,7 @@ from jobs.models import IdempotencyKey, Job, JobEvent
 
 logger = logging.getLogger("jobs.effects")
 
-STEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # also a valid Message-ID left part
+STEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def checked_step(step: Any, what: str = "effect") -> str:
@@ -222,9 +222,15 @@ def send_mail(
         headers = {"Message-ID": message_id, "X-Idempotency-Key": key}
         return EmailMessage(subject, body, from_email, to, headers=headers)
 
+    if ".." in checked_step(step) or step.endswith("."):
+        # The Message-ID's left part is a dot-atom (RFC 5322): no empty part between its dots.
+        # Servers that require a valid Message-ID (Gmail) refuse, or rewrite, one that is not.
+        raise InvalidOption(
+            f"send_mail(): step {step!r} would make an invalid Message-ID: no '..', no final '.'"
+        )
     try:  # what the framework refuses (a line break in a header, `to` not a list) is refused
         # before the ledger row: never a send started, so never recorded as sent again
-        message(key_for(ctx.job_id, checked_step(step)), f"<check@{mail_domain()}>").message()
+        message(key_for(ctx.job_id, step), f"<check@{mail_domain()}>").message()
     except (TypeError, ValueError) as exc:
         raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
 
