@@ -144,8 +144,8 @@ def finish(fence: Fence, key: str, result: Any) -> Any:
             )
             return result
         row = IdempotencyKey.objects.filter(key=key).values("attempt", "status", "result").first()
-    done = IdempotencyKey.Status.DONE
-    if row is not None and (row["attempt"], row["status"]) == (fence.attempt, done):
+    own = (fence.attempt, IdempotencyKey.Status.DONE)
+    if row is not None and (row["attempt"], row["status"]) == own:
         return row["result"]  # this attempt's own other call of the step recorded it
     _refuse(fence, key, row["attempt"] if row else 0)
 
