@@ -245,12 +245,20 @@ class JobContext:
         result = effects.checked_result(fn(begun[0].key))
         # Presented even if the lease was lost meanwhile: the ledger row decides, and recording
         # that the effect happened is the truth a later attempt needs.
+        recorded: list[Any] = []
         try:
-            _outside_callers_transaction(lambda: effects.finish(fence, begun[0].key, result), fence)
+            _outside_callers_transaction(
+                lambda: recorded.append(effects.finish(fence, begun[0].key, result)), fence
+            )
         except LeaseLost:
             self._held.lost.set()
             raise
-        return result
+        return recorded[0]
+
+    def _outside_transaction(self, write: Callable[[], None]) -> None:
+        """Run `write`, one of the platform's own short writes for this attempt (send_mail's
+        ledger mark), never inside the handler's transaction: like the ledger's begin and finish."""
+        _outside_callers_transaction(write, self._held.fence)
 
     def intent(self, step: str, target: str, data: Any) -> None:
         """Record an outbox intent; it exists only if this attempt's commit is accepted."""

@@ -17,7 +17,8 @@ How one effect runs:
    reached through an intent (jobs/effects/outbox.py) instead.
 3. finish: `UPDATE ... WHERE key = K AND attempt = mine AND status = 'started'`. An older attempt
    whose row a newer attempt took over changes zero rows: recorded as a stale `effect` write and
-   raised as LeaseLost -- it can never record its completion over the newer attempt's.
+   raised as LeaseLost -- it can never record its completion over the newer attempt's. A row
+   already done by this same attempt (two of its calls at one step) returns its result instead.
 
 Never: runs `fn` inside the ledger's transaction (the lock would last as long as the call).
 
@@ -55,7 +56,7 @@ from jobs.models import IdempotencyKey, Job, JobEvent
 
 logger = logging.getLogger("jobs.effects")
 
-STEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # also a valid Message-ID left part
+STEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def checked_step(step: Any, what: str = "effect") -> str:
@@ -83,6 +84,26 @@ def begin(fence: Fence, step: str) -> Begun:
     with transaction.atomic():
         _no_flush_of_its_own()
         row = IdempotencyKey.objects.select_for_update().filter(key=key).first()
+        if row is None or row.status != IdempotencyKey.Status.DONE:
+            # The fence: this attempt still owns the job, held for the rest of this transaction.
+            owned = (
+                Job.objects.select_for_update(no_key=True)
+                .filter(pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING)
+                .values_list("pk", flat=True)
+            )
+            if not list(owned):
+                current = Job.objects.filter(pk=fence.job_id).values_list("attempt", flat=True)
+                refused = (key, (current.first() or 0))
+                row = None
+            elif row is None:
+                # Another call of this attempt's step (its threads, or nested) may have created
+                # the row while this one waited for the fence: it has committed, so read again.
+                row = IdempotencyKey.objects.select_for_update().filter(key=key).first()
+                if row is None:
+                    IdempotencyKey.objects.create(
+                        key=key, job_id=fence.job_id, step=step, attempt=fence.attempt, performs=1
+                    )
+                    return Begun(key, False)
         if row is not None and row.status == IdempotencyKey.Status.DONE:
             IdempotencyKey.objects.filter(pk=row.pk).update(
                 repeats=F("repeats") + 1, updated_at=Now()
@@ -95,21 +116,7 @@ def begin(fence: Fence, step: str) -> Begun:
                 data={"key": key, "performed_by": row.attempt},
             )
             return Begun(key, True, row.result)
-        # The fence: this attempt still owns the job, held for the rest of this transaction.
-        owned = (
-            Job.objects.select_for_update(no_key=True)
-            .filter(pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING)
-            .values_list("pk", flat=True)
-        )
-        if not list(owned):
-            current = Job.objects.filter(pk=fence.job_id).values_list("attempt", flat=True)
-            refused = (key, (current.first() or 0))
-        elif row is None:
-            IdempotencyKey.objects.create(
-                key=key, job_id=fence.job_id, step=step, attempt=fence.attempt, performs=1
-            )
-            return Begun(key, False)
-        else:
+        if row is not None:
             IdempotencyKey.objects.filter(pk=row.pk).update(
                 attempt=fence.attempt, performs=F("performs") + 1, updated_at=Now()
             )
@@ -118,7 +125,10 @@ def begin(fence: Fence, step: str) -> Begun:
     raise AssertionError("unreachable")
 
 
-def finish(fence: Fence, key: str, result: Any) -> None:
+def finish(fence: Fence, key: str, result: Any) -> Any:
+    """Record `result` as the effect's; returns the result recorded. A row this same attempt
+    recorded meanwhile (two calls of one step at once, from its threads, or nested) is its own
+    answer, not a stale write: its result comes back."""
     with transaction.atomic():
         _no_flush_of_its_own()
         done = IdempotencyKey.objects.filter(
@@ -132,9 +142,12 @@ def finish(fence: Fence, key: str, result: Any) -> None:
                 worker=fence.worker,
                 data={"key": key},
             )
-            return
-        current = IdempotencyKey.objects.filter(key=key).values_list("attempt", flat=True).first()
-    _refuse(fence, key, current or 0)
+            return result
+        row = IdempotencyKey.objects.filter(key=key).values("attempt", "status", "result").first()
+    own = (fence.attempt, IdempotencyKey.Status.DONE)
+    if row is not None and (row["attempt"], row["status"]) == own:
+        return row["result"]  # this attempt's own other call of the step recorded it
+    _refuse(fence, key, row["attempt"] if row else 0)
 
 
 def _no_flush_of_its_own() -> None:
@@ -222,14 +235,26 @@ def send_mail(
         headers = {"Message-ID": message_id, "X-Idempotency-Key": key}
         return EmailMessage(subject, body, from_email, to, headers=headers)
 
+    if ".." in checked_step(step) or step.endswith("."):
+        # The Message-ID's left part is a dot-atom (RFC 5322): no empty part between its dots.
+        # Servers that require a valid Message-ID (Gmail) refuse, or rewrite, one that is not.
+        raise InvalidOption(
+            f"send_mail(): step {step!r} would make an invalid Message-ID: no '..', no final '.'"
+        )
     try:  # what the framework refuses (a line break in a header, `to` not a list) is refused
         # before the ledger row: never a send started, so never recorded as sent again
-        message(key_for(ctx.job_id, checked_step(step)), f"<check@{mail_domain()}>").message()
+        message(key_for(ctx.job_id, step), f"<check@{mail_domain()}>").message()
     except (TypeError, ValueError) as exc:
         raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
 
     def send(key: str) -> dict[str, Any]:
-        message_id = _mail_started(ctx, key)
+        # Outside the handler's own transaction, like the ledger's begin and finish. Inside it,
+        # the mark locked the key row until that transaction ended: finish, on the context's own
+        # connection, waited for it until its deadline cut it (the mail sent, nothing recorded),
+        # and the rollback erased the record of a possible duplicate.
+        started: list[str] = []
+        ctx._outside_transaction(lambda: started.append(_mail_started(ctx, key)))
+        message_id = started[0]
         sent = message(key, message_id).send()
         return {"sent": sent, "message_id": message_id}
 

@@ -300,6 +300,9 @@ def _reconcile(c: Claim, target: Any, relay: str) -> str | None:
             "not performed again (an operator's retry --perform-again would)"
         )
         return "parked" if _give_up(c, relay, why, c.failures, unknown=True) else "taken-over"
+    if happened is not True and happened is not False:  # proves nothing (a falsy response)
+        why = f"reconcile() answered a {type(happened).__name__}, not True, False or None"
+        return _again(c, relay, f"reconciliation: {why}: cannot tell yet", unknown=True)
     if happened:
         logger.info("intent %s: reconciliation found it performed; not performing again", c.key)
         return "reconciled" if _done(c, relay, reconciled=True) else "taken-over"

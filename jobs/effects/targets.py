@@ -23,7 +23,8 @@ class Target(Protocol):
 
     A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
     happened; False, it did not (and a lower token never will); None, no way to tell (the intent
-    is parked for an operator). Raising means "cannot tell yet": asked again later. And
+    is parked for an operator). Raising, or answering anything else (0, a falsy HTTP response),
+    means "cannot tell yet": asked again later. And
     `validate(data)`, called by `ctx.intent()` on the data as stored: raise `InvalidOption` for
     data it can never perform (the handler's error at once)."""
 

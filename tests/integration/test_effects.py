@@ -3,13 +3,15 @@ attempts, re-performed with the same key when never recorded, and a stale attemp
 record its completion over a newer one's. Mail through Django's framework, key in Message-ID."""
 
 import re
+from email import message_from_string
+from email import policy as email_policy
 
 import pytest
 from django.core import mail
 from django.db import connection
 
 import jobs
-from jobs.core.exceptions import InvalidPayload, PayloadTooLarge
+from jobs.core.exceptions import InvalidOption, InvalidPayload, PayloadTooLarge
 from jobs.effects import keys as effects
 from jobs.models import IdempotencyKey, Job, JobEvent, RejectedWrite
 from tests.integration.attempts import claim, expire_and_reap
@@ -180,6 +182,28 @@ def test_mail_is_sent_once_with_the_key_in_its_message_id():
     assert re.fullmatch(rf"<{job.pk}\.notice\.\d+@{domain}>", message.extra_headers["Message-ID"])
     assert message.extra_headers["X-Idempotency-Key"] == f"{job.pk}:notice"
     assert IdempotencyKey.objects.get(key=f"{job.pk}:notice").repeats == 1
+
+
+@pytest.mark.parametrize("step", ["notice..2", "notice.", "a.-.b..c"])
+def test_a_mail_step_that_would_make_an_invalid_message_id_is_refused_before_its_ledger_row(step):
+    """The Message-ID's left part, `<job_id>.<step>.<stamp>`, is a dot-atom (RFC 5322): a step
+    with '..' or a final '.' made one with an empty part (`<7.notice..1765@...>`), which a server
+    requiring a valid Message-ID (Gmail) refuses or rewrites. Before, it was sent as it was."""
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    with pytest.raises(InvalidOption, match="Message-ID"):
+        effects.send_mail(running.ctx, step, "Rendered", "Your file is ready", ["a@b.c"])
+    assert not mail.outbox and not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.parametrize("step", ["notice", "a.b-c_d", "x_", "9.-"])
+def test_every_mail_step_accepted_makes_a_valid_message_id(step):
+    job = jobs.enqueue("test.echo")
+    running = claim(A)
+    effects.send_mail(running.ctx, step, "Rendered", "Your file is ready", ["a@b.c"])
+    raw = mail.outbox[0].message().as_string()
+    header = message_from_string(raw, policy=email_policy.default)["Message-ID"]
+    assert header.startswith(f"<{job.pk}.{step}.") and not header.defects
 
 
 def test_a_job_id_reused_after_a_restore_gets_a_new_message_id():

@@ -96,3 +96,23 @@ def test_a_token_write_refused_inside_the_handlers_transaction_is_recorded_on_sq
     assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.LOST
     report.refresh_from_db()
     assert report.body == "before"
+
+
+def test_a_mail_sent_inside_the_handlers_transaction_lands_on_sqlite(swap_handler, mailoutbox):
+    # send_mail's ledger mark goes where the ledger's other writes go: on SQLite, into the
+    # handler's transaction (on PostgreSQL, a connection of its own: test_mail_in_transaction).
+    from jobs.effects import send_mail
+    from jobs.models import IdempotencyKey
+
+    def mail_in_atomic(ctx):
+        with transaction.atomic():
+            send_mail(ctx, "notice", "Ready", "Your file", ["a@b.c"])
+        return "done"
+
+    swap_handler("test.echo", mail_in_atomic)
+    job = jobs.enqueue("test.echo")
+    runner.drain()
+    job.refresh_from_db()
+    assert (job.state, len(mailoutbox)) == (JobState.SUCCEEDED, 1)
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
+    assert (row.status, row.kind, row.performs) == ("done", "mail", 1)
