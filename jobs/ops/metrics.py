@@ -177,12 +177,14 @@ def _success_histogram(counts: Counter[int]) -> HistogramMetricFamily:
 
 def _queue_families(rows: list[tuple[str, int, float | None]]) -> list[Metric]:
     # Configured queues (and "default") are always present, at 0 when empty: an alert on a
-    # missing series is easy to get wrong.
-
-    seen = {r[0] for r in rows}
+    # missing series is easy to get wrong. They are kept beside the MAX_QUEUE_LABELS fullest
+    # others, never summed into "_other": with more queues than that, an empty `default` (or a
+    # configured queue whose one job has waited an hour) lost its series, and its alert went quiet.
     known = set(jobs_settings().QUEUES or ()) | {"default"}
-    rows = sorted([*rows, *((q, 0, None) for q in known - seen)], key=lambda r: (-r[1], r[0]))
-    kept, rest = rows[:MAX_QUEUE_LABELS], rows[MAX_QUEUE_LABELS:]
+    found = {r[0]: r for r in rows}
+    always = [found.get(q, (q, 0, None)) for q in sorted(known)]
+    others = sorted((r for r in rows if r[0] not in known), key=lambda r: (-r[1], r[0]))
+    kept, rest = always + others[:MAX_QUEUE_LABELS], others[MAX_QUEUE_LABELS:]
     if rest:
         ages = [r[2] for r in rest if r[2] is not None]
         kept.append(("_other", sum(r[1] for r in rest), max(ages) if ages else None))
