@@ -125,12 +125,16 @@ def _outbox() -> Iterable[Metric]:
 
 def _queue_controls() -> Iterable[Metric]:
     """Paused queues, limits and running jobs per queue (jobs.ops.queues), at most
-    MAX_QUEUE_LABELS queues each (the most running first)."""
-    controls = list(queues.controls().items())[:MAX_QUEUE_LABELS]
+    MAX_QUEUE_LABELS queues each: paused and limited by name, running the most first. Each family
+    is capped on its own: cut from the controlled queues by name, the first hundred limited
+    queues left no series to a paused queue named after them."""
+    controls = queues.controls().items()
+    paused = [q for q, c in controls if c.paused][:MAX_QUEUE_LABELS]
+    limits = [(q, c.limit) for q, c in controls if c.limit][:MAX_QUEUE_LABELS]
     running = dict(list(queues.running().items())[:MAX_QUEUE_LABELS])
     for name, values in (
-        ("jobs_queue_paused", {q: 1.0 for q, c in controls if c.paused}),
-        ("jobs_queue_concurrency_limit", {q: c.limit for q, c in controls if c.limit}),
+        ("jobs_queue_paused", dict.fromkeys(paused, 1.0)),
+        ("jobs_queue_concurrency_limit", dict(limits)),
         ("jobs_queue_running", running),
     ):
         yield gauge_family(name, CATALOGUE[name], values, "queue")
