@@ -36,6 +36,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
+from django.utils.http import is_same_domain
 from django.views.decorators.http import require_POST
 
 from dashboard.models import DRILL_PERMISSION, VIEW_PERMISSION
@@ -223,9 +224,24 @@ def origin_allowed(scope: dict[str, Any]) -> bool:
     if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
         return False
     seen = _origin(origin)
+    if seen is None:
+        return False
     ours = _origin(f"{'https' if _secure(scope) else 'http'}://{host}")
-    trusted = {_origin(o) for o in settings.CSRF_TRUSTED_ORIGINS}
-    return seen is not None and (seen == ours or seen in trusted)
+    return seen == ours or _trusted(seen)
+
+
+def _trusted(seen: str) -> bool:
+    """A CSRF_TRUSTED_ORIGINS entry, read as Django's CSRF check reads it: `https://*.example.com`
+    trusts example.com and every subdomain of it on that scheme (and port, if it names one)."""
+    scheme, _, netloc = seen.partition("://")
+    for entry in settings.CSRF_TRUSTED_ORIGINS:
+        if "*" in entry:
+            parts = urlsplit(entry.strip().lower())
+            if parts.scheme == scheme and is_same_domain(netloc, parts.netloc.lstrip("*")):
+                return True
+        elif _origin(entry) == seen:
+            return True
+    return False
 
 
 class SameOriginValidator:

@@ -125,12 +125,16 @@ def _outbox() -> Iterable[Metric]:
 
 def _queue_controls() -> Iterable[Metric]:
     """Paused queues, limits and running jobs per queue (jobs.ops.queues), at most
-    MAX_QUEUE_LABELS queues each (the most running first)."""
-    controls = list(queues.controls().items())[:MAX_QUEUE_LABELS]
+    MAX_QUEUE_LABELS queues each: paused and limited by name, running the most first. Each family
+    is capped on its own: cut from the controlled queues by name, the first hundred limited
+    queues left no series to a paused queue named after them."""
+    controls = queues.controls().items()
+    paused = [q for q, c in controls if c.paused][:MAX_QUEUE_LABELS]
+    limits = [(q, c.limit) for q, c in controls if c.limit][:MAX_QUEUE_LABELS]
     running = dict(list(queues.running().items())[:MAX_QUEUE_LABELS])
     for name, values in (
-        ("jobs_queue_paused", {q: 1.0 for q, c in controls if c.paused}),
-        ("jobs_queue_concurrency_limit", {q: c.limit for q, c in controls if c.limit}),
+        ("jobs_queue_paused", dict.fromkeys(paused, 1.0)),
+        ("jobs_queue_concurrency_limit", dict(limits)),
         ("jobs_queue_running", running),
     ):
         yield gauge_family(name, CATALOGUE[name], values, "queue")
@@ -177,12 +181,14 @@ def _success_histogram(counts: Counter[int]) -> HistogramMetricFamily:
 
 def _queue_families(rows: list[tuple[str, int, float | None]]) -> list[Metric]:
     # Configured queues (and "default") are always present, at 0 when empty: an alert on a
-    # missing series is easy to get wrong.
-
-    seen = {r[0] for r in rows}
+    # missing series is easy to get wrong. They are kept beside the MAX_QUEUE_LABELS fullest
+    # others, never summed into "_other": with more queues than that, an empty `default` (or a
+    # configured queue whose one job has waited an hour) lost its series, and its alert went quiet.
     known = set(jobs_settings().QUEUES or ()) | {"default"}
-    rows = sorted([*rows, *((q, 0, None) for q in known - seen)], key=lambda r: (-r[1], r[0]))
-    kept, rest = rows[:MAX_QUEUE_LABELS], rows[MAX_QUEUE_LABELS:]
+    found = {r[0]: r for r in rows}
+    always = [found.get(q, (q, 0, None)) for q in sorted(known)]
+    others = sorted((r for r in rows if r[0] not in known), key=lambda r: (-r[1], r[0]))
+    kept, rest = always + others[:MAX_QUEUE_LABELS], others[MAX_QUEUE_LABELS:]
     if rest:
         ages = [r[2] for r in rest if r[2] is not None]
         kept.append(("_other", sum(r[1] for r in rest), max(ages) if ages else None))

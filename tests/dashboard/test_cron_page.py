@@ -1,6 +1,7 @@
 """The cron page: schedules in words with their runs, the staff-only buttons (CSRF, audited),
 escaping of hostile names, and bounded queries."""
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -240,3 +241,16 @@ def test_a_hostile_schedule_name_renders_as_text_and_its_buttons_still_work(
 def test_the_cron_page_needs_login(client: Client) -> None:
     response = client.get(reverse("dashboard:cron"))
     assert response.status_code == 302 and reverse("dashboard:login") in response["Location"]
+
+
+def test_the_page_shows_the_first_hundred_schedules_by_name_and_says_so(
+    operator_client: Client,
+) -> None:
+    # dashboard.md: "per schedule (the first 100 by name)"; the admin lists them all.
+    shown = cron_page.SCHEDULES_SHOWN
+    for i in reversed(range(shown + 5)):
+        plant(name=f"tenant-{i:04}")
+    html = operator_client.get(reverse("dashboard:cron")).content.decode()
+    names = re.findall(r'data-schedule="([^"]+)"', html)
+    assert names == [f"tenant-{i:04}" for i in range(shown)]
+    assert f"The first {shown} of {shown + 5} schedules by name" in html

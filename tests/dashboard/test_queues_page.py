@@ -290,3 +290,28 @@ def test_an_overlong_name_or_action_comes_back_cut_in_the_message(
     html = response.content.decode()
     assert response.status_code == 200 and "zqzq" in html and "zq" * 100 not in html
     assert queue_ops.controls() == {}
+
+
+def test_a_page_of_many_queues_draws_the_busiest_and_the_paused_and_counts_the_rest(
+    operator_client: Client,
+) -> None:
+    """A queue is whatever name producers enqueue into (one per tenant): every one of them was
+    a row with two charts, and 1,000 queues made each 5-second poll 19 MB and 5 s of rendering.
+    Now the page draws MAX_QUEUES of them -- the controlled ones and the busiest -- and counts
+    the rest."""
+    cap = 100  # queues.MAX_QUEUES
+    tenants = 3 * cap
+    Job.objects.bulk_create([Job(kind="demo.noop", queue=f"tenant-{i:04}") for i in range(tenants)])
+    Job.objects.bulk_create([Job(kind="demo.noop", queue="busy") for _ in range(5)])
+    queue_ops.pause("tenant-0299", actor=None)  # as quiet as the others, but an operator paused it
+    response = operator_client.get(reverse("dashboard:queues"), HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    shown = re.findall(r'<tr class="queue[^"]*" data-queue="([^"]+)"', html)
+    assert len(shown) == cap
+    assert "busy" in shown and "tenant-0299" in shown
+    assert shown == sorted(shown)
+    assert html.count('class="queue-charts"') == cap
+    more = tenants + 1 - cap
+    assert f"{more} more queues not shown" in html
+    assert len(response.content) < 4_000_000
+    assert queues.MAX_QUEUES == cap

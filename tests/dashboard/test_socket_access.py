@@ -205,6 +205,24 @@ async def test_behind_a_tls_proxy_the_https_origin_and_trusted_origins_are_accep
     assert not await connects(client, origin="https://ops.example.com:8443", **proxied)
 
 
+async def test_a_wildcard_trusted_origin_is_read_as_djangos_csrf_check_reads_it(
+    operator: User, settings: Any
+) -> None:
+    """`https://*.example.com` in CSRF_TRUSTED_ORIGINS: Django's CSRF check accepts a POST from
+    any subdomain, and the socket refused them all (the entry was compared as one origin)."""
+    settings.ALLOWED_HOSTS = ["ops.example.com"]
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.CSRF_TRUSTED_ORIGINS = ["https://*.example.com"]
+    client = await sync_to_async(logged_in)(operator)
+    proxied = {"host": "ops.example.com", "x-forwarded-proto": "https"}
+    assert await connects(client, origin="https://console.example.com", **proxied)
+    assert await connects(client, origin="https://a.b.example.com", **proxied)
+    assert not await connects(client, origin="http://console.example.com", **proxied)  # scheme
+    assert not await connects(client, origin="https://console.example.com:8443", **proxied)
+    assert not await connects(client, origin="https://evilexample.com", **proxied)
+    assert not await connects(client, origin="https://example.com.evil", **proxied)
+
+
 # -- a viewer's sockets cannot slow anyone else's ----------------------------------------------
 
 

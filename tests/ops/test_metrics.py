@@ -143,6 +143,27 @@ def test_many_queues_are_capped_in_labels(client, make_job, monkeypatch):
 
 
 @pytest.mark.django_db
+def test_configured_queues_keep_their_series_beside_more_queues_than_the_labels(
+    client, make_job, settings, monkeypatch
+):
+    # operations.md: `default` and configured queues always. With more queues than
+    # MAX_QUEUE_LABELS, an empty `default` and a configured queue with one job waiting were
+    # summed into _other, so `jobs_queue_oldest_age_seconds{queue="critical"} > SLO` went quiet.
+    monkeypatch.delenv("JOBS_QUEUES", raising=False)
+    settings.JOBS = {**settings.JOBS, "QUEUES": "critical"}
+    monkeypatch.setattr(metrics, "MAX_QUEUE_LABELS", 2)
+    for q in ["a", "a", "a", "b", "b", "c", "c", "critical"]:
+        make_job(queue=q, run_at=timezone.now() - timedelta(hours=1))
+    samples = scrape(client)
+    assert samples["jobs_queue_depth{queue=critical}"] == 1
+    assert samples["jobs_queue_oldest_age_seconds{queue=critical}"] >= 3600
+    assert samples["jobs_queue_depth{queue=default}"] == 0
+    assert samples["jobs_queue_depth{queue=a}"] == 3
+    assert samples["jobs_queue_depth{queue=b}"] == 2
+    assert samples["jobs_queue_depth{queue=_other}"] == 2  # c: the others beyond the two kept
+
+
+@pytest.mark.django_db
 def test_an_empty_default_queue_is_reported_at_zero(client):
     assert scrape(client)["jobs_queue_depth{queue=default}"] == 0
 

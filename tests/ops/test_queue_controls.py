@@ -119,6 +119,30 @@ def test_metrics_show_paused_queues_limits_and_running_jobs_per_queue(client, se
     assert samples[("jobs_queue_running", "default")] == 1
 
 
+@pytest.mark.django_db
+def test_a_paused_queue_keeps_its_series_beside_more_limited_queues_than_the_labels(
+    client, settings, monkeypatch
+):
+    # "1 per paused queue": the families were cut from the controlled queues by name, so the
+    # first MAX_QUEUE_LABELS limited queues (one per tenant, say) left "zeta", paused, no series.
+    from jobs.ops import metrics
+
+    monkeypatch.setattr(metrics, "MAX_QUEUE_LABELS", 2)
+    settings.JOBS_METRICS_TOKEN = "t0ken"
+    for name in ["alpha", "beta", "gamma"]:
+        queues.set_limit(name, 5, actor=None)
+    queues.pause("zeta", actor=None)
+    response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer t0ken")
+    samples = {
+        (s.name, s.labels.get("queue")): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+    assert samples[("jobs_queue_paused", "zeta")] == 1
+    limited = sorted(q for n, q in samples if n == "jobs_queue_concurrency_limit")
+    assert limited == ["alpha", "beta"]
+
+
 def run(*args: str) -> str:
     out = StringIO()
     call_command("jobs", "queues", *args, stdout=out)
