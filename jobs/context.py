@@ -35,7 +35,7 @@ from jobs.core.exceptions import AttemptEnded, LeaseLost
 from jobs.core.sql.rows import JSONText
 from jobs.core.states import Write
 from jobs.core.transitions import Fence
-from jobs.effects import fenced, fenced_rows, outbox, pending, staging
+from jobs.effects import fenced, fenced_rows, in_flight, outbox, pending, staging
 from jobs.effects import keys as effects
 
 logger = logging.getLogger("jobs.fencing")
@@ -148,6 +148,8 @@ class Held:
     # Its staged outputs and intents until its final write (jobs/effects/pending.py), which ends
     # them: a record from a thread the handler left running is refused from then on.
     work: pending.AttemptWork = field(init=False)
+    # Its effect steps in flight: one thread of the attempt in a step at a time (in_flight.py).
+    steps: in_flight.Steps = field(default_factory=in_flight.Steps)
 
     def __post_init__(self) -> None:
         self.work = pending.open_work(self.fence)
@@ -237,6 +239,11 @@ class JobContext:
         """
         effects.checked_step(step)
         self._raise_if_lost("effect")
+        # Another thread of this attempt in the step: wait for it (then its recorded result).
+        with self._held.steps.one(step, self._held.lost, lambda: self._raise_if_lost("effect")):
+            return self._effect(step, fn)
+
+    def _effect(self, step: str, fn: Callable[[str], Any]) -> Any:
         begun: list[effects.Begun] = []
         fence = self._held.fence
         self._fenced("effect", lambda: begun.append(effects.begin(fence, step)))

@@ -2,7 +2,8 @@
 
 - staging.py -- outputs staged under an attempt-scoped path, promoted by the commit;
 - keys.py    -- effects keyed `"<job_id>:<step>"`, performed at most once per (job, step), and
-                the built-in mail effect `send_mail`;
+                the built-in mail effect `send_mail`; in_flight.py (one attempt's threads in
+                a step one at a time);
 - fenced.py  -- token-checked writes to application tables (`ctx.fenced_write`);
 - outbox.py  -- intents written by the commit, and the relay that performs them with
                 reconciliation; targets.py (what it calls), webhook.py and exchange.py (the

@@ -18,7 +18,8 @@ How one effect runs:
 3. finish: `UPDATE ... WHERE key = K AND attempt = mine AND status = 'started'`. An older attempt
    whose row a newer attempt took over changes zero rows: recorded as a stale `effect` write and
    raised as LeaseLost -- it can never record its completion over the newer attempt's. A row
-   already done by this same attempt (two of its calls at one step) returns its result instead.
+   already done by this same attempt (a call nested in its own step's fn) returns its result.
+   (One attempt's threads never run one step at once: jobs/effects/in_flight.py.)
 
 Never: runs `fn` inside the ledger's transaction (the lock would last as long as the call).
 

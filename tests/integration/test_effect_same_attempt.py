@@ -1,12 +1,14 @@
 """One attempt calling one effect step twice at once -- from two of its threads, or nested in
-its own `fn` -- is not a stale write. The second `begin` takes the key over from its own
-attempt (as a retry inside the attempt does), both calls reach `fn` with the same key, and the
-one that records second finds the row done *by its own attempt*: it returns the recorded result.
-Before, it was refused like a zombie's completion: a `RejectedWrite` with the attempt presented
-equal to the current one (a false alarm on jobs_stale_writes_rejected_total), `LeaseLost`, and
-the live attempt's work thrown away until its lease ran out."""
+its own `fn` -- is not a stale write, and its threads perform the effect once.
+
+A second thread of the attempt in a step waits for the first (jobs/effects/in_flight.py): once
+the first has recorded, its begin finds the row done and returns the recorded result, `fn` not
+called. Before, its begin took the row over from its own attempt as from one whose call had
+ended unrecorded, and `fn` ran twice at once (performs 2; a mail sent twice). A call nested in
+its own `fn` cannot wait for itself: its recorded result comes back to the outer one."""
 
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -18,37 +20,128 @@ from tests.integration.attempts import claim
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_two_threads_of_one_attempt_at_one_step_both_get_the_recorded_result():
+def _until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_two_threads_of_one_attempt_at_one_step_perform_it_once():
     job = jobs.enqueue("test.echo")
     running = claim("host-a:1")
-    both_in = threading.Barrier(2)
-    results: list[object] = []
+    first_in, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+    results: dict[str, object] = {}
     errors: list[BaseException] = []
 
     def fn(key: str) -> dict[str, object]:
-        both_in.wait(10)  # each thread has begun the effect before either records it
+        calls.append(threading.current_thread().name)
+        if threading.current_thread().name == "first":
+            first_in.set()
+            release.wait(10)  # the second thread calls the step while this call is out
         return {"charged": key, "by": threading.current_thread().name}
 
     def call() -> None:
         try:
-            results.append(running.ctx.effect("charge", fn))
+            results[threading.current_thread().name] = running.ctx.effect("charge", fn)
         except BaseException as exc:  # noqa: BLE001  what the test is about
             errors.append(exc)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=call, name=f"t{i}") for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
+    first = threading.Thread(target=call, name="first")
+    first.start()
+    assert first_in.wait(10)
+    second = threading.Thread(target=call, name="second")
+    second.start()
+    # The second either waits for the first (the fix) or, before it, performed at once.
+    assert _until(lambda: running.held.steps.waiting("charge") == 1 or len(calls) == 2)
+    release.set()
+    for t in (first, second):
         t.join(20)
 
-    assert errors == []  # before: LeaseLost for one of them
+    assert errors == []
+    assert calls == ["first"]  # before: ["first", "second"], the effect performed twice at once
     row = IdempotencyKey.objects.get(key=f"{job.pk}:charge")
-    assert (row.status, row.attempt, row.performs) == ("done", 1, 2)
-    assert results == [row.result, row.result]  # both return the one recorded
+    assert (row.status, row.attempt, row.performs, row.repeats) == ("done", 1, 1, 1)
+    assert results == {"first": row.result, "second": row.result}
     assert not RejectedWrite.objects.exists()
     assert not running.held.lost.is_set()
+
+
+def test_a_thread_whose_first_call_of_the_step_raised_performs_it_as_a_retry():
+    job = jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    first_in, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+    errors: list[BaseException] = []
+
+    def fn(key: str) -> str:
+        calls.append(threading.current_thread().name)
+        if threading.current_thread().name == "first":
+            first_in.set()
+            release.wait(10)
+            raise ConnectionError("the receiver hung up")
+        return "charged"
+
+    def call() -> None:
+        try:
+            running.ctx.effect("charge", fn)
+        except BaseException as exc:  # noqa: BLE001  what the test is about
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=call, name="first")
+    first.start()
+    assert first_in.wait(10)
+    second = threading.Thread(target=call, name="second")
+    second.start()
+    assert _until(lambda: running.held.steps.waiting("charge") == 1 or len(calls) == 2)
+    release.set()
+    for t in (first, second):
+        t.join(20)
+
+    assert [type(e) for e in errors] == [ConnectionError]
+    assert calls == ["first", "second"]  # unknown whether the first reached it: performed again
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:charge")
+    assert (row.status, row.result, row.performs) == ("done", "charged", 2)
+
+
+def test_a_thread_waiting_for_the_step_gives_up_when_the_lease_is_lost():
+    jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    first_in, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def fn(key: str) -> str:
+        first_in.set()
+        release.wait(10)
+        return "charged"
+
+    def second_call() -> None:
+        try:
+            running.ctx.effect("charge", fn)
+        except BaseException as exc:  # noqa: BLE001  what the test is about
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=lambda: (running.ctx.effect("charge", fn), connection.close()))
+    first.start()
+    assert first_in.wait(10)
+    second = threading.Thread(target=second_call)
+    second.start()
+    assert _until(lambda: running.held.steps.waiting("charge") == 1)
+    running.held.lost.set()
+    second.join(10)
+    assert not second.is_alive()
+    assert [type(e).__name__ for e in errors] == ["LeaseLost"]
+    release.set()
+    first.join(20)
 
 
 def test_an_effect_nested_in_its_own_step_returns_the_recorded_result():
