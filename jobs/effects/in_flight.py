@@ -10,6 +10,8 @@ raised, it performs, as a retry inside the attempt does.
 
 Hazards: a call nested in its own step's `fn` (the same thread) cannot wait for itself: it goes
 on, as before (the inner call takes the row over and records; the outer returns its result).
+A `fn` that waits for another thread calling its own step waits for itself: that thread waits
+until the step ends, or the attempt's lease is lost.
 
 Never: touches the database; waits past the attempt's lost lease.
 """
