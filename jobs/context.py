@@ -148,11 +148,17 @@ class Held:
     # Its staged outputs and intents until its final write (jobs/effects/pending.py), which ends
     # them: a record from a thread the handler left running is refused from then on.
     work: pending.AttemptWork = field(init=False)
-    # Its effect steps in flight: one thread of the attempt in a step at a time (in_flight.py).
-    steps: in_flight.Steps = field(default_factory=in_flight.Steps)
 
     def __post_init__(self) -> None:
         self.work = pending.open_work(self.fence)
+
+    @property
+    def steps(self) -> in_flight.Steps:
+        """Its effect steps in flight: one thread of the attempt in a step at a time
+        (in_flight.py). Made at its first effect, not per claim (a Condition a job on the drain's
+        path); dict.setdefault is atomic, so threads racing to make it share one."""
+        made = self.__dict__.get("_steps")
+        return made if made is not None else self.__dict__.setdefault("_steps", in_flight.Steps())
 
 
 class JobContext:
