@@ -58,7 +58,7 @@ class QueuesPage:
     now: datetime
     minutes: list[datetime]  # the last hour's minute buckets, oldest first
     queues: list[QueueRow]
-    more: int = 0  # queues left off (MAX_QUEUES): the least busy, controlled ones kept first
+    more: int = 0  # queues left off (MAX_QUEUES): the least busy; paused, then limited, kept first
 
 
 def _waiting(rows: dict[str, QueueRow]) -> None:
@@ -196,12 +196,12 @@ def queues_page(controls: dict[str, Any] | None = None) -> QueuesPage:
 
 
 def _busiest(rows: list[QueueRow], limit: int) -> list[QueueRow]:
-    """At most `limit` queues, by name: those with a control (paused or limited: an operator
-    must be able to resume them) first, then the busiest -- queued, running and finished in the
-    last hour."""
+    """At most `limit` queues, by name: the paused first (an operator must be able to resume
+    them: a paused queue runs nothing, so it is never the busiest), then the limited, then the
+    busiest -- queued, running and finished in the last hour."""
 
-    def rank(row: QueueRow) -> tuple[bool, int, str]:
+    def rank(row: QueueRow) -> tuple[bool, bool, int, str]:
         busy = row.queued + row.running + row.succeeded_hour + row.failed_hour + row.cancelled_hour
-        return (not (row.paused or row.limit is not None), -busy, row.name)
+        return (not row.paused, row.limit is None, -busy, row.name)
 
     return sorted(sorted(rows, key=rank)[:limit], key=lambda row: row.name)

@@ -419,6 +419,12 @@ class Overview:
     history_events: int = HISTORY_EVENTS
     queues_more: int = 0  # queues left out of by_queue (OVERVIEW_QUEUES)
 
+    @property
+    def queue_rows(self) -> list[tuple[str, dict[str, int]]]:
+        """by_queue's (queue, counts), for the template: `by_queue.items` there is the key
+        "items" first, so a queue of that name took the method's place."""
+        return list(self.by_queue.items())
+
 
 def _per_minute(counts: dict[datetime, int], now: datetime) -> list[int]:
     """Counts keyed by minute -> one value per minute of the last SPARK_MINUTES, oldest first."""

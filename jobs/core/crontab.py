@@ -51,7 +51,7 @@ def check(cron: object, timezone: object, now: datetime) -> None:
             f"{cron!r} has a field croniter draws at random (R): its ticks would change each "
             "time they are counted; write the value instead"
         )
-    if timezone in _THIS_MACHINES:
+    if isinstance(timezone, str) and timezone in _THIS_MACHINES:
         raise InvalidOption(
             f"time zone {timezone!r} is whatever zone each machine is set to: name the zone "
             "(e.g. 'Europe/Paris', 'UTC')"

@@ -14,7 +14,10 @@ error text (an outbox target's exception), the keys of an application's rows in 
 write, a kind or worker read from a row. Written as it is, a newline in it would end the line
 (the rest read as a line of its own, which it can forge) and an ESC or CSI sequence would act on
 the operator's terminal. So `LineFormatter` writes every C0 and C1 control character of a
-message as \\xNN; a traceback appended after it keeps its line breaks, nothing else.
+message as \\xNN; a traceback (or stack) appended after it keeps its line breaks, nothing else,
+and each of its lines is indented: an exception's message is a peer's text too, and only a
+record begins at the first column. A message whose args do not fit it is written as it is held
+(its format's repr and the args'), in both formats, never lost to "--- Logging error ---".
 """
 
 import json
@@ -38,18 +41,47 @@ def printable(line: str) -> str:
     return _CONTROL.sub(_escaped, line)
 
 
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001  an application's object: whatever its repr raises
+        return f"<{type(value).__name__}: repr failed>"
+
+
+def message(record: logging.LogRecord) -> str:
+    """The record's message; where its args do not fit it (or its text raises), what it holds."""
+    try:
+        return record.getMessage()
+    except Exception as exc:  # noqa: BLE001  a caller's format and args: whatever they raise
+        held = f"{_repr(record.msg)} % {_repr(record.args)}"
+        return f"{held} (not formatted: {type(exc).__name__})"
+
+
+def _indented(text: str) -> str:
+    """A traceback's or stack's lines, each indented under its record, controls but \\n as \\xNN."""
+    return "  " + _CONTROL_BUT_NEWLINE.sub(_escaped, text).replace("\n", "\n  ")
+
+
 class LineFormatter(logging.Formatter):
     """The text console's format: each record one line, its message's control characters
-    escaped (a traceback appended after it keeps its line breaks, nothing else)."""
+    escaped (a traceback appended after it keeps its line breaks, nothing else, each of its
+    lines indented)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        # A copy: its message formatted once, here, and its traceback too -- never the exc_text
+        # another handler left on the record, unescaped.
+        record = logging.makeLogRecord(record.__dict__)
+        record.msg, record.args, record.exc_text = message(record), None, None
+        return super().format(record)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return printable(super().formatMessage(record))
 
     def formatException(self, ei: Any) -> str:
-        return _CONTROL_BUT_NEWLINE.sub(_escaped, super().formatException(ei))
+        return _indented(super().formatException(ei))
 
     def formatStack(self, stack_info: str) -> str:
-        return _CONTROL_BUT_NEWLINE.sub(_escaped, super().formatStack(stack_info))
+        return _indented(super().formatStack(stack_info))
 
 
 def _plain(value: Any) -> Any:
@@ -70,7 +102,7 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": message(record),
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):

@@ -315,3 +315,20 @@ def test_a_page_of_many_queues_draws_the_busiest_and_the_paused_and_counts_the_r
     assert f"{more} more queues not shown" in html
     assert len(response.content) < 4_000_000
     assert queues.MAX_QUEUES == cap
+
+
+def test_a_paused_queue_is_drawn_before_a_hundred_limited_ones(operator_client: Client) -> None:
+    """A limit per tenant's queue is the common case; pausing one more tenant then hid it: the
+    controlled queues were ranked busiest first, limited or paused alike, and a paused queue has
+    nothing running, so its Resume button was off the page. Found in second review."""
+    cap = queues.MAX_QUEUES
+    names = [f"tenant-{i:04}" for i in range(cap)]
+    Job.objects.bulk_create([Job(kind="demo.noop", queue=name) for name in names])
+    for name in names:
+        queue_ops.set_limit(name, 5, actor=None)
+    queue_ops.pause("zz-paused", actor=None)
+    response = operator_client.get(reverse("dashboard:queues"), HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    shown = re.findall(r'<tr class="queue[^"]*" data-queue="([^"]+)"', html)
+    assert len(shown) == cap and "zz-paused" in shown
+    assert "1 more queue not shown" in html

@@ -229,9 +229,66 @@ def test_a_traceback_on_the_text_console_keeps_its_lines_and_escapes_the_rest():
     lines = text.splitlines()
     assert (
         lines[0].endswith("ERROR jobs.outbox failed")
-        and lines[1] == "Traceback (most recent call last):"
+        and lines[1] == "  Traceback (most recent call last):"
     )
     assert lines[-2:] == [
-        "RuntimeError: 502 bad gateway",
-        "2026-12-07 WARNING jobs.fencing stale commit rejected: job=1\\x1b[2J",
+        "  RuntimeError: 502 bad gateway",
+        "  2026-12-07 WARNING jobs.fencing stale commit rejected: job=1\\x1b[2J",
     ]
+
+
+def _hostile_exc_record() -> logging.LogRecord:
+    try:
+        raise RuntimeError(HOSTILE)
+    except RuntimeError:
+        record = logging.LogRecord("jobs.outbox", logging.ERROR, __file__, 1, "failed", (), None)
+        record.exc_info = sys.exc_info()
+    return record
+
+
+def test_no_line_of_a_traceback_on_the_text_console_can_pass_for_a_record():
+    """An exception's message is a peer's text too: its line breaks are kept with the traceback's,
+    and the line after one began at the first column, where only a record begins. Each line of a
+    traceback (and of a stack) is indented under its record. Found in second review."""
+    record = _hostile_exc_record()
+    record.stack_info = "Stack (most recent call last):\n  File x\n" + HOSTILE
+    (text,) = _console_lines([record])
+    first, *rest = text.splitlines()
+    assert first.endswith("ERROR jobs.outbox failed") and len(rest) > 4
+    assert all(line.startswith("  ") for line in rest), rest
+
+
+def test_a_traceback_another_handler_formatted_first_is_still_escaped():
+    """logging.Formatter keeps the traceback's text on the record (exc_text) for the next
+    handler: a plain handler's, ESC and all, was written to the console as it was."""
+    record = _hostile_exc_record()
+    assert "\x1b" in logging.Formatter().format(record)  # e.g. a file handler of the site's
+    (text,) = _console_lines([record])
+    assert "\x1b" not in text and "\\x1b[2J" in text
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+@pytest.mark.parametrize(
+    ("msg", "args", "shown"),
+    [
+        ("%d jobs reclaimed on %s", ("many", "host\x1b[2J"), "'%d jobs reclaimed on %s'"),
+        ("%s and %s", ("one",), "'%s and %s'"),
+        (_Unprintable(), (), "_Unprintable"),
+    ],
+)
+def test_a_record_whose_message_cannot_be_formatted_is_written_not_lost(msg, args, shown):
+    """logging.Formatter raised out of format() for a message whose args do not fit (or whose
+    text raises): the handler printed "--- Logging error ---" and the record was lost, in both
+    formats. Each writes what it holds instead. Found in second review."""
+    record = logging.LogRecord("jobs.reaper", logging.WARNING, __file__, 1, msg, args, None)
+    (line,) = _console_lines([record])
+    assert "WARNING jobs.reaper" in line and shown in line
+    assert "\n" not in line and "\x1b" not in line
+    assert shown in json.loads(JsonFormatter().format(record))["message"]

@@ -35,6 +35,22 @@ def test_pause_and_resume_are_durable_rows_and_report_whether_they_changed(admin
 
 
 @pytest.mark.django_db
+def test_a_paused_queue_is_a_control_beside_ten_thousand_queues_resumed_long_ago():
+    """A queue's row stays after it is resumed (or its limit removed); controls() read the first
+    10,000 rows by name and only then left out those with no control, so past 10,000 queues ever
+    controlled (one per tenant) a paused one named after them was not paused on the queues page,
+    in the metrics or in `jobs queues`. Found in second review."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO jobs_queuecontrol (queue, paused, concurrency_limit) "
+            "SELECT 'tenant-' || lpad(n::text, 5, '0'), false, NULL "
+            "FROM generate_series(1, 10000) AS n"
+        )
+    queues.pause("zz-paused", actor=None)
+    assert queues.controls() == {"zz-paused": queues.QueueControl(paused=True, limit=None)}
+
+
+@pytest.mark.django_db
 def test_a_limit_is_set_changed_and_removed(admin_user):
     queues.set_limit("mail", 3, actor=admin_user)
     assert queues.controls()["mail"] == queues.QueueControl(paused=False, limit=3)

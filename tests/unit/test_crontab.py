@@ -104,3 +104,11 @@ def test_a_zone_key_naming_the_machines_own_zone_is_refused(zone: str) -> None:
     # schedule in it would tick at other hours on machines set differently. Found in review.
     with pytest.raises(InvalidOption, match="each machine"):
         crontab.check("0 9 * * *", zone, utc(2026, 12, 1))
+
+
+@pytest.mark.parametrize("zone", [["UTC"], {"key": "UTC"}])
+def test_a_time_zone_that_is_no_text_is_an_invalid_option_not_a_type_error(zone: object) -> None:
+    # The check for the machine's own zone looked an unhashable value up in a set: a TypeError
+    # escaped where InvalidOption (a ValueError) is promised. Found in second review.
+    with pytest.raises(InvalidOption, match="unknown time zone"):
+        crontab.check("0 9 * * *", zone, utc(2026, 12, 1))

@@ -106,9 +106,11 @@ def set_limit(
 
 
 def controls(cur: CursorWrapper) -> list[tuple[str, bool, int | None]]:
-    """(queue, paused, limit) of every queue with a control row, by name."""
+    """(queue, paused, limit) of every queue paused or limited, by name (a resumed queue's row
+    stays: counted into the LIMIT, 10,000 of them hid the paused queues named after them)."""
     cur.execute(
-        "SELECT queue, paused, concurrency_limit FROM jobs_queuecontrol ORDER BY queue LIMIT 10000"
+        "SELECT queue, paused, concurrency_limit FROM jobs_queuecontrol "
+        "WHERE paused OR concurrency_limit IS NOT NULL ORDER BY queue LIMIT 10000"
     )
     return [(q, bool(p), None if n is None else int(n)) for q, p, n in cur.fetchall()]
 
