@@ -29,39 +29,59 @@ def _until(condition, seconds: float = 10.0) -> bool:
     return condition()
 
 
+class _TwoThreads:
+    """Two threads of one attempt calling `step`: "first" is inside `fn` (held there until
+    released) when "second" calls; `fn` decides by `first()` which one it runs in."""
+
+    def __init__(self, running) -> None:
+        self.running = running
+        self.first_in, self.release = threading.Event(), threading.Event()
+        self.calls: list[str] = []
+        self.results: dict[str, object] = {}
+        self.errors: list[BaseException] = []
+
+    def first(self) -> bool:
+        """In `fn`: record the call; the first thread waits there for the release."""
+        name = threading.current_thread().name
+        self.calls.append(name)
+        if name == "first":
+            self.first_in.set()
+            self.release.wait(10)
+        return name == "first"
+
+    def run(self, step: str, fn) -> None:
+        def call() -> None:
+            try:
+                self.results[threading.current_thread().name] = self.running.ctx.effect(step, fn)
+            except BaseException as exc:  # noqa: BLE001  what the tests are about
+                self.errors.append(exc)
+            finally:
+                connection.close()
+
+        first = threading.Thread(target=call, name="first")
+        first.start()
+        assert self.first_in.wait(10)
+        second = threading.Thread(target=call, name="second")
+        second.start()
+        # The second either waits for the first (the fix) or, before it, performed at once.
+        steps = self.running.held.steps
+        assert _until(lambda: steps.waiting(step) == 1 or len(self.calls) == 2)
+        self.release.set()
+        for t in (first, second):
+            t.join(20)
+
+
 def test_two_threads_of_one_attempt_at_one_step_perform_it_once():
     job = jobs.enqueue("test.echo")
     running = claim("host-a:1")
-    first_in, release = threading.Event(), threading.Event()
-    calls: list[str] = []
-    results: dict[str, object] = {}
-    errors: list[BaseException] = []
+    two = _TwoThreads(running)
 
-    def fn(key: str) -> dict[str, object]:
-        calls.append(threading.current_thread().name)
-        if threading.current_thread().name == "first":
-            first_in.set()
-            release.wait(10)  # the second thread calls the step while this call is out
-        return {"charged": key, "by": threading.current_thread().name}
+    def fn(key: str) -> dict[str, str]:
+        two.first()
+        return {"charged": key}
 
-    def call() -> None:
-        try:
-            results[threading.current_thread().name] = running.ctx.effect("charge", fn)
-        except BaseException as exc:  # noqa: BLE001  what the test is about
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    first = threading.Thread(target=call, name="first")
-    first.start()
-    assert first_in.wait(10)
-    second = threading.Thread(target=call, name="second")
-    second.start()
-    # The second either waits for the first (the fix) or, before it, performed at once.
-    assert _until(lambda: running.held.steps.waiting("charge") == 1 or len(calls) == 2)
-    release.set()
-    for t in (first, second):
-        t.join(20)
+    two.run("charge", fn)
+    errors, calls, results = two.errors, two.calls, two.results
 
     assert errors == []
     assert calls == ["first"]  # before: ["first", "second"], the effect performed twice at once
@@ -75,35 +95,15 @@ def test_two_threads_of_one_attempt_at_one_step_perform_it_once():
 def test_a_thread_whose_first_call_of_the_step_raised_performs_it_as_a_retry():
     job = jobs.enqueue("test.echo")
     running = claim("host-a:1")
-    first_in, release = threading.Event(), threading.Event()
-    calls: list[str] = []
-    errors: list[BaseException] = []
+    two = _TwoThreads(running)
 
     def fn(key: str) -> str:
-        calls.append(threading.current_thread().name)
-        if threading.current_thread().name == "first":
-            first_in.set()
-            release.wait(10)
+        if two.first():
             raise ConnectionError("the receiver hung up")
         return "charged"
 
-    def call() -> None:
-        try:
-            running.ctx.effect("charge", fn)
-        except BaseException as exc:  # noqa: BLE001  what the test is about
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    first = threading.Thread(target=call, name="first")
-    first.start()
-    assert first_in.wait(10)
-    second = threading.Thread(target=call, name="second")
-    second.start()
-    assert _until(lambda: running.held.steps.waiting("charge") == 1 or len(calls) == 2)
-    release.set()
-    for t in (first, second):
-        t.join(20)
+    two.run("charge", fn)
+    errors, calls = two.errors, two.calls
 
     assert [type(e) for e in errors] == [ConnectionError]
     assert calls == ["first", "second"]  # unknown whether the first reached it: performed again
