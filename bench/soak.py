@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/soak.py [--minutes 30] [--rate JOBS_PER_S] [--workers 2]
         [--warmup-minutes 6] [--retention-minutes 5] [--prune-every 60] [--interval 60]
+        [--prune-batch 1000] [--prune-pause 0]
         [--vacuum-every 0] [--server URL] [--pg-setting NAME=VALUE ...]
 
 Hours long (on a quiet machine): `bench/soak.py --minutes 480 --warmup-minutes 10`.
@@ -32,7 +33,8 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    docs/benchmarks.md give `--rate` (or a lower `--load`) and say which.
 3. Retention, as docs/operations.md says to run it: `manage.py jobs prune --older-than-days D`
    every `--prune-every` seconds (start to start, in a thread of its own, like cron; one that
-   outlasts the period is followed by the next at once), D = `--retention-minutes` / 1440.
+   outlasts the period is followed by the next at once), D = `--retention-minutes` / 1440,
+   with `--batch` `--prune-batch` and `--pause` `--prune-pause` (its own defaults: 1000, 0).
 4. Every `--interval` seconds (a "minute") it records, after `--warmup-minutes` of the stream:
    - claim p50 / p99: Palisade's own claim statement (jobs.core.sql.PostgresDriver, batch 8)
      timed on a side connection every 0.25 s, inside a transaction that is rolled back (it claims
@@ -146,7 +148,7 @@ SETTINGS = (
     "autovacuum_analyze_scale_factor", "autovacuum_vacuum_cost_delay",
     "autovacuum_vacuum_cost_limit", "vacuum_cost_limit", "maintenance_work_mem", "fsync",
     "full_page_writes", "synchronous_commit", "wal_level", "shared_buffers", "max_wal_size",
-    "checkpoint_timeout", "max_connections",
+    "checkpoint_timeout", "max_connections", "wal_compression",
 )  # fmt: skip
 # A row whose end-to-end p50 is above this prints what the server's backends did in it.
 SLOW_MINUTE_MS = 500.0
@@ -325,9 +327,12 @@ class Pruner(threading.Thread):
     """Retention as cron would run it: `manage.py jobs prune` every `every` seconds (start to
     start); a prune that outlasts the period is followed by the next one at once, never two."""
 
-    def __init__(self, env: dict[str, str], days: float, every: float) -> None:
+    def __init__(
+        self, env: dict[str, str], days: float, every: float, batch: int, pause: float
+    ) -> None:
         super().__init__(daemon=True)
         self.env, self.days, self.every = env, days, every
+        self.batch, self.pause = batch, pause
         self.runs: list[dict[str, Any]] = []
         self.stopping = threading.Event()
         self.error: BaseException | None = None
@@ -340,7 +345,8 @@ class Pruner(threading.Thread):
                 began = time.monotonic()
                 out = subprocess.run(
                     [sys.executable, "manage.py", "jobs", "prune",
-                     f"--older-than-days={self.days!r}"],
+                     f"--older-than-days={self.days!r}", f"--batch={self.batch}",
+                     f"--pause={self.pause!r}"],
                     cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=3600,
                 )  # fmt: skip
                 if out.returncode != 0:
@@ -617,6 +623,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--retention-minutes", type=float, default=5.0, help="prune's cut-off")
     p.add_argument("--prune-every", type=float, default=60.0, help="seconds between prunes")
+    p.add_argument("--prune-batch", type=int, default=1000, help="prune's --batch (jobs a txn)")
+    p.add_argument("--prune-pause", type=float, default=0.0, help="prune's --pause between batches")
     p.add_argument("--interval", type=float, default=60.0, help="seconds per report row")
     p.add_argument(
         "--vacuum-every", type=float, default=0.0,
@@ -649,6 +657,8 @@ def main() -> None:
     rows_wanted = int(args.minutes * 60 // args.interval)
     if args.rate is not None and args.rate <= 0 or rows_wanted < 2 or args.prune_every <= 0:
         p.error("--rate must be positive, --minutes at least two --interval, --prune-every > 0")
+    if not 1 <= args.prune_batch <= 10_000 or not 0 <= args.prune_pause <= 3600:
+        p.error("--prune-batch must be 1..10000, --prune-pause 0..3600 (as prune takes them)")
     if args.retention_minutes * 60 < args.interval:
         p.error("--retention-minutes must cover one --interval (drained jobs are counted late)")
     if args.interval < 10 or args.vacuum_every < 0 or args.workers < 1:
@@ -712,7 +722,9 @@ def run(
               f"warm-up {args.warmup_minutes:g} min, "
               f"then {rows_wanted} rows of {args.interval:g} s", flush=True)  # fmt: skip
         stream, probe = Stream(dsn, rate), ClaimProbe(dsn)
-        pruner = Pruner(env, args.retention_minutes / 1440, args.prune_every)
+        pruner = Pruner(
+            env, args.retention_minutes / 1440, args.prune_every, args.prune_batch, args.prune_pause
+        )
         vacuumer = Vacuumer(dsn, args.vacuum_every) if args.vacuum_every else None
         activity = ActivitySampler(dsn)
         for thread in (stream, probe, pruner, vacuumer, activity):
