@@ -21,6 +21,9 @@ Safe while workers run:
 - each batch is its own short transaction, so no lock is held across batches;
 - a zombie's late write to a pruned job changes zero rows like any stale write, and its rejection
   (recorded by INSERT ... SELECT from jobs_job) records nothing for a job that no longer exists.
+
+Each foreign key onto jobs_job costs every deleted job a check; they are ON DELETE RESTRICT
+(migration 0026: one query each, where Django's NO ACTION made two).
 """
 
 from __future__ import annotations

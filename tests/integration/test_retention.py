@@ -182,3 +182,44 @@ def test_a_job_keeps_its_unsettled_staged_outputs_until_the_janitor_deleted_the_
     assert not (tmp_path / orphan).exists()
     assert retention.prune(7).jobs == 1
     assert not StagedOutput.objects.exists()
+
+
+@pytest.mark.django_db
+def test_every_key_referencing_a_job_restricts_its_delete_without_the_no_action_recheck():
+    """NO ACTION (Django's default) re-checks that the job's key is still present before the
+    referencing table, for every pruned job and key: 60 % of the prune's time (migration 0026).
+    A key added later, or one an AlterField recreated, must be RESTRICT again."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT conrelid::regclass::text, confdeltype, condeferred FROM pg_constraint "
+            "WHERE contype = 'f' AND confrelid = 'jobs_job'::regclass AND "
+            "conrelid::regclass::text LIKE 'jobs\\_%%'"
+        )
+        keys = {table: (action, deferred) for table, action, deferred in cur.fetchall()}
+    assert set(keys) == {"jobs_idempotencykey", "jobs_rejectedwrite", "jobs_intent",
+                         "jobs_stagedoutput", "jobs_schedule"}  # fmt: skip
+    # 'r': RESTRICT; an inserted referencing row is still checked at COMMIT, as Django declares.
+    assert keys == {table: ("r", True) for table in keys}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_raw_delete_of_a_referenced_job_is_refused_at_the_statement(make_job):
+    """The keys keep refusing what they refused (a job with an undelivered intent deleted by
+    hand), now at the DELETE itself, not at COMMIT; the inserting side still waits for COMMIT."""
+    from django.db import IntegrityError, transaction
+
+    from jobs.models import Intent
+
+    job = make_job(state="succeeded")
+    Intent.objects.create(job=job, attempt=1, step="a", key=f"{job.pk}:a", target="webhook")
+    with pytest.raises(IntegrityError, match="jobs_intent"), transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("DELETE FROM jobs_job WHERE id = %s", [job.pk])
+        pytest.fail("the DELETE itself was not refused")  # pragma: no cover
+    assert Job.objects.filter(pk=job.pk).exists() and Intent.objects.filter(job=job).exists()
+    with transaction.atomic():  # a referencing row before its job: checked at COMMIT, as before
+        with connection.cursor() as cur:
+            cur.execute("SELECT max(id) + 1000 FROM jobs_job")
+            future = cur.fetchone()[0]
+        Intent.objects.create(job_id=future, attempt=1, step="b", key="k-b", target="webhook")
+        Intent.objects.filter(job_id=future).delete()
