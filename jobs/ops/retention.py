@@ -8,11 +8,12 @@ still owes it), are deleted, with everything that hangs off them (attempts, even
 writes, idempotency keys, ...: Django's cascade, so tables added later come along).
 
 The cascade runs as SQL on PostgreSQL: the relations Django's collector would follow from Job
-(read from the models, so a table added later comes along), one `DELETE ... WHERE job_id =
-ANY(ids)` (or `UPDATE ... SET NULL`) per related table, then the jobs. It falls back to Django's
-collector (which loads every job row into a model instance) when a relation needs it: a nested
-cascade, a delete signal listener, another on_delete, SQLite. Measured: 2.5x the jobs pruned
-per second on a quiet machine, 3.5-4x under load (docs/benchmarks.md, the soak).
+(read from the models, so a table added later comes along), a `DELETE ... WHERE job_id =
+ANY(ids)` (or `UPDATE ... SET NULL`) per related table, then the jobs, all in one statement.
+It falls back to Django's collector (which loads every job row into a model instance) when a
+relation needs it: a nested cascade, a delete signal listener, another on_delete, SQLite.
+Measured: 2.5x the jobs pruned per second on a quiet machine, 3.5-4x under load
+(docs/benchmarks.md, the soak).
 
 Safe while workers run:
 - queued and running jobs are never candidates, and the candidate rows are locked with
@@ -124,22 +125,41 @@ def sql_cascade() -> list[tuple[str, str, str, str]] | None:
     return plan
 
 
+def _cascade_sql(plan: list[tuple[str, str, str, str]]) -> str:
+    """One batch's cascade as one statement: the related rows, then the jobs (data-modifying
+    CTEs; the jobs' foreign keys are checked at its end, when their referencing rows are gone).
+    The ids are sent once. Measured: 56-61 us a pruned job against 74-86 for a statement per
+    table (20,000 jobs): each `= ANY` of a thousand ids costs ~3 ms even on an empty table."""
+    quote = connection.ops.quote_name
+    ids = "(SELECT a FROM ids)::bigint[]"
+    parts = []
+    for n, (action, table, column, _label) in enumerate(plan):
+        target, col = quote(table), quote(column)
+        if action == "DELETE":
+            parts.append(f"t{n} AS (DELETE FROM {target} WHERE {col} = ANY({ids}) RETURNING 1)")
+        else:
+            parts.append(
+                f"t{n} AS (UPDATE {target} SET {col} = NULL WHERE {col} = ANY({ids}) RETURNING 1)"
+            )
+    parts.append(
+        f"j AS (DELETE FROM {quote(Job._meta.db_table)} WHERE id = ANY({ids}) RETURNING 1)"
+    )
+    counts = [f"(SELECT count(*) FROM t{n})" for n in range(len(plan))] + [
+        "(SELECT count(*) FROM j)"
+    ]
+    return f"WITH ids AS (SELECT %s::bigint[] AS a), {', '.join(parts)} SELECT {', '.join(counts)}"
+
+
 def _delete(cur: Any, plan: list[tuple[str, str, str, str]], ids: list[int]) -> dict[str, int]:
     """One batch's cascade, in the caller's transaction: related rows first, then the jobs."""
-    quote = connection.ops.quote_name
-    deleted: dict[str, int] = {}
-    for action, table, column, label in plan:
-        if action == "DELETE":
-            cur.execute(f"DELETE FROM {quote(table)} WHERE {quote(column)} = ANY(%s)", [ids])
-            if cur.rowcount:
-                deleted[label] = cur.rowcount
-        else:
-            cur.execute(
-                f"UPDATE {quote(table)} SET {quote(column)} = NULL WHERE {quote(column)} = ANY(%s)",
-                [ids],
-            )
-    cur.execute(f"DELETE FROM {quote(Job._meta.db_table)} WHERE id = ANY(%s)", [ids])
-    deleted[Job._meta.label] = cur.rowcount
+    cur.execute(_cascade_sql(plan), [ids])
+    *related, jobs = cur.fetchone()
+    deleted = {
+        label: count
+        for (action, _table, _column, label), count in zip(plan, related, strict=True)
+        if action == "DELETE" and count
+    }
+    deleted[Job._meta.label] = jobs
     return deleted
 
 
