@@ -244,9 +244,14 @@ def send_mail(
         )
     try:  # what the framework refuses (a line break in a header, `to` not a list) is refused
         # before the ledger row: never a send started, so never recorded as sent again
-        message(key_for(ctx.job_id, step), f"<check@{mail_domain()}>").message()
+        checked = message(key_for(ctx.job_id, step), f"<check@{mail_domain()}>")
+        checked.message()
     except (TypeError, ValueError) as exc:
         raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
+    if not checked.recipients():
+        # The framework's send() returns 0 without a word when its `to`, `cc` and `bcc` hold no
+        # address (empty or only ""): the effect would be recorded as done, nothing ever sent.
+        raise InvalidOption(f"send_mail(): no recipient: `to` holds no address ({to!r:.80})")
 
     def send(key: str) -> dict[str, Any]:
         # Outside the handler's own transaction, like the ledger's begin and finish. Inside it,

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from django.contrib.auth.models import User
+from django.core import mail
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
 from django.db.models.functions import Now
@@ -219,3 +220,20 @@ def test_a_mail_the_framework_refuses_is_refused_before_its_ledger_row_never_a_d
         assert box.count() == 0  # nothing left, nothing injected
     assert not IdempotencyKey.objects.exists()  # no send was started
     assert not JobEvent.objects.filter(job_id=job.pk, type="mail_resent").exists()
+
+
+@pytest.mark.parametrize("to", [[], [""], ("", ""), None], ids=["empty", "blank", "blanks", "none"])
+def test_a_mail_to_no_address_is_refused_before_its_ledger_row_never_recorded_as_sent(to):
+    """Django's send() returns 0 for a message without a recipient: the effect was recorded as
+    done (`{"sent": 0}`), so no later attempt would ever send it. Refused now, before the ledger
+    row, and the attempt goes on: its next mail, with an address, is sent."""
+    job = jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    with pytest.raises(InvalidOption, match="no recipient"):
+        keys.send_mail(running.ctx, "notice", "Ready", "body", to)
+    assert not IdempotencyKey.objects.exists() and mail.outbox == []
+
+    sent = keys.send_mail(running.ctx, "notice", "Ready", "body", ["", "ops@example.com"])
+    assert sent["sent"] == 1 and mail.outbox[0].recipients() == ["ops@example.com"]
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
+    assert (row.status, row.performs) == ("done", 1)
