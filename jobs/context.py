@@ -270,8 +270,9 @@ class JobContext:
 
     def _outside_transaction(self, write: Callable[[], None]) -> None:
         """Run `write`, one of the platform's own short writes for this attempt (send_mail's
-        ledger mark), never inside the handler's transaction: like the ledger's begin and finish."""
-        _outside_callers_transaction(write, self._held.fence)
+        ledger mark), never inside the handler's transaction: like the ledger's begin and finish.
+        Fenced like them: a refusal (LeaseLost) marks the attempt lost."""
+        self._fenced("effect", write)
 
     def intent(self, step: str, target: str, data: Any) -> None:
         """Record an outbox intent; it exists only if this attempt's commit is accepted."""

@@ -29,7 +29,7 @@ Durability: the ledger's two transactions commit with `synchronous_commit = off`
 what the receiver must deduplicate anyway -- and the job's own commit (synchronous, later in the
 same WAL) flushes them before the job can succeed. Mail is the exception that must not lose its
 row: the row *is* the record of a possible duplicate and dates the Message-ID. So before a mail
-leaves, a synchronous commit follows its `begin` (`_mail_started`: the row marked "mail" on a
+leaves, a synchronous commit follows its `begin` (`_mark_mail`: the row marked "mail" on a
 first send, the `mail_resent` event on a resend), and flushes it
 (`test_the_ledger_row_is_on_disk_before_a_mail_leaves_first_send_and_resend`).
 """
@@ -186,24 +186,23 @@ def mail_domain() -> str:
     return f"{hashlib.sha256(b'palisade-message-id:' + secret).hexdigest()[:16]}.palisade.invalid"
 
 
-def _mail_started(ctx: Any, key: str) -> str:
+def _mail_started(fence: Fence, key: str) -> str:
     """Mark the key's row as mail and return its Message-ID; a second send of the key (an earlier
-    attempt started it and never recorded completion) is recorded, logged and counted."""
-    # In autocommit, synchronous: on a first send this commit flushes the ledger's `begin` (its
-    # own commit did not) before the mail leaves; on a resend the `mail_resent` event's does.
-    IdempotencyKey.objects.filter(key=key).exclude(kind="mail").update(kind="mail")
-    row = IdempotencyKey.objects.filter(key=key).values("performs", "created_at").first()
-    performs, created = (row["performs"], row["created_at"]) if row else (1, None)
-    stamp = f".{int(created.timestamp() * 1_000_000)}" if created else ""
-    message_id = f"<{key.replace(':', '.')}{stamp}@{mail_domain()}>"
+    attempt started it and never recorded completion) is recorded, logged and counted.
+
+    Fenced: only while the row is still this attempt's own begin (started, under its attempt) and
+    this attempt still owns the job. A zombie whose row a newer attempt took over (that attempt
+    sends and records the resend itself), or whose job moved on, is refused here before it sends:
+    so one begin makes at most one send and one `mail_resent` event. Before, a zombie waking
+    between its begin and this mark read the newer attempt's `performs`, recorded a second
+    `mail_resent` event for that one possible duplicate, and sent."""
+    marked = _mark_mail(fence, key)
+    if marked is None:
+        current = Job.objects.filter(pk=fence.job_id).values_list("attempt", flat=True)
+        _refuse(fence, key, current.first() or 0)
+        raise AssertionError("unreachable")
+    performs, message_id = marked
     if performs > 1:
-        JobEvent.objects.create(
-            job_id=ctx.job_id,
-            attempt=ctx.attempt,
-            type=EventType.MAIL_RESENT,
-            worker=str(ctx.worker)[:200],
-            data={"key": key, "message_id": message_id, "sends": performs},
-        )
         logger.warning(
             "mail %s sent again (send %s, same Message-ID %s): an earlier attempt may have "
             "delivered it -- a duplicate the recipient may see",
@@ -212,6 +211,37 @@ def _mail_started(ctx: Any, key: str) -> str:
             message_id,
         )
     return message_id
+
+
+def _mark_mail(fence: Fence, key: str) -> tuple[int, str] | None:
+    """The mark, in one transaction: (sends so far, Message-ID), or None (refused: nothing kept)."""
+    # Synchronous (not `_no_flush_of_its_own`): on a first send this commit flushes the ledger's
+    # `begin` (its own commit did not) before the mail leaves; on a resend the `mail_resent`
+    # event's does. Locks the key row, then the job's: begin's order.
+    with transaction.atomic():
+        marked = IdempotencyKey.objects.filter(
+            key=key, attempt=fence.attempt, status=IdempotencyKey.Status.STARTED
+        ).update(kind="mail")
+        owned = (
+            Job.objects.select_for_update(no_key=True)
+            .filter(pk=fence.job_id, attempt=fence.attempt, state=JobState.RUNNING)
+            .values_list("pk", flat=True)
+        )
+        if not marked or not list(owned):
+            transaction.set_rollback(True)
+            return None
+        row = IdempotencyKey.objects.filter(key=key).values("performs", "created_at").get()
+        performs, stamp = row["performs"], int(row["created_at"].timestamp() * 1_000_000)
+        message_id = f"<{key.replace(':', '.')}.{stamp}@{mail_domain()}>"
+        if performs > 1:
+            JobEvent.objects.create(
+                job_id=fence.job_id,
+                attempt=fence.attempt,
+                type=EventType.MAIL_RESENT,
+                worker=fence.worker[:200],
+                data={"key": key, "message_id": message_id, "sends": performs},
+            )
+        return performs, message_id
 
 
 def send_mail(
@@ -244,9 +274,14 @@ def send_mail(
         )
     try:  # what the framework refuses (a line break in a header, `to` not a list) is refused
         # before the ledger row: never a send started, so never recorded as sent again
-        message(key_for(ctx.job_id, step), f"<check@{mail_domain()}>").message()
+        checked = message(key_for(ctx.job_id, step), f"<check@{mail_domain()}>")
+        checked.message()
     except (TypeError, ValueError) as exc:
         raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
+    if not checked.recipients():
+        # The framework's send() returns 0 without a word when its `to`, `cc` and `bcc` hold no
+        # address (empty or only ""): the effect would be recorded as done, nothing ever sent.
+        raise InvalidOption(f"send_mail(): no recipient: `to` holds no address ({to!r:.80})")
 
     def send(key: str) -> dict[str, Any]:
         # Outside the handler's own transaction, like the ledger's begin and finish. Inside it,
@@ -254,7 +289,8 @@ def send_mail(
         # connection, waited for it until its deadline cut it (the mail sent, nothing recorded),
         # and the rollback erased the record of a possible duplicate.
         started: list[str] = []
-        ctx._outside_transaction(lambda: started.append(_mail_started(ctx, key)))
+        fence = Fence(ctx.job_id, ctx.attempt, str(ctx.worker))
+        ctx._outside_transaction(lambda: started.append(_mail_started(fence, key)))
         message_id = started[0]
         sent = message(key, message_id).send()
         return {"sent": sent, "message_id": message_id}

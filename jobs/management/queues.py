@@ -19,7 +19,6 @@ from jobs.core import bounds
 from jobs.core.exceptions import InvalidOption
 from jobs.core.sql import driver_for
 from jobs.core.sql import metrics as sql_metrics
-from jobs.management.terminal import printable
 from jobs.ops import queues
 
 
@@ -73,7 +72,7 @@ def show(out: OutputWrapper) -> None:
         limit = "-" if c.limit is None else str(c.limit)
         state = "PAUSED" if c.paused else "active"
         line = f"{q[:24]:<24} {queued.get(q, 0):>9} {running.get(q, 0):>8} {limit:>7}  {state}"
-        out.write(printable(line))  # a queue name inserted by hand may hold control characters
+        out.write(line)  # escaped by the command's output (terminal.py), like every message
 
 
 def _parse_limit(text: str) -> int | None:

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from django.contrib.auth.models import User
+from django.core import mail
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
 from django.db.models.functions import Now
@@ -18,9 +19,10 @@ from django.test import Client
 from django.urls import reverse
 
 import jobs
+from jobs.context import JobContext
 from jobs.core.exceptions import InvalidOption, LeaseLost
 from jobs.effects import keys
-from jobs.models import IdempotencyKey, Job, JobEvent
+from jobs.models import IdempotencyKey, Job, JobEvent, RejectedWrite
 from jobs.ops import metrics
 from tests.integration.attempts import claim, expire_and_reap
 from tests.slow_receivers import wait_for
@@ -219,3 +221,47 @@ def test_a_mail_the_framework_refuses_is_refused_before_its_ledger_row_never_a_d
         assert box.count() == 0  # nothing left, nothing injected
     assert not IdempotencyKey.objects.exists()  # no send was started
     assert not JobEvent.objects.filter(job_id=job.pk, type="mail_resent").exists()
+
+
+@pytest.mark.parametrize("to", [[], [""], ("", ""), None], ids=["empty", "blank", "blanks", "none"])
+def test_a_mail_to_no_address_is_refused_before_its_ledger_row_never_recorded_as_sent(to):
+    """Django's send() returns 0 for a message without a recipient: the effect was recorded as
+    done (`{"sent": 0}`), so no later attempt would ever send it. Refused now, before the ledger
+    row, and the attempt goes on: its next mail, with an address, is sent."""
+    job = jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    with pytest.raises(InvalidOption, match="no recipient"):
+        keys.send_mail(running.ctx, "notice", "Ready", "body", to)
+    assert not IdempotencyKey.objects.exists() and mail.outbox == []
+
+    sent = keys.send_mail(running.ctx, "notice", "Ready", "body", ["", "ops@example.com"])
+    assert sent["sent"] == 1 and mail.outbox[0].recipients() == ["ops@example.com"]
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
+    assert (row.status, row.performs) == ("done", 1)
+
+
+def test_a_zombie_waking_between_its_begin_and_its_send_is_refused_one_resend_recorded():
+    """Attempt 1 began the mail's step and stalled before its mark; its lease ran out, attempt 2
+    took the step over (a possible duplicate, recorded once) and sent. Before, the zombie then
+    read attempt 2's send count, recorded a second `mail_resent` for that one duplicate and sent
+    the mail again. Its mark is fenced now: refused and recorded, nothing sent."""
+    job = jobs.enqueue("test.echo")
+    zombie = claim("host-a:1")
+    replaced: list[dict[str, object]] = []
+
+    def stalled_until_replaced(write):  # type: ignore[no-untyped-def]
+        # Here the zombie has begun (its ledger row started under attempt 1), not yet marked.
+        expire_and_reap(job.pk)
+        replaced.append(_send(claim("host-b:2").ctx))
+        JobContext._outside_transaction(zombie.ctx, write)
+
+    zombie.ctx._outside_transaction = stalled_until_replaced  # type: ignore[method-assign]
+    with pytest.raises(LeaseLost):
+        _send(zombie.ctx)
+
+    assert [m.extra_headers["Message-ID"] for m in mail.outbox] == [replaced[0]["message_id"]]
+    (event,) = JobEvent.objects.filter(job_id=job.pk, type="mail_resent")
+    assert (event.attempt, event.data["sends"]) == (2, 2)
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
+    assert (row.status, row.attempt, row.performs) == ("done", 2, 2)
+    assert RejectedWrite.objects.filter(job_id=job.pk, attempt_presented=1, write="effect").exists()

@@ -11,7 +11,8 @@ from jobs.core import transitions
 from jobs.core.exceptions import LeaseLost
 from jobs.core.states import JobState
 from jobs.core.transitions import Fence
-from jobs.models import Attempt, Job
+from jobs.management.commands.jobs import Command
+from jobs.models import Attempt, Intent, Job
 
 pytestmark = pytest.mark.django_db
 
@@ -162,6 +163,42 @@ def test_queues_prints_a_hand_inserted_queue_names_control_characters_escaped(ma
     text = run("queues")
     assert "\x1b" not in text and "\x07" not in text, text
     assert "mail\\x1b]0;pwned\\x07" in text
+
+
+def test_intents_retry_prints_a_hand_inserted_keys_control_characters_escaped(make_job, admin_user):
+    # `jobs intents retry` printed each intent's key from its row as it was: one inserted by hand
+    # (not through ctx.intent's step check) acted on the terminal with an ESC sequence, and its
+    # \r\n forged a line of the command's output. Found in review.
+    job = make_job(state=JobState.SUCCEEDED, attempt=1)
+    forged = "\r\n  intent 9:payment (job 9): pending again"
+    Intent.objects.create(
+        job=job,
+        attempt=1,
+        step="publish",
+        key=f"{job.pk}:publish\x1b]0;pwned\x07{forged}",
+        target="webhook",
+        data={"url": "http://127.0.0.1:9/hook", "json": {}},
+        state=Intent.State.FAILED,
+    )
+    text = run("intents", "retry", "--failed", "--user", "root")
+    assert not any(c in text for c in "\x1b\x07\r"), text
+    assert len(text.splitlines()) == 2, text  # the summary, and one line for the one intent
+    assert f"{job.pk}:publish\\x1b]0;pwned\\x07\\x0d\\x0a  intent 9:payment" in text
+
+
+@pytest.mark.django_db(transaction=True)  # run_from_argv closes the connection at its end
+def test_a_command_error_naming_a_hand_made_user_reaches_stderr_escaped():
+    # A CommandError's message is written to stderr by Django (run_from_argv); a user name from
+    # a row, made without the username validator, reached the terminal as it was.
+    name = "viewer\x1b]0;pwned\x07"
+    User.objects.create_user(name, password="pw", is_staff=True)  # no permission to act
+    out, err = StringIO(), StringIO()
+    with pytest.raises(SystemExit):
+        Command(stdout=out, stderr=err).run_from_argv(
+            ["manage.py", "jobs", "--skip-checks", "intents", "retry", "1", "--user", name]
+        )
+    assert "may not retry intents" in err.getvalue()
+    assert "\x1b" not in err.getvalue() and "viewer\\x1b]0;pwned\\x07" in err.getvalue()
 
 
 @pytest.fixture

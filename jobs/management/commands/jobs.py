@@ -20,7 +20,7 @@ from jobs.core import identity
 from jobs.core.states import JobState
 from jobs.management import intents as intents_cli
 from jobs.management import queues as queues_command
-from jobs.management.terminal import printable
+from jobs.management.terminal import Printable
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
 from jobs.ops import actions, retention
 from jobs.ops.describe import effective_lease, effective_max_attempts, seconds
@@ -95,6 +95,9 @@ class Command(BaseCommand):
         parser.add_argument("--kind")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Every message of every subcommand with its control characters as \xNN: rows and
+        # arguments hold text (terminal.py); a CommandError's message reaches stderr the same way.
+        self.stdout, self.stderr = Printable.around(self.stdout), Printable.around(self.stderr)
         command = options["command"]
         if command == "status":
             self.status()
@@ -135,9 +138,7 @@ class Command(BaseCommand):
     def status(self) -> None:
         families = {f.name: f for f in collect_families()}
 
-        def out(line: str) -> None:  # a lease hint names a kind, which a raw row may hold
-            self.stdout.write(printable(line))
-
+        out = self.stdout.write
         out("queues (queued, oldest due waiting):")
         ages = {
             s.labels["queue"]: s.value for s in families["jobs_queue_oldest_age_seconds"].samples
@@ -172,10 +173,8 @@ class Command(BaseCommand):
         self.stdout.write(f"{'id':>10} {'state':<10} {'att':>4} {'queue':<12} {'kind':<24} updated")
         for job in jobs:
             self.stdout.write(
-                printable(
-                    f"{job.pk:>10} {job.state:<10} {job.attempt:>4} {job.queue[:12]:<12} "
-                    f"{job.kind[:24]:<24} {seconds(job.updated_at)}"
-                )
+                f"{job.pk:>10} {job.state:<10} {job.attempt:>4} {job.queue[:12]:<12} "
+                f"{job.kind[:24]:<24} {seconds(job.updated_at)}"
             )
 
     def show(self, job_id: int) -> None:
@@ -183,9 +182,7 @@ class Command(BaseCommand):
         if job is None:
             raise CommandError(f"no job {job_id}")
 
-        def out(line: str) -> None:
-            self.stdout.write(printable(line))
-
+        out = self.stdout.write
         out(f"job {job.pk}  {job.kind}  queue={job.queue}  priority={job.priority}")
         out(f"  state {job.state}, attempt {job.attempt} ({job.attempts_released} uncharged)")
         out(f"  max attempts {effective_max_attempts(job)}, lease {effective_lease(job)}")
