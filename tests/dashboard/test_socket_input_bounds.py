@@ -35,14 +35,15 @@ def alarming(caplog: pytest.LogCaptureFixture) -> list[str]:
         b"page=job&job=1\xed\xa0\x80",  # a surrogate, encoded as UTF-8 (which has none)
         b"page=jobs&since=0&query=" + b"x" * consumers.MAX_HANDSHAKE,
         b"page=jobs&since=0&query=" + b"%26" * 1_500,  # more fields than Django reads
+        b"page=jobs&since=0" + b"&a=1" * consumers.MAX_FIELDS,
     ],
-    ids=["not UTF-8", "a surrogate", "over-long", "too many fields"],
+    ids=["not UTF-8", "a surrogate", "over-long", "too many fields", "too many of its own"],
 )
 async def test_a_handshake_whose_query_cannot_be_read_is_refused_and_nothing_is_logged(
     operator: User, raw: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Before: the first two raised UnicodeDecodeError out of connect(), the fourth raised
-    # TooManyFieldsSent rendering the catch-up push (a traceback each), the third was accepted.
+    # TooManyFieldsSent rendering the catch-up push (a traceback each), the others were accepted.
     client = await sync_to_async(logged_in)(operator)
     communicator = socket(client, "")
     communicator.scope["query_string"] = raw
