@@ -18,11 +18,14 @@ render.
 
 A viewer's sockets cannot slow anyone else's: a socket takes at most MESSAGES_BURST messages at
 once and MESSAGES_PER_SECOND after that (a browser sends one per list swap, a human's click) and
-is closed (4429) past that; a message that is not `{"screen": {...}}` JSON closes it (4400); a
-user opens at most MAX_SOCKETS_PER_USER in one process (more are refused at the handshake); and
-the queries and renders run on a pool of threads (`_db`), never queued behind one shared thread,
-and at most USER_THREADS of one user's at once -- one user's slow renders delay only that
-user's pushes.
+is closed (4429) past that; a message that is not `{"screen": {...}}` JSON closes it (4400), one
+longer than MAX_MESSAGE unparsed; a handshake whose query string is not UTF-8, is longer than
+MAX_HANDSHAKE or holds more than MAX_FIELDS fields, and a screen whose list query Django cannot
+read (more fields than DATA_UPLOAD_MAX_NUMBER_FIELDS), are refused (4400) too, with nothing
+logged; a user opens at most MAX_SOCKETS_PER_USER in one process (more are refused at the
+handshake); and the queries and renders run on a pool of threads (`_db`), never queued behind
+one shared thread, and at most USER_THREADS of one user's at once -- one user's slow renders
+delay only that user's pushes.
 
 Catch-up: the browser sends the last event id it has seen (`since`). If the database holds newer
 events, the consumer re-renders every live region of the screen at once -- partials render
@@ -44,6 +47,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.core.exceptions import SuspiciousOperation
 from django.db import connections
 
 from dashboard import access, broadcast, selectors
@@ -112,7 +116,18 @@ def close_connections() -> None:
 
 
 MAX_VISIBLE = 200  # rows a screen shows (a page is 50); more ids from a browser are ignored
-MAX_QUERY = 2000  # characters of the jobs list's query string
+# Characters of the jobs list's query string: the longest the filter form keeps (each field at
+# its length, every character a 4-byte one percent-encoded: ~12,800) fits. At 2,000 a long
+# search in another script was cut, and the push swapped in the list of a shorter search.
+MAX_QUERY = 16_384
+# Bytes of the handshake's query string (the screen, its list query encoded once more) and
+# characters of a message: a legitimate one is a fraction of either. Longer is refused unread.
+MAX_HANDSHAKE = MAX_MESSAGE = 65_536
+MAX_FIELDS = 16  # of the handshake's query string: a browser sends six (live.js)
+
+
+class BadScreen(ValueError):
+    """What the browser says it shows cannot be read: the socket is refused (BAD_MESSAGE)."""
 
 
 def row_id(text: str) -> int | None:
@@ -132,13 +147,30 @@ def screen_from(values: dict[str, Any]) -> broadcast.Screen:
 
     page = one("page")
     ids = (row_id(i) for i in one("ids").split(",")[:MAX_VISIBLE])
-    return broadcast.Screen(
+    screen = broadcast.Screen(
         page=page if page in PAGES else "overview",
         job=row_id(one("job")),
         query=one("query"),
         first_page=one("first", "1") != "0",
         visible={i for i in ids if i is not None},
     )
+    if screen.page == "jobs":
+        try:  # read here, once (cached): a render or a notice would raise on it later
+            _ = screen.jobs_filters
+        except SuspiciousOperation as exc:  # TooManyFieldsSent
+            raise BadScreen(f"the list query cannot be read: {exc}") from exc
+    return screen
+
+
+def handshake_query(raw: bytes) -> dict[str, list[str]]:
+    """The handshake's query string, parsed; BadScreen if it is over-long, not UTF-8 or holds
+    more than MAX_FIELDS fields (counted before any is parsed: 16,000 took 40 ms)."""
+    if len(raw) > MAX_HANDSHAKE:
+        raise BadScreen(f"a query string of {len(raw):,} bytes")
+    try:
+        return parse_qs(raw.decode(), max_num_fields=MAX_FIELDS)
+    except ValueError as exc:  # UnicodeDecodeError, or too many fields
+        raise BadScreen(f"a query string that cannot be read: {exc}") from exc
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -170,9 +202,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             sockets.discard(self)
             await self.close(code=4403)  # before accept: the handshake is refused (HTTP 403)
             return
+        try:
+            query = handshake_query(self.scope.get("query_string", b""))
+            self.screen = screen_from(query)
+        except BadScreen:
+            sockets.discard(self)
+            await self.close(code=BAD_MESSAGE)  # before accept: refused as the others are
+            return
         self.tokens, self.tokens_at = float(MESSAGES_BURST), time.monotonic()
-        query = parse_qs(self.scope.get("query_string", b"").decode())
-        self.screen = screen_from(query)
         since = query.get("since", ["0"])[0]
         self.pending = broadcast.Pending()
         self.last_push = 0.0
@@ -221,6 +258,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if self.tokens < 1.0:
             await self.refuse(TOO_MANY, stop=True)
         self.tokens -= 1.0
+        if text_data is not None and len(text_data) > MAX_MESSAGE:
+            await self.refuse(BAD_MESSAGE, stop=True)  # unparsed: json would hold the loop
         try:
             content = json.loads(text_data) if text_data is not None else None
         except (ValueError, RecursionError):
@@ -233,7 +272,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         """The browser swapped its list (a filter, another page): follow what it now shows. No
         query here (a message costs microseconds, so a flood reaches its limit at once): access
         is read afresh before the next push, whatever this message asked for."""
-        self.screen = screen_from(content["screen"])
+        try:
+            self.screen = screen_from(content["screen"])
+        except BadScreen:
+            await self.refuse(BAD_MESSAGE, stop=True)
         self.checked_at = float("-inf")
 
     async def refuse(self, code: int, stop: bool = False) -> None:

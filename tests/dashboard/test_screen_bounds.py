@@ -38,3 +38,17 @@ def test_a_screen_naming_a_lone_surrogate_is_read_as_text(query: str, read: str)
     assert [s["id"] for s in swaps] == ["jobs-table"]
     assert 'id="job-row-' not in swaps[0]["html"]
     assert screen.query == read
+
+
+def test_the_longest_search_the_page_keeps_reaches_the_screen_whole() -> None:
+    """A search in another script is three times longer percent-encoded: at 500 characters
+    (the field's length) its query was cut at 2,000, and the push swapped in the list of a
+    shorter search than the page showed."""
+    from urllib.parse import urlencode
+
+    from dashboard.consumers import screen_from
+
+    query = urlencode({"q": "я" * 500, "kind": "😀" * 100, "queue": "é" * 64})
+    screen = screen_from({"page": "jobs", "query": query})
+    assert screen.query == query
+    assert screen.jobs_filters is not None and screen.jobs_filters["q"] == "я" * 500
