@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 import jobs
+from jobs.core import transitions
 from jobs.models import Job
 from jobs.worker import bridge, scheduler
 
@@ -107,11 +108,11 @@ def test_with_no_idle_wait_an_idle_scheduler_sends_no_drain(broker: Broker, sett
     assert broker.requests == []
 
 
-def plant_due_but_deferred() -> Job:
+def plant_due_but_deferred(priority: int = 0) -> Job:
     """A job enqueued far past the defer horizon (60 s) once its time has come with no claim run
     meanwhile: due, and still `deferred` -- out of the pick index, which only a promotion brings
     it into (the trigger decides `deferred` only when state or run_at is written)."""
-    job = jobs.enqueue("test.echo", run_at=timezone.now() + timedelta(hours=1))
+    job = jobs.enqueue("test.echo", priority=priority, run_at=timezone.now() + timedelta(hours=1))
     assert Job.objects.get(pk=job.pk).deferred
     Job.objects.filter(pk=job.pk).update(run_at=Now() - timedelta(seconds=1))
     Job.objects.filter(pk=job.pk).update(deferred=True)  # no trigger: only `deferred` written
@@ -132,6 +133,22 @@ def test_with_no_idle_wait_the_ticks_bring_a_job_deferred_far_ahead_in_and_send_
     sched.dispatch()
     assert not Job.objects.get(pk=job.pk).deferred
     assert requested(broker) == [1]
+
+
+def test_while_every_worker_is_busy_the_ticks_bring_an_urgent_job_in_for_the_next_claim(
+    broker: Broker,
+) -> None:
+    """Every worker in a long handler (the drains asked for wait in the broker): no claim runs,
+    so none promoted a job scheduled ahead as it came near. The first claim after it was due
+    promoted it in the same statement as its pick, which cannot see that (one snapshot), and
+    took the backlog's lower-priority job instead: the urgent job waited behind it. A tick
+    promotes it ahead of that claim."""
+    jobs.enqueue("test.echo", priority=0)
+    urgent = plant_due_but_deferred(priority=100)
+    broker.waiting = WORKERS
+    scheduler.EmbeddedScheduler().dispatch()
+    (claimed,) = transitions.claim("host-a:1", limit=1, lease_seconds=30)
+    assert claimed.fence.job_id == urgent.pk
 
 
 @pytest.mark.parametrize(
