@@ -75,7 +75,7 @@ class TokenDecision:
 
 class Target(NamedTuple):
     db: str  # where the routers send the queryset's writes
-    rows: models.QuerySet[Any]  # the model's rows there
+    rows: models.QuerySet[Any]  # the model's rows there, all of them (its base manager)
     current: models.QuerySet[Any]  # the job, while this attempt owns it and it runs
     token_allows: Q  # rows last written by another job (or none), or by this one at <= ours
 
@@ -95,7 +95,9 @@ def target(fence: Fence, queryset: models.QuerySet[Any]) -> Target:
         | ~Q(fence_job_id=fence.job_id)
         | Q(fence_attempt__lte=fence.attempt)
     )
-    return Target(db, model._default_manager.using(db), current, token_allows)
+    # The base manager, not the default one: a default manager that hides rows (a soft
+    # delete's) would leave rows of the queryset given unwritten, and the write not refused.
+    return Target(db, model._base_manager.using(db), current, token_allows)
 
 
 def write(fence: Fence, queryset: models.QuerySet[Any], **values: Any) -> TokenDecision:

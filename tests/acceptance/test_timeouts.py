@@ -9,7 +9,7 @@ import pytest
 from django.db import transaction
 
 from jobs import enqueue
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, Job, RejectedWrite
 from tests.acceptance.cluster import (
     wait_for_attempt,
     wait_for_outcome,
@@ -102,6 +102,28 @@ def test_a_kinds_own_timeout_fails_the_attempt_frees_the_worker_and_the_job_is_r
     assert done.attempt == 2
     assert Attempt.objects.get(job=job, number=2).worker != first.worker
     quick_jobs_all_succeed()
+
+
+def test_a_kinds_timeout_above_q_timeout_and_q_retry_lets_an_overlong_job_finish_once(
+    start_qcluster,
+):
+    """@handler("test.timeout_long", timeout=60, max_attempts=1) running 8 s under Q_TIMEOUT 3 s
+    and Q_RETRY 5 s: the kind's own timeout applies, not Q_TIMEOUT (nothing fails it at 3 s, no
+    watchdog kills it), its lease of 2 s is kept by the background heartbeat, django-q2's
+    redelivery of its drain task after Q_RETRY claims nothing of it, and the other worker keeps
+    running quick jobs meanwhile: one attempt, committed, nothing rejected."""
+    cluster = start_qcluster(**SHORT_Q_TIMEOUT)
+    job = enqueue("test.timeout_long", {"seconds": 8})
+    first = wait_for_attempt(job.pk, 1)
+    quick_jobs_all_succeed()  # the other worker claims while the long one runs
+    done = wait_for_state(job.pk, "succeeded", timeout=8 + 15)
+    assert done.attempt == 1
+    attempt = Attempt.objects.get(job=job)
+    assert attempt.outcome == "succeeded" and attempt.worker == first.worker
+    assert (attempt.ended_at - first.claimed_at).total_seconds() >= 8
+    assert not RejectedWrite.objects.filter(job=job).exists()
+    assert "exceeded the task timeout" not in cluster.log()
+    assert "killed" not in cluster.log() and "lease reclaimed" not in cluster.log()
 
 
 def test_a_handler_holding_the_gil_past_its_timeout_is_killed_by_the_main_process(

@@ -359,6 +359,14 @@ def timeout_in_c(ctx: JobContext) -> dict[str, Any]:
     return {"attempt": ctx.attempt}
 
 
+@handler("test.timeout_long", timeout=60, max_attempts=1)
+def timeout_long(ctx: JobContext) -> dict[str, Any]:
+    """A kind whose own execution timeout is far above a short Q_TIMEOUT and Q_RETRY: it sleeps
+    (no beat of its own; the runner's background heartbeat keeps its lease)."""
+    time.sleep(_duration(ctx))
+    return {"attempt": ctx.attempt}
+
+
 @handler("test.timeout_short", timeout=0.5, max_attempts=3)
 def timeout_short(ctx: JobContext) -> dict[str, Any]:
     """A kind with a short execution timeout; the tests swap in what it does around it."""

@@ -29,3 +29,22 @@ class Note(FencedRow):
 
     report = models.ForeignKey(Report, null=True, on_delete=models.SET_NULL)
     text = models.CharField(max_length=50, blank=True, default="")
+
+
+class HidingManager(models.Manager["HidingNote"]):
+    """Hides the notes whose text starts with "archived", as a soft delete's manager does."""
+
+    def get_queryset(self) -> models.QuerySet["HidingNote"]:
+        return super().get_queryset().exclude(text__startswith="archived")
+
+
+class HidingNote(Note):
+    """Note, with a default manager that hides rows (`objects`) beside one that does not
+    (`every`): a queryset of `every` still names the hidden rows."""
+
+    objects = HidingManager()
+    every = models.Manager()
+
+    class Meta:
+        proxy = True
+        default_manager_name = "objects"

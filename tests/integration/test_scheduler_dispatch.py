@@ -9,12 +9,17 @@ decides); the due count is the real one, on PostgreSQL.
 
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection  # noqa: F401  (the skipif condition)
+from django.db.models.functions import Now
+from django.utils import timezone
 
 import jobs
+from jobs.core import transitions
+from jobs.models import Job
 from jobs.worker import bridge, scheduler
 
 pytestmark = [
@@ -101,6 +106,49 @@ def test_with_no_idle_wait_an_idle_scheduler_sends_no_drain(broker: Broker, sett
     idle_wait(settings, 0.0)
     scheduler.EmbeddedScheduler().dispatch()
     assert broker.requests == []
+
+
+def plant_due_but_deferred(priority: int = 0) -> Job:
+    """A job enqueued far past the defer horizon (60 s) once its time has come with no claim run
+    meanwhile: due, and still `deferred` -- out of the pick index, which only a promotion brings
+    it into (the trigger decides `deferred` only when state or run_at is written)."""
+    job = jobs.enqueue("test.echo", priority=priority, run_at=timezone.now() + timedelta(hours=1))
+    assert Job.objects.get(pk=job.pk).deferred
+    Job.objects.filter(pk=job.pk).update(run_at=Now() - timedelta(seconds=1))
+    Job.objects.filter(pk=job.pk).update(deferred=True)  # no trigger: only `deferred` written
+    return job
+
+
+def test_with_no_idle_wait_the_ticks_bring_a_job_deferred_far_ahead_in_and_send_a_drain(
+    broker: Broker, settings: Any
+) -> None:
+    """Only claims promoted deferred rows, and with JOBS_IDLE_WAIT_SECONDS = 0 no drain stands
+    claiming on an idle cluster: the due count never saw such a job and no drain was ever sent
+    for it (a job enqueued an hour ahead, or retried after a backoff past 60 s, waited for some
+    other enqueue). A tick promotes as a claim does; the next one counts the job due."""
+    idle_wait(settings, 0.0)
+    job = plant_due_but_deferred()
+    sched = scheduler.EmbeddedScheduler()
+    sched.dispatch()
+    sched.dispatch()
+    assert not Job.objects.get(pk=job.pk).deferred
+    assert requested(broker) == [1]
+
+
+def test_while_every_worker_is_busy_the_ticks_bring_an_urgent_job_in_for_the_next_claim(
+    broker: Broker,
+) -> None:
+    """Every worker in a long handler (the drains asked for wait in the broker): no claim runs,
+    so none promoted a job scheduled ahead as it came near. The first claim after it was due
+    promoted it in the same statement as its pick, which cannot see that (one snapshot), and
+    took the backlog's lower-priority job instead: the urgent job waited behind it. A tick
+    promotes it ahead of that claim."""
+    jobs.enqueue("test.echo", priority=0)
+    urgent = plant_due_but_deferred(priority=100)
+    broker.waiting = WORKERS
+    scheduler.EmbeddedScheduler().dispatch()
+    (claimed,) = transitions.claim("host-a:1", limit=1, lease_seconds=30)
+    assert claimed.fence.job_id == urgent.pk
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,9 @@ class Driver:
     listen_notify = False
     # Queued rows in jobs_job_pick_idx (not deferred far ahead), as each vendor spells it.
     pickable = "NOT deferred"
+    # A CTE (trailing comma) that brings rows deferred far ahead into the pick index as they come
+    # near (PostgreSQL's claim starts with it too); "" where nothing is deferred (SQLite).
+    promote = ""
 
     def later(self, seconds_param: str) -> str:
         raise NotImplementedError
@@ -96,10 +99,16 @@ class Driver:
     # -- reads --------------------------------------------------------------------------------
 
     def count_due(self, cur: CursorWrapper, limit: int, queues: Sequence[str] | None) -> int:
-        """Due jobs a claim could take now (not in a paused queue or one at its limit)."""
+        """Due jobs a claim could take now (not in a paused queue or one at its limit).
+
+        It promotes rows deferred far ahead first, as a claim does: the claims of standing
+        drains are not the only ones to (with JOBS_IDLE_WAIT_SECONDS = 0 none stand, and a job
+        enqueued more than the horizon ahead stayed out of the pick index, never counted due).
+        The promoted rows are counted from the next tick on, long before they are due."""
         params: dict[str, Any] = {"limit": limit}
+        guard = queues_sql.claim_guard(None, params)
         cur.execute(
-            f"WITH {queues_sql.claim_guard(None, params)} due AS (SELECT 1 FROM jobs_job "
+            f"WITH {self.promote}{guard} due AS (SELECT 1 FROM jobs_job "
             f"WHERE state = '{QUEUED}' AND {self.pickable} AND run_at <= {self.now}"
             f"{queue_filter(queues, params)}{queues_sql.BLOCKED} LIMIT %(limit)s) "
             "SELECT count(*) FROM due",

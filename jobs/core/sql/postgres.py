@@ -87,6 +87,7 @@ def pick(limit: int, queues: Sequence[str] | None, only: str, params: dict[str, 
 
 class PostgresDriver(Driver):
     now = "clock_timestamp()"
+    promote = PROMOTE  # the due count promotes too (base.Driver.count_due says why)
     single_statement_writes = True
     lock_row = " FOR UPDATE"
     listen_notify = True
@@ -98,15 +99,14 @@ class PostgresDriver(Driver):
         return f"EXTRACT(EPOCH FROM ({later}) - ({earlier}))::float8"
 
     def count_due(self, cur, limit, queues):  # type: ignore[no-untyped-def]
-        """Due jobs a claim could take now, counted in claim order (jobs_count_due, migration
-        0021) so that the count reads the pick index, never the finished rows of jobs_job. From
-        named queues, the inline count (the planner takes them by jobs_job_queue_depth_idx)."""
+        """Due jobs counted in claim order (jobs_count_due, migration 0021: the pick index, never
+        the finished rows); from named queues, inline (by jobs_job_queue_depth_idx)."""
         if queues:
             return super().count_due(cur, limit, queues)
         params: dict[str, Any] = {"limit": int(limit)}
         guard = queues_sql.claim_guard(None, params).rstrip().removesuffix(",")
         cur.execute(
-            f"WITH {guard} "
+            f"WITH {self.promote}{guard} "
             "SELECT jobs_count_due(%(limit)s, ARRAY(SELECT queue::text FROM blocked))",
             params,
         )
