@@ -1,9 +1,10 @@
 """The limits on every value that comes from a user, a handler or the environment.
 
 Owns: ranges (lease, attempts, priority, run_at, retry settings), JSON that the database can
-store (no NUL, no lone surrogate, bounded depth and size) and error text made storable. Never:
-touches the database. The ranges that must also hold for rows inserted without enqueue (raw SQL,
-bulk_create) are mirrored by CHECK constraints in jobs/models.py; tests keep both in step.
+store (no NUL, no lone surrogate, bounded depth and size) and error text made storable (a
+handler's exception formatted whatever its own code raises). Never: touches the database. The
+ranges that must also hold for rows inserted without enqueue (raw SQL, bulk_create) are
+mirrored by CHECK constraints in jobs/models.py; tests keep both in step.
 
 Why: a value PostgreSQL refuses (a string holding NUL, an interval that overflows) does not fail
 alone -- it fails the statement, and a statement may carry a batch of jobs or pick the next job for
@@ -13,6 +14,7 @@ every drain. So a bad value is refused where it enters, with a clear ValueError 
 import json
 import math
 import re
+import traceback
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -236,3 +238,38 @@ def storable_error(text: str) -> str:
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode()
     return text[-ERROR_CHARS:]
+
+
+def exception_text(exc: BaseException) -> str:
+    """`exc`'s traceback as Python formats it (its chain, its notes), never raising.
+
+    Formatting runs the exception's own code: a `__notes__` that raises when read, or a
+    `__getattr__` that raises something other than AttributeError for a name it lacks (an API
+    error whose fields live in a dict: KeyError), makes `traceback.format_exception` raise. Then
+    its frames and its class are written as Python writes them, after a line saying why, so the
+    failure is still its own job's, its class on the last line."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception as failed:  # noqa: BLE001  the exception's own code raised
+        why = " ".join(filter(None, [type(failed).__name__ + ":", _first_line(failed)]))
+    try:
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+    except Exception:  # noqa: BLE001
+        frames = ""
+    cls = type(exc)
+    name = cls.__qualname__
+    if cls.__module__ != "builtins":
+        name = f"{cls.__module__}.{name}"
+    message = _first_line(exc)
+    return (
+        f"(its traceback could not be formatted in full: {why.rstrip(':')})\n"
+        f"Traceback (most recent call last):\n{frames}{name}{': ' if message else ''}{message}\n"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of `str(exc)` (its own __str__ may raise: then nothing)."""
+    try:
+        return (str(exc)[:200].splitlines() or [""])[0]
+    except Exception:  # noqa: BLE001
+        return ""

@@ -9,7 +9,7 @@ database as it is). Never: writes -- the insert is `Job.objects.enqueue()`
 from the records so the records may use these rules without the rules importing the records back.
 """
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from jobs.core import bounds
@@ -87,5 +87,7 @@ def checked(
         "unique_key": unique_key,
     }
     if run_at is not None:
-        row["run_at"] = run_at
+        # As UTC, the same instant: Python allows a UTC offset up to 23:59, PostgreSQL refuses one
+        # past 15:59 (a DataError, which aborts the caller's transaction).
+        row["run_at"] = run_at.astimezone(UTC)
     return row, payload_json

@@ -39,7 +39,12 @@ from django.utils.json import normalize_json
 from jobs.core import bounds
 from jobs.core.conf import jobs_settings
 from jobs.core.enqueue import QUEUE_NAME
-from jobs.core.exceptions import EnqueueError, InvalidOption, InvalidPayload
+from jobs.core.exceptions import (
+    EnqueueError,
+    HandlerAlreadyRegistered,
+    InvalidOption,
+    InvalidPayload,
+)
 from jobs.core.registry import KIND, TIMEOUT_SECONDS
 from jobs.models import Job
 from jobs.tasks import execution, results
@@ -110,8 +115,9 @@ class PalisadeBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         """Django's checks (module-level function, context argument, priority -100..100, queue
-        in QUEUES, aware run_after), then Palisade's: the module path is a storable kind, and
-        the options are within the bounds `@handler` enforces."""
+        in QUEUES, aware run_after), then Palisade's: a queue name a job can carry (whatever
+        QUEUES says), the module path a storable kind no plain handler holds, and the options
+        within the bounds `@handler` enforces."""
         # Before Django's own checks, which compare and convert these as they come (a NaN or
         # text priority, a timedelta run_after: ValueError, TypeError, AttributeError) and let
         # a whole float or a bool through to be refused by every enqueue (jobs.InvalidOption).
@@ -123,6 +129,12 @@ class PalisadeBackend(BaseTaskBackend):
         if task.run_after is not None and not isinstance(task.run_after, datetime):
             raise InvalidTask(
                 f"run_after must be an aware datetime, not {type(task.run_after).__name__}."
+            )
+        # Django checks a queue only against QUEUES, and an empty QUEUES allows any: a name no
+        # job can carry (or not text: a list was a TypeError) would pass, and every enqueue fail.
+        if not isinstance(task.queue_name, str) or not QUEUE_NAME.match(task.queue_name):
+            raise InvalidTask(
+                f"queue_name {repr(task.queue_name)[:100]} must match {QUEUE_NAME.pattern}."
             )
         super().validate_task(task)
         if task.run_after is not None:
@@ -149,7 +161,10 @@ class PalisadeBackend(BaseTaskBackend):
             raise InvalidTask(str(exc)) from None
         if unique_key is not None and not isinstance(unique_key, str) and not callable(unique_key):
             raise InvalidTask("unique_key must be a string or a function of (args, kwargs)")
-        execution.register(task, lease_seconds, max_attempts, timeout)
+        try:
+            execution.register(task, lease_seconds, max_attempts, timeout)
+        except HandlerAlreadyRegistered as exc:  # a plain @handler holds the module path
+            raise InvalidTask(f"the task's module path names a kind: {exc}") from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert the task's job inside the caller's transaction; return its READY result.

@@ -85,7 +85,8 @@ class CancelledInTask(JobsError):
 
 class UnencodableResult(PermanentFailure):
     """A task returned a value that cannot be stored as its result (not JSON: a set, an object,
-    NaN, bytes that are not UTF-8; nested past 64 levels; over JOBS["MAX_PAYLOAD_BYTES"]). Every
+    NaN, bytes that are not UTF-8; nested past 64 levels; over JOBS["MAX_PAYLOAD_BYTES"]; its
+    own code raising while it is read, as a plain handler's unusable result is). Every
     attempt would return it again, so the job fails at once, not retried, as Django's
     ImmediateBackend fails it once; the message names the value's type and why."""
 
@@ -105,17 +106,17 @@ def register(
     known = _tasks.get(kind)
     if known is not None and known.func is task.func:
         return
-    _tasks[kind] = task
-    with _misses_lock:
-        _misses.pop(kind, None)
     adapter = _adapters.setdefault(kind, _adapter(kind))
-    registry.handler(
+    registry.handler(  # first: a plain handler's kind (HandlerAlreadyRegistered) is no task's
         kind,
         lease_seconds=lease_seconds,
         max_attempts=max_attempts,
         on_finished=_finished,
         timeout=timeout,
     )(adapter)
+    _tasks[kind] = task
+    with _misses_lock:
+        _misses.pop(kind, None)
 
 
 def task_for(kind: str) -> Task | None:
@@ -220,6 +221,8 @@ def encodable(kind: str, value: Any) -> Any:
         why = _text(exc)
     except RecursionError:  # normalize_json recurses: nested past Python's limit, or a cycle
         why = f"it is nested deeper than {bounds.JSON_DEPTH} levels (or holds a cycle)"
+    except Exception as exc:  # noqa: BLE001  the value's own code (a Mapping's items()) raised
+        why = f"{type(exc).__name__}: {_text(exc)}"  # as a plain handler's: not retried either
     name = _text(type(value).__qualname__)[:100]
     raise UnencodableResult(
         f"{kind} returned a value of type {name}, which cannot be encoded as its JSON result: "
@@ -245,9 +248,17 @@ _SIGNAL_NAMES = {
 
 def send_robustly(signal: Any, backend: Any, result: Any) -> None:
     """Send `signal` as Django does; a receiver that raises is logged (naming the signal)
-    and changes nothing."""
-    for _receiver, answer in signal.send_robust(sender=type(backend), task_result=result):
-        if isinstance(answer, Exception):
+    and changes nothing. A SystemExit too (a library calling sys.exit()), which Django's
+    send_robust lets through: it would end a worker's drain (task_started) or the notice thread
+    with its batch (task_finished). Then the receivers after it are not called."""
+    try:
+        answers = signal.send_robust(sender=type(backend), task_result=result)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001  a receiver's: never a stop of this process
+        answers = [(None, exc)]
+    for _receiver, answer in answers:
+        if isinstance(answer, BaseException):
             logger.error(
                 "task %s (job %s): a receiver of %s raised %r; the task's outcome is unchanged",
                 result.task.module_path,

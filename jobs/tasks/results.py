@@ -149,9 +149,12 @@ def mark_raised(exc: BaseException) -> None:
         first = ""
     path = re.sub(r"[\s:]", "?", _path(type(exc)))  # a qualname is any text: one token here
     note = RAISED + path + (f": {first}" if first else "")
-    notes = getattr(exc, "__notes__", None)
-    if isinstance(notes, list) and notes[-1:] == [note]:
-        return  # the same exception object raised again (a later attempt in this process)
+    try:  # its own code: a `__notes__` property, or a `__getattr__` raising KeyError, may raise
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list) and notes[-1:] == [note]:
+            return  # the same exception object raised again (a later attempt in this process)
+    except Exception:  # noqa: BLE001  then it is noted below if it can be (else formatted bare)
+        pass
     try:
         BaseException.add_note(exc, note)  # never a class's own add_note
     except Exception:  # noqa: BLE001  `__notes__` set to something else than a list
@@ -264,20 +267,23 @@ def build(task: Task, job: dict[str, Any], attempts: list[dict[str, Any]]) -> Ta
     payload = task_payload(job)
     enqueued = as_enqueued(task, job, payload)
     claims = [a["claimed_at"] for a in attempts]
-    result: TaskResult = TaskResult(
-        task=enqueued,
-        id=str(job["id"]),
-        status=STATUS[job["state"]],
-        enqueued_at=job["created_at"],
-        started_at=claims[0] if claims else None,
-        last_attempted_at=claims[-1] if claims else None,
-        finished_at=job["finished_at"],
-        args=list(payload.args),
-        kwargs=dict(payload.kwargs),
-        backend=enqueued.backend,
-        errors=_errors(job, attempts),
-        worker_ids=[a["worker"] for a in attempts],
-    )
+    try:  # Django normalises the arguments recursively: a row's may be nested past the limit
+        result: TaskResult = TaskResult(
+            task=enqueued,
+            id=str(job["id"]),
+            status=STATUS[job["state"]],
+            enqueued_at=job["created_at"],
+            started_at=claims[0] if claims else None,
+            last_attempted_at=claims[-1] if claims else None,
+            finished_at=job["finished_at"],
+            args=list(payload.args),
+            kwargs=dict(payload.kwargs),
+            backend=enqueued.backend,
+            errors=_errors(job, attempts),
+            worker_ids=[a["worker"] for a in attempts],
+        )
+    except RecursionError:  # json's limit is not Python's: decoded, yet too deep to normalise
+        raise MalformedTask(f"job {job['id']} ({job['kind']}): arguments nested too deep") from None
     if job["state"] == JobState.SUCCEEDED:
         if isinstance(job["result"], Undecodable):
             raise MalformedTask(

@@ -112,8 +112,8 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     except Exception as exc:  # noqa: BLE001  a handler's failure is data: classified, written once
         if refused_at_commit(ctx, exc):  # its transaction's COMMIT refused a stale token write
             return Outcome(succeeded=False, lost=True)
-        error, permanent = traceback.format_exc() + _hint(exc), isinstance(exc, PermanentFailure)
-        return Outcome(succeeded=False, error=error, permanent=permanent)
+        error = bounds.exception_text(exc) + _hint(exc)  # its own code may raise while formatted
+        return Outcome(succeeded=False, error=error, permanent=isinstance(exc, PermanentFailure))
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
         return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
@@ -335,7 +335,7 @@ def _abandon(
     steps = [beats.flush]
     if current is not None and not beats.timed_out(current[1]):  # else its timeout fails it
         claimed = current[0]
-        error = "".join(traceback.format_exception(exc))
+        error = bounds.exception_text(exc)  # its own code may raise while formatted
 
         def fail_current() -> None:
             beats.release(claimed.fence)

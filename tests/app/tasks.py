@@ -80,6 +80,11 @@ def _nested(depth: int) -> Any:
     return value
 
 
+class _RaisingItems(dict):  # type: ignore[type-arg]
+    def items(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("hostile items()")
+
+
 UNENCODABLE = {
     "set": lambda: {"ok": 1, "bad": {1, 2}},
     "object": object,
@@ -89,6 +94,7 @@ UNENCODABLE = {
     "recursion": lambda: _nested(5000),  # past Python's recursion limit
     "cycle": _cycle,
     "large": lambda: "x" * 300_000,  # past JOBS["MAX_PAYLOAD_BYTES"] (256 KiB by default)
+    "items_raise": lambda: _RaisingItems(a=1),  # its own code raises while it is read
 }
 
 
@@ -131,6 +137,33 @@ async def cancels_its_own_work() -> None:
     inner = asyncio.ensure_future(asyncio.sleep(60))
     inner.cancel()
     await inner
+
+
+class FieldsError(Exception):
+    """An API client's error whose fields live in a dict: a name it lacks is a KeyError, not an
+    AttributeError -- so is `__notes__`, which formatting its traceback reads."""
+
+    def __init__(self, message: str, fields: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+    def __getattr__(self, name: str) -> Any:
+        return self.fields[name]
+
+
+class UnreadableNotes(Exception):
+    """Its notes raise when read: formatting its traceback raises."""
+
+    @property
+    def __notes__(self) -> Any:
+        raise RuntimeError("its notes cannot be read")
+
+
+@task(max_attempts=1)
+def raises_hostile(which: str) -> None:
+    if which == "fields":
+        raise FieldsError("the API said no", {"status": 402})
+    raise UnreadableNotes("boom")
 
 
 def _greeting(func: Any) -> Any:

@@ -82,6 +82,12 @@ def test_an_unencodable_result_fails_its_task_once_and_its_batch_mates_commit():
         ("recursion", "it is nested deeper than 64 levels (or holds a cycle)"),
         ("cycle", "it is nested deeper than 64 levels (or holds a cycle)"),
         ("large", "the value is 300002 bytes encoded; the limit is 262144"),
+        # before: its RuntimeError was the task's own, retried up to max_attempts
+        (
+            "items_raise",
+            "returned a value of type _RaisingItems, which cannot be encoded as its "
+            "JSON result: RuntimeError: hostile items()",
+        ),
     ],
 )
 def test_every_sort_of_unstorable_result_fails_once_saying_why(what, why):
