@@ -256,15 +256,32 @@ def exception_text(exc: BaseException) -> str:
         frames = "".join(traceback.format_tb(exc.__traceback__))
     except Exception:  # noqa: BLE001
         frames = ""
-    cls = type(exc)
-    name = cls.__qualname__
-    if cls.__module__ != "builtins":
-        name = f"{cls.__module__}.{name}"
-    message = _first_line(exc)
     return (
         f"(its traceback could not be formatted in full: {why.rstrip(':')})\n"
-        f"Traceback (most recent call last):\n{frames}{name}{': ' if message else ''}{message}\n"
+        f"Traceback (most recent call last):\n{frames}{_bare_line(exc)}\n"
     )
+
+
+def exception_line(exc: BaseException) -> str:
+    """`exc` as the end of its traceback, `module.Class: message` (and its notes), as
+    `traceback.format_exception_only` writes it, never raising: where its own code raises
+    (`exception_text`'s cases), its class and the first line of its message."""
+    try:
+        return "".join(traceback.format_exception_only(exc)).strip()
+    except Exception:  # noqa: BLE001  the exception's own code raised
+        return _bare_line(exc)
+
+
+def _bare_line(exc: BaseException) -> str:
+    """`module.Qualname: first line` (bare `Qualname` for builtins), as Python names a class."""
+    cls = type(exc)
+    name, module = cls.__qualname__, getattr(cls, "__module__", None)
+    if not isinstance(module, str):
+        module = "<unknown>"  # as traceback writes a class whose __module__ is not text
+    if module != "builtins":
+        name = f"{module}.{name}"
+    message = _first_line(exc)
+    return f"{name}{': ' if message else ''}{message}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,7 +21,8 @@ reordered. So `LineFormatter` writes every C0 and C1 control character of a mess
 and those as \\uNNNN; a traceback (or stack) appended after it keeps its line breaks, nothing else,
 and each of its lines is indented: an exception's message is a peer's text too, and only a
 record begins at the first column. A message whose args do not fit it is written as it is held
-(its format's repr and the args'), in both formats, never lost to "--- Logging error ---".
+(its format's repr and the args'), in both formats, never lost to "--- Logging error ---"; nor is
+a traceback whose exception's own code raises while it is formatted (`bounds.exception_text`).
 """
 
 import json
@@ -30,6 +31,8 @@ import math
 import re
 from datetime import UTC, datetime
 from typing import Any
+
+from jobs.core import bounds
 
 # What a line must not carry as it is: the C0 and C1 control characters (NEL, U+0085, is C1),
 # written as \xNN; the line and paragraph separators U+2028/U+2029 (str.splitlines and many log
@@ -92,7 +95,22 @@ def _indented(text: str) -> str:
     return "  " + _escaped(text, _BUT_NEWLINE).replace("\n", "\n  ")
 
 
-class LineFormatter(logging.Formatter):
+class _Formatter(logging.Formatter):
+    def formatException(self, ei: Any) -> str:
+        """The traceback as logging writes it; where the exception's own code raises while it is
+        formatted (a `__getattr__` raising KeyError for `__notes__`: an application's error, a
+        hook's, a peer's), as `bounds.exception_text` writes it. Before, the record was lost to
+        "--- Logging error ---" on stderr."""
+        try:
+            return super().formatException(ei)
+        except Exception:  # noqa: BLE001  the exception's own code
+            exc = ei[1] if isinstance(ei, tuple) and len(ei) == 3 else ei
+            if not isinstance(exc, BaseException):
+                return f"(an exception that could not be formatted: {type(exc).__name__})"
+            return bounds.exception_text(exc).removesuffix("\n")
+
+
+class LineFormatter(_Formatter):
     """The text console's format: each record one line, its message's control characters
     escaped (a traceback appended after it keeps its line breaks, nothing else, each of its
     lines indented)."""
@@ -126,7 +144,7 @@ def _plain(value: Any) -> Any:
         return repr(value)
 
 
-class JsonFormatter(logging.Formatter):
+class JsonFormatter(_Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),

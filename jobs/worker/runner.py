@@ -120,7 +120,7 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     except InvalidPayload as exc:
         why = str(exc)
     except Exception as exc:  # noqa: BLE001  its own code raised (items(), RecursionError, ...)
-        why = "".join(traceback.format_exception_only(exc)).strip()  # safe if str(exc) raises
+        why = bounds.exception_line(exc)  # its own code may raise while formatted
     # Not retried (as a task's UnencodableResult): a rerun would most likely return it again.
     return Outcome(False, error=f"handler returned an unusable result: {why}", permanent=True)
 

@@ -79,6 +79,19 @@ def test_filters_by_created_time_range(
     assert ids_in(operator_client, until="2021-01-01T00:00") == [old.pk]
 
 
+@pytest.mark.parametrize(("param", "expected"), [("since", "new"), ("until", "old")])
+def test_a_time_at_a_far_utc_offset_filters_by_the_instant_it_names(
+    operator_client: Client, make_job: Callable[..., Job], param: str, expected: str
+) -> None:
+    """Python reads a UTC offset up to 23:59, PostgreSQL refuses one past 15:59: before, the
+    list's query raised (a 500). 2020-01-02T00:30+23:00 is 2020-01-01T01:30Z."""
+    old, new = make_job(), make_job()
+    Job.objects.filter(pk=old.pk).update(created_at="2020-01-01T00:00:00Z")
+    Job.objects.filter(pk=new.pk).update(created_at="2020-01-01T02:00:00Z")
+    found = ids_in(operator_client, **{param: "2020-01-02T00:30+23:00"})
+    assert found == [{"old": old, "new": new}[expected].pk]
+
+
 def test_invalid_filter_values_are_reported_not_queried(operator_client: Client) -> None:
     response = operator_client.get(reverse("dashboard:jobs"), {"state": "bogus"})
     assert response.status_code == 200
@@ -96,6 +109,7 @@ def table_of(html: str) -> str:
         ({"state": "bogus"}, "Select a valid choice"),
         ({"kind": "a\x00b"}, "Null characters are not allowed"),
         ({"since": "yesterday"}, "Enter a valid date/time"),
+        ({"until": "9999-12-31T23:00-23:00"}, "Enter a valid date/time"),  # no UTC instant
     ],
 )
 @pytest.mark.parametrize("htmx", [False, True])

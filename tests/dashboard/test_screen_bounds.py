@@ -52,3 +52,20 @@ def test_the_longest_search_the_page_keeps_reaches_the_screen_whole() -> None:
     screen = screen_from({"page": "jobs", "query": query})
     assert screen.query == query
     assert screen.jobs_filters is not None and screen.jobs_filters["q"] == "я" * 500
+
+
+@pytest.mark.django_db
+def test_a_screen_filtered_at_a_far_utc_offset_is_pushed() -> None:
+    """A list filtered by a time at a UTC offset PostgreSQL refuses (past 15:59; Python reads up
+    to 23:59): before, its render raised on the socket's pool thread -- no push, ever -- and a
+    catch-up at the handshake ended the consumer with a traceback."""
+    from urllib.parse import urlencode
+
+    from dashboard.consumers import screen_from
+
+    job = Job.objects.create(kind="test.echo")
+    query = urlencode({"since": "2000-01-01T00:00+23:00"})
+    screen = screen_from({"page": "jobs", "query": query})
+    swaps = broadcast.render_swaps(screen, broadcast.Pending(everything=True))
+    assert [s["id"] for s in swaps] == ["jobs-table"]
+    assert f'id="job-row-{job.pk}"' in swaps[0]["html"]

@@ -89,3 +89,26 @@ async def test_a_socket_to_a_path_without_a_route_is_refused_and_nothing_is_logg
         connected, _ = await communicator.connect(timeout=5)
     assert not connected
     assert alarming(caplog) == []
+
+
+async def test_a_list_filtered_at_a_far_utc_offset_is_pushed_and_nothing_is_logged(
+    operator: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A time at a UTC offset Python reads (up to 23:59) and PostgreSQL refuses (past 15:59):
+    before, the catch-up push's query raised DataError -- the consumer ended with a traceback
+    logged, and the browser reconnected into the same failure."""
+    from urllib.parse import urlencode
+
+    import jobs
+
+    client = await sync_to_async(logged_in)(operator)
+    job = await sync_to_async(jobs.enqueue)("test.echo")
+    listed = urlencode({"since": "2000-01-01T00:00+23:00"})
+    communicator = socket(client, urlencode({"page": "jobs", "query": listed, "since": "0"}))
+    with caplog.at_level(logging.INFO):
+        assert (await communicator.connect(timeout=5))[0]
+        message = await communicator.receive_json_from(timeout=10)
+    assert [s["id"] for s in message["swaps"]] == ["jobs-table"]
+    assert f'id="job-row-{job.pk}"' in message["swaps"][0]["html"]
+    assert alarming(caplog) == []
+    await communicator.disconnect()

@@ -97,3 +97,53 @@ def test_an_error_whose_traceback_cannot_be_formatted_fails_its_own_job_and_its_
     assert Attempt.objects.get(job=bad).outcome == "failed"  # its own failure, not an expiry
     states = Job.objects.filter(pk__in=[first.pk, last.pk]).values_list("state", flat=True)
     assert set(states) == {"succeeded"}
+
+
+class _LazyResponse(dict):  # type: ignore[type-arg]
+    """A handler's result read through its own code: its items() raise the API's error."""
+
+    def items(self):  # type: ignore[no-untyped-def,override]
+        raise _FieldsError({"status": 502})
+
+
+@handler("test.unreadable_result")
+def _return_unreadable(ctx):  # type: ignore[no-untyped-def]
+    return _LazyResponse(order=7)
+
+
+def test_a_result_whose_error_cannot_be_formatted_fails_its_own_job_and_its_batch_runs(
+    monkeypatch,
+):
+    """A result whose reading raises an error that Python cannot format (traceback's
+    format_exception_only reads `__notes__`: KeyError). Before, that KeyError left the runner:
+    the job was failed with it as a retryable error, the rest of its batch handed back
+    unstarted, and the drain raised."""
+    batches: list[set[int]] = []
+    real = transitions.claim
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        claimed = real(*args, **kwargs)
+        batches.append({c.fence.job_id for c in claimed})
+        return claimed
+
+    monkeypatch.setattr(runner.transitions, "claim", spy)
+    monkeypatch.setattr(
+        runner.policy, "next_claim_batch", lambda current, per_job, cap, claim_seconds=0.0: cap
+    )
+    jobs.enqueue("test.echo", priority=100)  # a batch of one, then batches of CLAIM_BATCH
+    first = jobs.enqueue("test.echo", {"n": 1}, priority=6)
+    bad = jobs.enqueue("test.unreadable_result", max_attempts=3, priority=5)
+    last = jobs.enqueue("test.echo", {"n": 2}, priority=4)
+    raised = None
+    try:
+        runner.drain(budget_seconds=20)
+    except Exception as exc:  # noqa: BLE001  named only
+        raised = type(exc).__name__
+    assert raised is None, f"the drain raised {raised}"
+    assert any({first.pk, bad.pk, last.pk} <= batch for batch in batches), batches
+    bad.refresh_from_db()
+    assert (bad.state, bad.attempt) == ("failed", 1)  # unusable: not retried
+    assert bad.error.startswith("handler returned an unusable result: ")
+    assert f"{__name__}._FieldsError: the API said no" in bad.error
+    states = Job.objects.filter(pk__in=[first.pk, last.pk]).values_list("state", flat=True)
+    assert set(states) == {"succeeded"}

@@ -267,6 +267,39 @@ def test_a_traceback_another_handler_formatted_first_is_still_escaped():
     assert "\x1b" not in text and "\\x1b[2J" in text
 
 
+class _FieldsError(Exception):
+    """An API error whose fields live in a dict: a name it lacks (`__notes__`, which formatting
+    its traceback reads) is a KeyError, not an AttributeError."""
+
+    def __init__(self, fields: dict) -> None:  # type: ignore[type-arg]
+        super().__init__("the API said no\x1b[2J")
+        self.fields = fields
+
+    def __getattr__(self, name: str) -> object:
+        return self.fields[name]
+
+
+def test_a_traceback_python_cannot_format_is_written_not_lost():
+    """An application's exception (an on_finished hook's, an outbox target's) whose own code
+    raises while its traceback is formatted: logging.Formatter.formatException raised out of
+    format(), and the record was lost to "--- Logging error ---", in both formats. Each writes
+    it as a failed job's error is written (bounds.exception_text)."""
+    try:
+        raise _FieldsError({"status": 402})
+    except _FieldsError:
+        record = logging.LogRecord(
+            "jobs.reaper", logging.ERROR, __file__, 1, "hook failed", (), None
+        )
+        record.exc_info = sys.exc_info()
+    (text,) = _console_lines([record])
+    first, *rest = text.splitlines()
+    assert first.endswith("ERROR jobs.reaper hook failed")
+    assert all(line.startswith("  ") for line in rest), rest
+    assert rest[-1] == f"  {__name__}._FieldsError: the API said no\\x1b[2J"
+    exc = json.loads(JsonFormatter().format(record))["exc"]
+    assert exc.endswith(f"{__name__}._FieldsError: the API said no\x1b[2J")
+
+
 class _Unprintable:
     def __str__(self) -> str:
         raise ValueError("no text")
