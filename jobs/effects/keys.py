@@ -289,6 +289,7 @@ def send_mail(
         checked.message()
     except (TypeError, ValueError) as exc:
         raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
+    to = checked.to  # read once: an iterator (`map(...)`) would reach the send empty, sent=0
     if not checked.recipients():
         # The framework's send() returns 0 without a word when its `to`, `cc` and `bcc` hold no
         # address (empty or only ""): the effect would be recorded as done, nothing ever sent.
