@@ -41,6 +41,7 @@ from django.db import (
     IntegrityError,
     InterfaceError,
     OperationalError,
+    connection,
     connections,
     models,
     router,
@@ -50,6 +51,7 @@ from django.db.models import Exists, Q
 
 from jobs.core import transitions
 from jobs.core.exceptions import InvalidOption
+from jobs.core.sql import driver_for
 from jobs.core.sql import fenced as fenced_sql
 from jobs.core.states import EventType, JobState
 from jobs.core.transitions import Fence
@@ -284,7 +286,8 @@ def record_rejection(fence: Fence, write_: str, resource: str, attempt_current: 
     stored: list[int] = []
     try:
         with transaction.atomic():
-            now = Job.objects.filter(pk=fence.job_id).values_list("attempt", "state").first()
+            with connection.cursor() as cur:  # held: a prune skips the job or has deleted it
+                now = driver_for(connection.vendor).job_now(cur, fence.job_id)
             if now is None:
                 return
             if attempt_current is None:

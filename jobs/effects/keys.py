@@ -7,11 +7,13 @@ in the `Message-ID` -- at-least-once, since mail servers do not deduplicate: a s
 key is recorded (`mail_resent`), counted and logged.
 
 How one effect runs:
-1. begin (one short transaction): the key row, locked with `select_for_update()`. Done already:
-   the stored result is returned and `repeats` + 1 (deduplicated; `fn` is not called). Otherwise
-   the job row is locked under this attempt's fence (`attempt = mine AND state = running`): a
-   zombie is refused here before it calls anything. The row is created, or taken over from an
-   earlier attempt that started the effect and never recorded completion (`performs` + 1).
+1. begin (one short transaction): the job row held FOR KEY SHARE (`_no_flush_of_its_own`: a
+   prune skips the job meanwhile), then the key row, locked with `select_for_update()`. Done
+   already: the stored result is returned and `repeats` + 1 (deduplicated; `fn` is not called).
+   Otherwise the job row is locked under this attempt's fence (`attempt = mine AND state =
+   running`): a zombie is refused here before it calls anything. The row is created, or taken
+   over from an earlier attempt that started the effect and never recorded completion
+   (`performs` + 1).
 2. `fn(key)` runs outside any transaction of ours. Whether an earlier attempt's call reached the
    receiver is unknown, so the receiver must deduplicate by key; a receiver that cannot must be
    reached through an intent (jobs/effects/outbox.py) instead.
@@ -83,7 +85,7 @@ class Begun:
 def begin(fence: Fence, step: str) -> Begun:
     key = key_for(fence.job_id, step)
     with transaction.atomic():
-        _no_flush_of_its_own()
+        _no_flush_of_its_own(fence.job_id)
         row = IdempotencyKey.objects.select_for_update().filter(key=key).first()
         if row is None or row.status != IdempotencyKey.Status.DONE:
             # The fence: this attempt still owns the job, held for the rest of this transaction.
@@ -131,7 +133,7 @@ def finish(fence: Fence, key: str, result: Any) -> Any:
     recorded meanwhile (two calls of one step at once, from its threads, or nested) is its own
     answer, not a stale write: its result comes back."""
     with transaction.atomic():
-        _no_flush_of_its_own()
+        _no_flush_of_its_own(fence.job_id)
         done = IdempotencyKey.objects.filter(
             key=key, attempt=fence.attempt, status=IdempotencyKey.Status.STARTED
         ).update(status=IdempotencyKey.Status.DONE, result=result, updated_at=Now())
@@ -151,10 +153,19 @@ def finish(fence: Fence, key: str, result: Any) -> Any:
     _refuse(fence, key, row["attempt"] if row else 0)
 
 
-def _no_flush_of_its_own() -> None:
+def _no_flush_of_its_own(job_id: int) -> None:
+    """The ledger transaction's first statement (PostgreSQL): no WAL flush of its own, and the
+    job row held FOR KEY SHARE before the key row is locked. A prune then skips the job, or this
+    waits for the prune and finds the key row gone. Without it, an event this transaction
+    committed while the prune's cascade waited for the key row (a zombie's `effect_deduplicated`
+    or `effect_performed`) was missed by that one statement's snapshot: left for a deleted job."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
-            cur.execute("SET LOCAL synchronous_commit = off")
+            cur.execute(
+                "SELECT set_config('synchronous_commit', 'off', true), "
+                "EXISTS (SELECT 1 FROM jobs_job WHERE id = %s FOR KEY SHARE)",
+                [job_id],
+            )
 
 
 def _refuse(fence: Fence, key: str, attempt_current: int) -> None:
@@ -278,6 +289,7 @@ def send_mail(
         checked.message()
     except (TypeError, ValueError) as exc:
         raise InvalidOption(f"send_mail(): {exc}"[:500]) from exc
+    to = checked.to  # read once: an iterator (`map(...)`) would reach the send empty, sent=0
     if not checked.recipients():
         # The framework's send() returns 0 without a word when its `to`, `cc` and `bcc` hold no
         # address (empty or only ""): the effect would be recorded as done, nothing ever sent.

@@ -18,15 +18,22 @@ or nulls the referencing rows before the job, on_delete as the models say). What
 `DELETE FROM jobs_job` of a job that something still references fails at that statement rather
 than at COMMIT. Identity keys never come back, so NO ACTION's extra allowance is never used.
 
-Each key is dropped and added again in this migration's transaction, NOT VALID then VALIDATE:
-SHARE ROW EXCLUSIVE locks on jobs_job and the referencing table for the drop and add (both
-instant), then a scan of the referencing table (small: these are the rare tables). Django does not
-track ON DELETE in its migration state: a later AlterField of one of these fields would recreate
-its key as NO ACTION, which tests/integration/test_retention.py's catalog test catches.
+Each key is dropped and added again NOT VALID in a short transaction of its own, then VALIDATEd
+in another. Dropping a foreign key takes an ACCESS EXCLUSIVE lock on jobs_job itself (and on the
+referencing table): every read and write of jobs_job waits while it is held. In one transaction
+for the whole migration (as first written) that lock lasted through all five keys' VALIDATE
+scans, and a wait for one referencing table's lock (a long report reading it) stalled the job
+table meanwhile; here it lasts only its own key's drop and add (catalog changes), and VALIDATE
+takes SHARE UPDATE EXCLUSIVE on the referencing table and ROW SHARE on jobs_job, which block no
+claim, commit or enqueue (`test_migration_0026_holds_the_job_table_only_for_each_key_s_swap`).
+Interrupted between keys, the migration is not recorded and runs again from the first key:
+each key is found by its column, whatever its action, and swapped again. Django does not track
+ON DELETE in its migration state: a later AlterField of one of these fields would recreate its
+key as NO ACTION, which tests/integration/test_retention.py's catalog test catches.
 Backwards: NO ACTION again.
 """
 
-from django.db import migrations
+from django.db import migrations, transaction
 
 # The referencing (table, column)s: those of the jobs app's own models.
 REFERENCES = (
@@ -49,17 +56,20 @@ def _rewrite(schema_editor, on_delete: str) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return  # SQLite: Django's own keys as they are
     quote = schema_editor.quote_name
-    with schema_editor.connection.cursor() as cur:
-        for table, column in REFERENCES:
+    alias = schema_editor.connection.alias
+    for table, column in REFERENCES:
+        with transaction.atomic(using=alias), schema_editor.connection.cursor() as cur:
             cur.execute(FIND, [table, column])
             names = [row[0] for row in cur.fetchall()]
-            for name in names:
+            for name in names:  # jobs_job locked ACCESS EXCLUSIVE from here to this COMMIT
                 cur.execute(f"ALTER TABLE {quote(table)} DROP CONSTRAINT {quote(name)}")
                 cur.execute(
                     f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(name)} "
                     f"FOREIGN KEY ({quote(column)}) REFERENCES jobs_job (id) "
                     f"ON DELETE {on_delete} DEFERRABLE INITIALLY DEFERRED NOT VALID"
                 )
+        for name in names:  # the scan, with writes to both tables going on
+            with transaction.atomic(using=alias), schema_editor.connection.cursor() as cur:
                 cur.execute(f"ALTER TABLE {quote(table)} VALIDATE CONSTRAINT {quote(name)}")
 
 
@@ -72,6 +82,8 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+    atomic = False  # a transaction per key (see above), never one around them all
+
     dependencies = [
         ("jobs", "0025_fence_inserts_and_deletes"),
     ]

@@ -21,7 +21,9 @@ Safe while workers run:
   writer holds is skipped (taken by a later run), never waited on and never deleted under it;
 - each batch is its own short transaction, so no lock is held across batches;
 - a zombie's late write to a pruned job changes zero rows like any stale write, and its rejection
-  (recorded by INSERT ... SELECT from jobs_job) records nothing for a job that no longer exists.
+  (recorded by INSERT ... SELECT from jobs_job) records nothing for a job that no longer exists;
+  it holds the job row FOR KEY SHARE, so a prune skips it, or it waits for the prune and finds
+  the job gone (never an IntegrityError at its COMMIT).
 
 Each foreign key onto jobs_job costs every deleted job a check; they are ON DELETE RESTRICT
 (migration 0026: one query each, where Django's NO ACTION made two).

@@ -240,6 +240,19 @@ def test_a_mail_to_no_address_is_refused_before_its_ledger_row_never_recorded_as
     assert (row.status, row.performs) == ("done", 1)
 
 
+def test_a_mail_to_an_iterator_of_addresses_is_sent_to_them_not_recorded_as_sent_to_none():
+    """`to` was read twice: by the check before the ledger row, then by the send. An iterator
+    (`map(str.strip, ...)`) reached the send empty: Django's send() returned 0, the effect was
+    recorded as done and no attempt ever sent the mail."""
+    job = jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    sent = keys.send_mail(
+        running.ctx, "notice", "Ready", "body", map(str.strip, [" ops@example.com "])
+    )
+    assert sent["sent"] == 1 and [m.recipients() for m in mail.outbox] == [["ops@example.com"]]
+    assert IdempotencyKey.objects.get(key=f"{job.pk}:notice").status == "done"
+
+
 def test_a_zombie_waking_between_its_begin_and_its_send_is_refused_one_resend_recorded():
     """Attempt 1 began the mail's step and stalled before its mark; its lease ran out, attempt 2
     took the step over (a possible duplicate, recorded once) and sent. Before, the zombie then

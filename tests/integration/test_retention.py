@@ -1,5 +1,8 @@
 """Retention: only old terminal jobs go, with their whole history, in batches, never blocking."""
 
+import threading
+import time
+
 import pytest
 from django.db import connection
 
@@ -7,6 +10,7 @@ import jobs
 from jobs.core import transitions
 from jobs.core.states import Write
 from jobs.core.transitions import Fence
+from jobs.effects import fenced, keys
 from jobs.models import Attempt, IdempotencyKey, Job, JobEvent, RejectedWrite
 from jobs.ops import retention
 
@@ -242,3 +246,135 @@ def test_the_job_table_is_vacuumed_unthrottled_and_only_it():
         "jobs_attempt": None,
         "jobs_jobevent": None,
     }
+
+
+def lock_waiters(conn) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")  # inside a transaction it is cached
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return int(row[0])
+
+
+def until_waiting(conn, count: int, deadline_s: float = 10.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while lock_waiters(conn) < count:
+        assert time.monotonic() < deadline, f"never {count} sessions waiting for a lock"
+        time.sleep(0.01)
+
+
+def in_thread(fn) -> tuple[threading.Thread, list]:
+    """Run fn on a thread of its own (its own Django connection); its result or exception."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 -- the test reads it
+            out.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def token_write_refused(fence: Fence) -> None:
+    """What a refused ctx.fenced_write (or effect) does: record it, raise LeaseLost."""
+    fenced.record_rejection(fence, Write.TOKEN, "app.Note:1", None)
+    raise transitions.LeaseLost(fence.job_id, fence.attempt, Write.TOKEN)
+
+
+@pytest.mark.parametrize(
+    "zombie",
+    [
+        pytest.param(lambda f: transitions.commit(f, {"late": True}), id="job-row-write"),
+        pytest.param(lambda f: token_write_refused(f), id="token-write"),
+    ],
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_zombie_rejected_while_its_job_is_pruned_records_nothing_and_gets_lease_lost(
+    make_job, second_connection, zombie
+):
+    """The zombie's rejection read the job (the prune's delete not yet committed) and inserted
+    its rejected write; the foreign key's check at its COMMIT then waited for the prune and
+    failed: an IntegrityError in the zombie, where a job already gone gives LeaseLost. Now the
+    rejection holds the job row (FOR KEY SHARE) as it reads it: it waits for the prune, finds
+    the job gone and records nothing."""
+    job = make_job(state="succeeded", attempt=2)
+    age(job, 30)
+    for number in (1, 2):
+        Attempt.objects.create(
+            job=job, number=number, worker="w:1", claimed_at=job.created_at, outcome="expired"
+        )
+    # The prune waits mid-batch (the job locked, its cascade started) on an attempt row held here.
+    second_connection.execute("BEGIN")
+    second_connection.execute(
+        "SELECT 1 FROM jobs_attempt WHERE job_id = %s AND number = 2 FOR UPDATE", [job.pk]
+    )
+    pruning, pruned = in_thread(lambda: retention.prune(7))
+    try:
+        until_waiting(second_connection, 1)
+        rejecting, rejected = in_thread(lambda: zombie(Fence(job.pk, 1, "zombie:1")))
+        until_waiting(second_connection, 2)  # the zombie waits for the prune
+    finally:
+        second_connection.execute("ROLLBACK")
+    pruning.join(10)
+    rejecting.join(10)
+    assert pruned and pruned[0].jobs == 1, pruned
+    assert rejected and isinstance(rejected[0], transitions.LeaseLost), rejected
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert not RejectedWrite.objects.exists()
+    assert not JobEvent.objects.filter(job_id=job.pk).exists()  # no orphaned history
+
+
+class PausedEvents:
+    """keys.JobEvent for one zombie: its event waits at `create` until the test lets it go (the
+    zombie's process paused between its ledger statements, as SIGSTOP would)."""
+
+    def __init__(self) -> None:
+        self.reached, self.go = threading.Event(), threading.Event()
+        self.objects = self
+
+    def create(self, **fields):
+        self.reached.set()
+        assert self.go.wait(10), "never let go"
+        return JobEvent.objects.create(**fields)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_zombie_s_deduplicated_effect_leaves_no_event_for_a_job_the_prune_deletes(
+    make_job, second_connection, monkeypatch
+):
+    """A zombie repeats a recorded effect (the key row done) while a prune batch takes its job:
+    the zombie held the key row, the prune's one-statement cascade waited for it, and the
+    zombie's `effect_deduplicated` event, committed meanwhile, was missed by that statement's
+    snapshot -- an event left for a deleted job, which no later prune finds. The ledger now
+    holds the job row (FOR KEY SHARE) before the key row: the prune skips the job."""
+    job = make_job(state="succeeded", attempt=2)
+    age(job, 30)
+    IdempotencyKey.objects.create(
+        key=f"{job.pk}:mail", job=job, step="mail", attempt=2, status="done", result=1
+    )
+    paused = PausedEvents()
+    monkeypatch.setattr(keys, "JobEvent", paused)
+    zombie, answered = in_thread(lambda: keys.begin(Fence(job.pk, 1, "zombie:1"), "mail"))
+    assert paused.reached.wait(10)  # the zombie holds the key row
+    pruning, pruned = in_thread(lambda: retention.prune(7))
+    try:
+        deadline = time.monotonic() + 10
+        while pruning.is_alive() and not lock_waiters(second_connection):
+            assert time.monotonic() < deadline, "the prune neither waited nor finished"
+            time.sleep(0.01)
+    finally:
+        paused.go.set()
+    pruning.join(10)
+    zombie.join(10)
+    assert answered and getattr(answered[0], "done", None) is True, answered
+    assert pruned and not isinstance(pruned[0], BaseException), pruned
+    events = set(JobEvent.objects.values_list("job_id", flat=True))
+    assert events <= set(Job.objects.values_list("pk", flat=True)), "an event of a deleted job"
+    retention.prune(7)  # the job goes with its event at the next batch
+    assert not Job.objects.exists() and not JobEvent.objects.exists()

@@ -78,6 +78,11 @@ class Driver:
     # Appended to a SELECT that locks the row it reads until the transaction ends. SQLite has no
     # FOR UPDATE: its transactions are IMMEDIATE (settings), so the one write lock is held anyway.
     lock_row = ""
+    # Appended to a SELECT of a job row that a row referencing it is about to be inserted for:
+    # held to the end of the transaction (the lock the foreign key's check at COMMIT takes, taken
+    # before the insert). A prune then skips that job, or this waits for the prune and finds the
+    # job gone, never an IntegrityError at COMMIT (jobs.ops.retention).
+    key_share = ""
     # True when the database delivers LISTEN/NOTIFY wake-ups (PostgreSQL); SQLite's workers poll.
     listen_notify = False
     # Queued rows in jobs_job_pick_idx (not deferred far ahead), as each vendor spells it.
@@ -176,7 +181,7 @@ class Driver:
         self, cur: CursorWrapper, job_id: int, attempt: int, worker: str, write: str
     ) -> tuple[int, str, int] | None:
         """Insert the rejected write and its event; (attempt, state) of the job now and the
-        row's id, or None when the job is gone."""
+        row's id, or None when the job is gone (or being pruned: `key_share`)."""
         params: dict[str, Any] = {
             "id": job_id,
             "attempt": attempt,
@@ -187,7 +192,8 @@ class Driver:
             "INSERT INTO jobs_rejectedwrite "
             "(job_id, attempt_presented, attempt_current, state_current, worker, write, at) "
             f"SELECT id, %(attempt)s, attempt, state, %(worker)s, %(write)s, {self.now} "
-            "FROM jobs_job WHERE id = %(id)s RETURNING attempt_current, state_current, id",
+            f"FROM jobs_job WHERE id = %(id)s{self.key_share} "
+            "RETURNING attempt_current, state_current, id",
             params,
         )
         row = cur.fetchone()
@@ -196,6 +202,12 @@ class Driver:
         data = dumps({"write": write, "attempt_current": row[0], "state_current": row[1]})
         self.insert_event(cur, job_id, attempt, EventType.REJECTED, worker, data)
         return int(row[0]), row[1], int(row[2])
+
+    def job_now(self, cur: CursorWrapper, job_id: int) -> tuple[int, str] | None:
+        """The job's (attempt, state), its row held as `key_share` says; None: the job is gone."""
+        cur.execute(f"SELECT attempt, state FROM jobs_job WHERE id = %s{self.key_share}", [job_id])
+        row = cur.fetchone()
+        return (int(row[0]), row[1]) if row else None
 
     def rejection_exists(self, cur: CursorWrapper, row_id: int) -> bool:
         cur.execute("SELECT 1 FROM jobs_rejectedwrite WHERE id = %s", [row_id])

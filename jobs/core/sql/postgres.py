@@ -89,7 +89,7 @@ class PostgresDriver(Driver):
     now = "clock_timestamp()"
     promote = PROMOTE  # the due count promotes too (base.Driver.count_due says why)
     single_statement_writes = True
-    lock_row = " FOR UPDATE"
+    lock_row, key_share = " FOR UPDATE", " FOR KEY SHARE"
     listen_notify = True
 
     def later(self, seconds_param: str) -> str:
