@@ -62,13 +62,9 @@ def _raise_unformattable(ctx):  # type: ignore[no-untyped-def]
     raise _UnreadableNotes("boom")
 
 
-@pytest.mark.parametrize(("which", "cls"), [("fields", _FieldsError), ("notes", _UnreadableNotes)])
-def test_an_error_whose_traceback_cannot_be_formatted_fails_its_own_job_and_its_batch_runs(
-    monkeypatch, which, cls
-):
-    """Before: formatting it raised in the runner, and again where the drain settles a batch it
-    ends, so nothing was settled: the job was left running until its lease ran out, the batch's
-    jobs not started stranded with it, and the drain raised."""
+def _drain_between_batch_mates(monkeypatch, kind, payload, max_attempts):  # type: ignore[no-untyped-def]
+    """Drain a `kind` job claimed in one batch between two echo jobs (asserted) with a drain
+    that must not raise; return the three."""
     batches: list[set[int]] = []
     real = transitions.claim
 
@@ -83,7 +79,7 @@ def test_an_error_whose_traceback_cannot_be_formatted_fails_its_own_job_and_its_
     )
     jobs.enqueue("test.echo", priority=100)  # a batch of one, then batches of CLAIM_BATCH
     first = jobs.enqueue("test.echo", {"n": 1}, priority=6)
-    bad = jobs.enqueue("test.unformattable_error", {"which": which}, max_attempts=1, priority=5)
+    bad = jobs.enqueue(kind, payload, max_attempts=max_attempts, priority=5)
     last = jobs.enqueue("test.echo", {"n": 2}, priority=4)
     raised = None
     try:
@@ -92,6 +88,19 @@ def test_an_error_whose_traceback_cannot_be_formatted_fails_its_own_job_and_its_
         raised = type(exc).__name__
     assert raised is None, f"the drain raised {raised}"
     assert any({first.pk, bad.pk, last.pk} <= batch for batch in batches), batches
+    return first, bad, last
+
+
+@pytest.mark.parametrize(("which", "cls"), [("fields", _FieldsError), ("notes", _UnreadableNotes)])
+def test_an_error_whose_traceback_cannot_be_formatted_fails_its_own_job_and_its_batch_runs(
+    monkeypatch, which, cls
+):
+    """Before: formatting it raised in the runner, and again where the drain settles a batch it
+    ends, so nothing was settled: the job was left running until its lease ran out, the batch's
+    jobs not started stranded with it, and the drain raised."""
+    first, bad, last = _drain_between_batch_mates(
+        monkeypatch, "test.unformattable_error", {"which": which}, 1
+    )
     bad.refresh_from_db()
     assert bad.state == "failed" and f"{__name__}.{cls.__qualname__}" in bad.error
     assert Attempt.objects.get(job=bad).outcome == "failed"  # its own failure, not an expiry
@@ -118,29 +127,7 @@ def test_a_result_whose_error_cannot_be_formatted_fails_its_own_job_and_its_batc
     format_exception_only reads `__notes__`: KeyError). Before, that KeyError left the runner:
     the job was failed with it as a retryable error, the rest of its batch handed back
     unstarted, and the drain raised."""
-    batches: list[set[int]] = []
-    real = transitions.claim
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        claimed = real(*args, **kwargs)
-        batches.append({c.fence.job_id for c in claimed})
-        return claimed
-
-    monkeypatch.setattr(runner.transitions, "claim", spy)
-    monkeypatch.setattr(
-        runner.policy, "next_claim_batch", lambda current, per_job, cap, claim_seconds=0.0: cap
-    )
-    jobs.enqueue("test.echo", priority=100)  # a batch of one, then batches of CLAIM_BATCH
-    first = jobs.enqueue("test.echo", {"n": 1}, priority=6)
-    bad = jobs.enqueue("test.unreadable_result", max_attempts=3, priority=5)
-    last = jobs.enqueue("test.echo", {"n": 2}, priority=4)
-    raised = None
-    try:
-        runner.drain(budget_seconds=20)
-    except Exception as exc:  # noqa: BLE001  named only
-        raised = type(exc).__name__
-    assert raised is None, f"the drain raised {raised}"
-    assert any({first.pk, bad.pk, last.pk} <= batch for batch in batches), batches
+    first, bad, last = _drain_between_batch_mates(monkeypatch, "test.unreadable_result", {}, 3)
     bad.refresh_from_db()
     assert (bad.state, bad.attempt) == ("failed", 1)  # unusable: not retried
     assert bad.error.startswith("handler returned an unusable result: ")
