@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
@@ -127,30 +126,49 @@ def refused_at_commit(ctx: "JobContext", exc: BaseException) -> bool:
     return True
 
 
-@dataclass(eq=False)
+class Flag:
+    """Set once, read by any thread: whether an attempt's lease is lost. What a
+    `threading.Event` offers here without its Condition and lock, made per claimed job (nobody
+    waits on it: in_flight looks every LOOK_SECONDS)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class Held:
     """What a drain holds for one claimed attempt: its fence and lease, and whether it is lost.
 
     Shared by the runner (which creates it), the heartbeat thread (which extends the lease and
     sets `lost` when a beat changes zero rows) and the handler's context (which checks `lost`).
+    A plain class with its __init__ written out: one is made per claimed job on the drain's
+    path, where a dataclass's default factories cost a third more.
     """
 
-    fence: Fence
-    lease_seconds: float
-    lost: threading.Event = field(default_factory=threading.Event)
-    # A beat (or the runner's explicit write) has marked this attempt's handler as running. A
-    # confirmed attempt would be charged if it expired, so its success is committed at once.
-    confirmed: bool = False
-    # time.monotonic() when the drain took it over: the claim had just set its lease, so the
-    # lease is fresh from then whether or not a beat has run since.
-    since: float = field(default_factory=lambda: time.monotonic())
-    started: bool = False  # the runner took it to run (see Heartbeater.start)
-    # Its staged outputs and intents until its final write (jobs/effects/pending.py), which ends
-    # them: a record from a thread the handler left running is refused from then on.
-    work: pending.AttemptWork = field(init=False)
+    def __init__(self, fence: Fence, lease_seconds: float) -> None:
+        self.fence = fence
+        self.lease_seconds = lease_seconds
+        self.lost = Flag()
+        # A beat (or the runner's explicit write) has marked this attempt's handler as running.
+        # A confirmed attempt would be charged if it expired, so its success is committed at once.
+        self.confirmed = False
+        # time.monotonic() when the drain took it over: the claim had just set its lease, so the
+        # lease is fresh from then whether or not a beat has run since.
+        self.since = time.monotonic()
+        self.started = False  # the runner took it to run (see Heartbeater.start)
+        # Its staged outputs and intents until its final write (jobs/effects/pending.py), made
+        # at its first record; forget() ends it: a record from a leaked thread is refused then.
+        self.work: pending.AttemptWork | None = None
 
-    def __post_init__(self) -> None:
-        self.work = pending.open_work(self.fence)
+    def __repr__(self) -> str:
+        return f"Held({self.fence!r}, {self.lease_seconds!r})"
 
     @property
     def steps(self) -> in_flight.Steps:
@@ -217,7 +235,7 @@ class JobContext:
         this attempt's outputs. Returns the storage name.
         """
         self._raise_if_lost("stage")
-        pending.check_open(self._held.work, "stage")  # before the file: the attempt ended
+        pending.check_open(self._held, "stage")  # before the file: the attempt ended
         done: list[staging.Staged] = []
         _outside_callers_transaction(
             lambda: done.append(staging.stage(self._held.fence, name, content)),
@@ -225,12 +243,12 @@ class JobContext:
             deadline=False,
         )
         ref = done[0].ref
-        if done[0].replaced and self._held.work.staged:
+        if done[0].replaced and pending.staged(self._held):
             # The database let the replacement in while the attempt ran, and the attempt had
             # staged before: its commit, if it read the work meanwhile, named this prefix.
             return ref
         try:
-            pending.mark_staged(self._held.work)
+            pending.mark_staged(self._held)
         except AttemptEnded:  # it ended while the file was written: not what its commit named
             staging.written_too_late(self._held.fence, ref)
             raise
@@ -277,7 +295,7 @@ class JobContext:
     def intent(self, step: str, target: str, data: Any) -> None:
         """Record an outbox intent; it exists only if this attempt's commit is accepted."""
         self._raise_if_lost("intent")
-        pending.add_intent(self._held.work, outbox.intent(step, target, data, self.job_id))
+        pending.add_intent(self._held, outbox.intent(step, target, data, self.job_id))
 
     def fenced_write(self, queryset: Any, **values: Any) -> int:
         """Update every row of `queryset` (a FencedRow model) while this attempt owns the job.

@@ -19,8 +19,15 @@ Never: touches the database; waits past the attempt's lost lease.
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 LOOK_SECONDS = 0.5  # how often a waiting call looks whether its attempt's lease was lost
+
+
+class _Lost(Protocol):
+    """The attempt's lost flag (jobs.context.Flag)."""
+
+    def is_set(self) -> bool: ...
 
 
 class Steps:
@@ -34,9 +41,7 @@ class Steps:
             return self._waiting.get(step, 0)
 
     @contextmanager
-    def one(
-        self, step: str, lost: threading.Event, raise_lost: Callable[[], None]
-    ) -> Iterator[None]:
+    def one(self, step: str, lost: "_Lost", raise_lost: Callable[[], None]) -> Iterator[None]:
         """Be the only thread of this attempt in `step` (a nested call of the same thread goes
         on); `raise_lost()` if the attempt's lease is lost while waiting."""
         me = threading.get_ident()

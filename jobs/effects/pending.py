@@ -2,24 +2,27 @@
 
 Owns: the in-memory record of one attempt's work -- whether it staged outputs (so the commit
 points `Job.result_ref` at them) and which outbox intents it recorded (so the commit inserts them
-in its own statement). Each held attempt carries its own `AttemptWork` (jobs.context.Held.work,
-opened when the drain takes the claim); the completer finds it by (job id, attempt) through a
-weak registry, and `forget` ends it once the attempt's final write is decided. Never: writes
-anything; jobs.worker.completer reads it when it commits and forgets it after.
+in its own statement). The record lives on what the drain holds for the attempt
+(jobs.context.Held.work), made at its first record: an attempt that records nothing -- most of
+them -- costs nothing here. The completer reads it with `peek` when it commits and ends it with
+`forget` once the attempt's final write is decided. Never: writes anything.
 
 Hazards: the handler adds in the runner's thread while the background heartbeat thread may commit
 the same attempt, hence the lock. A thread the handler left running may record after the attempt
-ended: the work is marked read by the commit's `peek` and ended by `forget`, and a record after
-either raises AttemptEnded (a LeaseLost) instead of making an entry that nothing would ever commit
-(and, between the two, that forget would drop without a word). The registry holds the
-work weakly: an attempt that never reaches a final write here (handed back unstarted, a stop)
+ended: `peek` marks the work read and `forget` ends it -- an attempt that had recorded nothing is
+marked all the same (its Held then carries the shared READ/ENDED marks, never written) -- and a
+record after either raises AttemptEnded (a LeaseLost) instead of making an entry that nothing
+would ever commit (and, between the two, that forget would drop without a word). Nothing is kept
+anywhere else: an attempt that never reaches a final write here (handed back unstarted, a stop)
 leaves nothing behind once its Held is gone. A process that dies loses it with everything else.
+Until 2026-12-07 every claimed attempt opened its record in a process-wide weak registry at
+claim time (~15 % of the drain's client instructions a no-op job; docs/benchmarks.md).
 """
 
 import logging
 import threading
-import weakref
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from jobs.core.exceptions import AttemptEnded, InvalidOption
 from jobs.core.sql import IntentRow
@@ -36,7 +39,6 @@ MAX_INTENTS_CHARS = 1 << 20  # characters of JSON text in all of them
 
 @dataclass(eq=False)
 class AttemptWork:
-    fence: Fence
     staged: bool = False
     intents: dict[str, IntentRow] = field(default_factory=dict)  # by step: last one recorded
     chars: int = 0  # of the intents' JSON text
@@ -44,49 +46,59 @@ class AttemptWork:
     read: bool = False  # its commit read it (peek): what is recorded now would not be committed
 
 
+# The marks of an attempt that had recorded nothing when its commit read it (READ) or its final
+# write was decided (ENDED). Shared, so never written: every record refuses them first.
+READ = AttemptWork(read=True)
+ENDED = AttemptWork(ended=True)
+
+
+class Holder(Protocol):
+    """What the drain holds for an attempt (jobs.context.Held): its fence and its work."""
+
+    fence: Fence
+    work: AttemptWork | None
+
+
 _lock = threading.Lock()
-_open: "weakref.WeakValueDictionary[tuple[int, int], AttemptWork]" = weakref.WeakValueDictionary()
 
 
-def _key(fence: Fence) -> tuple[int, int]:
-    return fence.job_id, fence.attempt
-
-
-def open_work(fence: Fence) -> AttemptWork:
-    """A new, empty record of the attempt `fence` names (its Held keeps it alive), found by the
-    completer until `forget`. A claim is held once; opened again, the newest record is the one
-    the commit reads."""
-    work = AttemptWork(fence)
-    with _lock:
-        _open[_key(fence)] = work
+def _refuse_if_ended(held: Holder, what: str) -> AttemptWork:
+    """Under _lock: the attempt's work, made now if it recorded nothing yet; AttemptEnded once
+    its commit read it or its final write was decided."""
+    work = held.work
+    if work is None:
+        work = held.work = AttemptWork()
+    elif work.ended or work.read:
+        exc = AttemptEnded(held.fence.job_id, held.fence.attempt, what)
+        logger.warning("%s (a thread the handler left running?)", exc)
+        raise exc
     return work
 
 
-def _refuse_if_ended(work: AttemptWork, what: str) -> None:
-    """Under _lock."""
-    if work.ended or work.read:
-        exc = AttemptEnded(work.fence.job_id, work.fence.attempt, what)
-        logger.warning("%s (a thread the handler left running?)", exc)
-        raise exc
-
-
-def check_open(work: AttemptWork, what: str) -> None:
+def check_open(held: Holder, what: str) -> None:
     """AttemptEnded if the attempt's final write is decided (before work that would be lost)."""
     with _lock:
-        _refuse_if_ended(work, what)
+        work = held.work
+        if work is not None and (work.ended or work.read):
+            _refuse_if_ended(held, what)
 
 
-def mark_staged(work: AttemptWork) -> None:
+def staged(held: Holder) -> bool:
+    """Whether the attempt has staged an output (its commit names its prefix)."""
+    work = held.work
+    return work is not None and work.staged
+
+
+def mark_staged(held: Holder) -> None:
     with _lock:
-        _refuse_if_ended(work, "stage")
-        work.staged = True
+        _refuse_if_ended(held, "stage").staged = True
 
 
-def add_intent(work: AttemptWork, intent: IntentRow) -> None:
+def add_intent(held: Holder, intent: IntentRow) -> None:
     """Record `intent` (its data is the checked JSON text); InvalidOption past the attempt's
     bounds, AttemptEnded once its final write is decided: nothing recorded then."""
     with _lock:
-        _refuse_if_ended(work, "intent")
+        work = _refuse_if_ended(held, "intent")
         replaced = work.intents.get(intent.step)
         count = len(work.intents) + (replaced is None)
         chars = work.chars - (len(replaced.data) if replaced else 0) + len(intent.data)
@@ -110,13 +122,16 @@ class Recorded:
     chars: int
 
 
-def peek(fence: Fence) -> Recorded | None:
+def peek(held: Holder) -> Recorded | None:
     """The attempt's work if it recorded any and has not ended, as its commit reads it (after
     the handler returned): from now on a record is refused -- made between this read and the
     commit's forget(), it was in no commit and dropped without a word."""
     with _lock:
-        work = _open.get(_key(fence))
-        if work is None or work.ended:
+        work = held.work
+        if work is None:
+            held.work = READ
+            return None
+        if work.ended or work is READ:
             return None
         work.read = True
         if not (work.staged or work.intents):
@@ -124,10 +139,12 @@ def peek(fence: Fence) -> Recorded | None:
         return Recorded(work.staged, dict(work.intents), work.chars)
 
 
-def forget(fence: Fence) -> None:
+def forget(held: Holder) -> None:
     """The attempt's final write is decided: its work ends, and a later record is refused."""
     with _lock:
-        work = _open.pop(_key(fence), None)
-        if work is not None:
+        work = held.work
+        if work is None or work is READ:
+            held.work = ENDED
+        elif work is not ENDED:  # kept (its `staged` still says what the commit named)
             work.ended = True
-            work.intents, work.chars = {}, 0  # a leaked thread's ctx keeps the Held, not these
+            work.intents, work.chars = {}, 0  # the leaked thread's ctx keeps the Held

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from jobs.context import record_unrecorded_rejection
+from jobs.context import Held, record_unrecorded_rejection
 from jobs.core import policy, registry, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import bounded
@@ -73,13 +73,14 @@ def commit(items: Sequence[Finished]) -> None:
     under it) must not drop its batch-mates' commits, which re-read and present again. Each
     discard is tried whatever happened to the others and to the commit; one that fails is logged
     (its attempt was already ended by whoever took the job over, or is left to the janitor)."""
-    lost = [i.held.fence for i in items if i.held.lost.is_set()]
+    lost = [i.held for i in items if i.held.lost.is_set()]
     try:
         _commit_isolated([i for i in items if not i.held.lost.is_set()])
     finally:
-        for fence in lost:
+        for held in lost:
+            fence = held.fence
             try:
-                discard(fence)
+                discard(fence, held)
             except Exception:  # noqa: BLE001  this attempt's own clean-up; the others go on
                 logger.exception("job %s attempt %s: could not end its lost attempt", *_ids(fence))
 
@@ -89,16 +90,17 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
         return
     results = {i.held.fence.job_id: i.result for i in items}
     kinds = {i.held.fence.job_id: i.claimed.kind for i in items}
+    helds = {i.held.fence.job_id: i.held for i in items}
 
     def write(fences: Sequence[Fence]) -> None:
-        refs, intents = _promotions(fences)
+        refs, intents = _promotions(fences, helds)
         rows = [(f, results[f.job_id], refs[f.job_id]) for f in fences]
         rejected = transitions.commit_many(rows, intents)
         for fence in rejected:  # each already logged once, on the fencing line
             logger.debug("job %s attempt %s: commit rejected; work discarded", *_ids(fence))
-            _settle_unpromoted(fence)
+            _settle_unpromoted(fence, helds[fence.job_id])
         for fence in fences:
-            pending.forget(fence)
+            pending.forget(helds[fence.job_id])
             if fence not in rejected:
                 _tell_finished(kinds[fence.job_id], fence, succeeded=True)
 
@@ -114,33 +116,44 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
             return
         fence = items[0].held.fence
         logger.warning("job %s attempt %s: result refused by the database: %s", *_ids(fence), exc)
-        fail(items[0].claimed, f"the database refused the handler's result: {exc}")
+        fail(
+            items[0].claimed,
+            f"the database refused the handler's result: {exc}",
+            held=items[0].held,
+        )
 
 
-def _promotions(fences: Sequence[Fence]) -> tuple[dict[int, str], dict[int, list[Any]]]:
+def _promotions(
+    fences: Sequence[Fence], helds: dict[int, Held]
+) -> tuple[dict[int, str], dict[int, list[Any]]]:
     """Each attempt's own staged prefix (its result_ref) and intents, for its commit row."""
     refs: dict[int, str] = {}
     intents: dict[int, list[Any]] = {}
     for f in fences:
-        work = pending.peek(f)
+        work = pending.peek(helds[f.job_id])
         refs[f.job_id] = staging.prefix(f.job_id, f.attempt) if work and work.staged else ""
         if work and work.intents:
             intents[f.job_id] = list(work.intents.values())
     return refs, intents
 
 
-def _settle_unpromoted(fence: Fence) -> None:
-    """The attempt's final write is decided and was not a commit: delete its own outputs."""
-    pending.forget(fence)
+def _settle_unpromoted(fence: Fence, held: Held | None) -> None:
+    """The attempt's final write is decided and was not a commit: delete its own outputs (and
+    end its work in memory, where the caller holds it: a leaked thread's record is refused)."""
+    if held is not None:
+        pending.forget(held)
     try:
         staging.discard_own(fence)
     except DatabaseError:
         logger.exception("job %s attempt %s: staged outputs left to the janitor", *_ids(fence))
 
 
-def fail(claimed: Claimed, error: str, *, permanent: bool = False) -> None:
+def fail(
+    claimed: Claimed, error: str, *, permanent: bool = False, held: Held | None = None
+) -> None:
     """End an attempt as failed, retried with backoff while charged attempts remain (none for a
-    `permanent` failure: the handler raised PermanentFailure)."""
+    `permanent` failure: the handler raised PermanentFailure). `held`: what the drain holds for
+    it, whose recorded work ends with it."""
     fence, cfg = claimed.fence, jobs_settings()
     limit = policy.max_attempts_for(claimed.max_attempts, _handler(claimed.kind), cfg)
     charged = policy.charged_attempts(fence.attempt, claimed.attempts_released)
@@ -162,9 +175,9 @@ def fail(claimed: Claimed, error: str, *, permanent: bool = False) -> None:
         present_until_decided([fence], write, AttemptOutcome.FAILED)
     except LeaseLost as exc:  # the fencing line (jobs.fencing) already told the operator
         logger.debug("job %s attempt %s: %s; work discarded", *_ids(fence), exc)
-        _settle_unpromoted(fence)
+        _settle_unpromoted(fence, held)
         return
-    _settle_unpromoted(fence)
+    _settle_unpromoted(fence, held)
     if retry_in is None:
         _tell_finished(claimed.kind, fence, succeeded=False)
     if retry_in is not None:
@@ -234,14 +247,14 @@ def hand_back(fence: Fence, why: str = "at shutdown", level: int = logging.WARNI
     return True
 
 
-def discard(fence: Fence) -> None:
+def discard(fence: Fence, held: Held | None = None) -> None:
     # The lost lease is already recorded (and logged) by whichever fenced write saw it -- or,
     # seen inside the handler's own transaction on SQLite, is recorded now that it is over.
     record_unrecorded_rejection(fence)
     logger.debug("job %s attempt %s: lease lost, work discarded", *_ids(fence))
     with bounded(f"end of job {fence.job_id} attempt {fence.attempt} as lost"):
         transitions.mark_lost(fence)
-    _settle_unpromoted(fence)
+    _settle_unpromoted(fence, held)
 
 
 def _tell_finished(kind: str, fence: Fence, *, succeeded: bool) -> None:

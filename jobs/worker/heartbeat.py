@@ -87,6 +87,7 @@ class Heartbeater:
         # that, no held lease can be at risk (at_risk answers without looking at each one).
         self._min_half_lease = float("inf")
         self._thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
+        self._over = False  # the thread ended: what at_risk reads per job (is_alive() locks)
         self.pipelined = connection.vendor == "postgresql"  # commit_soon hands commits over
 
     def __enter__(self) -> "Heartbeater":
@@ -227,11 +228,9 @@ class Heartbeater:
                 self._hand_offs_settled.notify_all()
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
-        """A success to commit soon; its lease stays beaten until then.
-
-        The thread is not woken for it (a wake-up per batch would cost the hot path a thread
-        switch): it looks every FLUSH_SECONDS, so a success waits at most twice that.
-        """
+        """A success to commit soon; its lease stays beaten until then. The thread is not woken
+        for it (a wake-up per batch would cost the hot path a thread switch): it looks every
+        FLUSH_SECONDS, so a success waits at most twice that."""
         self._successes.add(Finished(held, claimed, result, time.monotonic()))
 
     def flush(self) -> None:
@@ -264,7 +263,7 @@ class Heartbeater:
         job as "heartbeats failing", which broke bin/run's zombie drill). Always, once the
         thread has died: nothing extends a lease any more.
         """
-        if self._thread.ident is not None and not self._thread.is_alive():
+        if self._over:
             return True  # started, and over (it logged its death; or the drain has ended)
         now, last_ok = time.monotonic(), self._last_ok
         if now - last_ok <= self._min_half_lease:
@@ -353,6 +352,7 @@ class Heartbeater:
                 exc_info=True,
             )
         finally:
+            self._over = True
             connection.close()
 
     def _loop(self) -> None:

@@ -238,6 +238,19 @@ def after(found: Before) -> str:
     if not alarm_pending and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         _cancel_alarm()
     raw = conn.connection
+    pgconn = getattr(raw, "pgconn", None)
+    if (  # what nearly every job leaves: the checks below, answered in one look
+        pgconn is not None
+        and raw is _seen[0]
+        and not touched
+        and conn.autocommit
+        and not conn.in_atomic_block
+        and pgconn.status == 0  # CONNECTION_OK
+        and pgconn.transaction_status == _IDLE
+        and len(connections.settings) == 1
+        and _params(raw) == _seen[1]
+    ):
+        return ""
     if _lost(conn, raw):
         # The server ended it or the network dropped it: nothing is open on it anywhere (a
         # transaction there died with it). Unfit for the next job; not this job's failure: the

@@ -277,8 +277,8 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
     handler, seconds = kinds[claimed.kind]
     if handler is None:
         beats.release(claimed.fence)
-        error = kinds.errors.get(claimed.kind)
-        completer.fail(claimed, error or f"no handler is registered for kind {claimed.kind!r}")
+        why = kinds.errors.get(claimed.kind, f"no handler is registered for kind {claimed.kind!r}")
+        completer.fail(claimed, why, held=held)
         return False
     if claimed.attempts_released:
         if not _confirm_running(claimed, beats):
@@ -298,9 +298,9 @@ def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> 
         return held.confirmed
     beats.release(claimed.fence)
     if outcome.lost or held.lost.is_set():
-        completer.discard(claimed.fence)
+        completer.discard(claimed.fence, held)
     else:
-        completer.fail(claimed, outcome.error, permanent=outcome.permanent)
+        completer.fail(claimed, outcome.error, permanent=outcome.permanent, held=held)
     return False
 
 
@@ -334,12 +334,12 @@ def _abandon(
     logger.error("drain interrupted by %r: settling the batch before it propagates", exc)
     steps = [beats.flush]
     if current is not None and not beats.timed_out(current[1]):  # else its timeout fails it
-        claimed = current[0]
+        claimed, held = current
         error = bounds.exception_text(exc)  # its own code may raise while formatted
 
         def fail_current() -> None:
             beats.release(claimed.fence)
-            completer.fail(claimed, f"handler raised {type(exc).__name__}: {error}")
+            completer.fail(claimed, f"handler raised {type(exc).__name__}: {error}", held=held)
 
         steps.append(fail_current)
     steps.append(lambda: _release(unstarted, beats))

@@ -181,7 +181,11 @@ def time_out(beats: Heartbeater, claimed: Claimed, held: Held, seconds: float) -
         for h in beats.take_unstarted():
             completer.hand_back(h.fence, "(a batch-mate timed out)", logging.INFO)
 
-    for step in (beats.flush, hand_back_unstarted, lambda: completer.fail(claimed, error)):
+    for step in (
+        beats.flush,
+        hand_back_unstarted,
+        lambda: completer.fail(claimed, error, held=held),
+    ):
         try:
             step()
         except Exception:  # noqa: BLE001  best effort: what is not settled here, its lease decides

@@ -26,7 +26,7 @@ class Running:
         completer.commit([Finished(self.held, self.claimed, result, time.monotonic())])
 
     def fail(self, error: str = "boom") -> None:
-        completer.fail(self.claimed, error)
+        completer.fail(self.claimed, error, held=self.held)
 
 
 def claim(worker: str) -> Running:

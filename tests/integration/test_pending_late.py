@@ -65,7 +65,7 @@ def test_a_record_after_the_attempts_commit_is_refused_and_held_nowhere(record):
     running = claim(A)
     running.ctx.intent("publish", "webhook", HOOK)
     error = _from_a_leaked_thread(running, record)
-    assert pending.peek(running.held.fence) is None  # nothing kept for the ended attempt
+    assert pending.peek(running.held) is None  # nothing kept for the ended attempt
     assert running.held.work.intents == {}  # nor by the ctx the leaked thread still holds
     assert isinstance(error, AttemptEnded) and isinstance(error, LeaseLost), error
     assert f"{record} after its attempt ended" in str(error)
@@ -81,7 +81,7 @@ def test_a_record_after_a_failed_attempt_is_refused_too():
         try:
             running.ctx.intent("late", "webhook", HOOK)
         finally:
-            assert pending.peek(running.held.fence) is None
+            assert pending.peek(running.held) is None
 
 
 def test_an_attempt_that_recorded_nothing_still_refuses_a_late_record():
@@ -94,7 +94,7 @@ def test_an_attempt_that_recorded_nothing_still_refuses_a_late_record():
         try:
             running.ctx.intent("late", "webhook", HOOK)
         finally:
-            assert pending.peek(running.held.fence) is None
+            assert pending.peek(running.held) is None
 
 
 class _SlowSaves(FileSystemStorage):
@@ -171,8 +171,8 @@ def test_a_late_restage_never_deletes_the_file_its_attempt_committed(
     passed, committed = threading.Event(), threading.Event()
     check_open = pending.check_open
 
-    def check_then_lose_the_race(work: pending.AttemptWork, what: str) -> None:
-        check_open(work, what)
+    def check_then_lose_the_race(held: pending.Holder, what: str) -> None:
+        check_open(held, what)
         if threading.current_thread().name == "leaked-by-handler":
             passed.set()
             committed.wait(10)
