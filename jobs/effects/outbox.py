@@ -17,7 +17,8 @@ The relay:
    on the relay's own judgement;
 3. marks `performs` + 1 and `outcome_unknown` fenced by its token (a relay whose claim was taken
    over stops here), performs, and marks the intent done -- or, on a refusal (`Refused`: not
-   performed) or any other error (the outcome is unknown), schedules the next try with backoff
+   performed) or any other error or answer but None (the outcome is unknown: PERFORM_CONTRACT),
+   schedules the next try with backoff
    (1 s doubling, capped at BACKOFF_CAP) until `JOBS["INTENT_RETRY_HOURS"]` after the commit
    (or the operator's retry), then marks it `failed`.
 
@@ -58,6 +59,7 @@ RELAY_BATCH = 20
 RELAY_LEASE_SECONDS = 60.0  # far above a call's deadline (the relay's, 30 s, for every target)
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 300.0  # seconds: doubling from the first, capped
 MAX_INTENT_BYTES = 64 * 1024
+PERFORM_CONTRACT = "a failed perform must raise: Refused if it certainly did not happen"
 MAX_ERROR_CHARS = 2000
 # An intent kept claimed while its call runs on past the relay's deadline (operators read it).
 OVERDUE_NOTE = (
@@ -338,11 +340,14 @@ def handle(
     if renewed is not None:
         renewed(c)
     try:
-        _call(c, target, "perform")
+        answer = _call(c, target, "perform")
     except Refused as exc:  # not performed: retried with backoff
         return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=False)
     except Exception as exc:  # noqa: BLE001  may have happened: reconciled, never re-sent blind
         return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=True)
+    if answer is not None:  # False, a failed response...: no "performed", and maybe not refused
+        why = f"perform() returned a {type(answer).__name__}, not None ({PERFORM_CONTRACT})"
+        return _again(c, relay, f"{why}: outcome unknown", unknown=True)
     return "performed" if _done(c, relay, reconciled=False) else "taken-over"
 
 
