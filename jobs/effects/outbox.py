@@ -48,7 +48,7 @@ from jobs.core.sql import IntentRow
 from jobs.core.sql.rows import JSONText
 from jobs.core.states import EventType
 from jobs.effects.keys import checked_step, key_for
-from jobs.effects.targets import Target, get_target, register_target
+from jobs.effects.targets import Target, get_target, register_target, said
 from jobs.effects.targets import call as call_target
 from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
 from jobs.models import Intent, JobEvent
@@ -295,7 +295,7 @@ def _reconcile(c: Claim, target: Any, relay: str) -> str | None:
         try:
             happened = _call(c, target, "reconcile")
         except Exception as exc:  # noqa: BLE001  unreachable, or cannot tell yet: ask again later
-            return _again(c, relay, f"reconciliation: {type(exc).__name__}: {exc}", unknown=True)
+            return _again(c, relay, f"reconciliation: {said(exc)}", unknown=True)
     if happened is None:
         why = (
             "an earlier call's outcome is unknown and the target cannot check it: "
@@ -342,9 +342,9 @@ def handle(
     try:
         answer = _call(c, target, "perform")
     except Refused as exc:  # not performed: retried with backoff
-        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=False)
+        return _again(c, relay, said(exc), unknown=False)
     except Exception as exc:  # noqa: BLE001  may have happened: reconciled, never re-sent blind
-        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=True)
+        return _again(c, relay, said(exc), unknown=True)
     if answer is not None:  # False, a failed response...: no "performed", and maybe not refused
         why = f"perform() returned a {type(answer).__name__}, not None ({PERFORM_CONTRACT})"
         return _again(c, relay, f"{why}: outcome unknown", unknown=True)

@@ -79,3 +79,44 @@ def test_a_perform_that_returns_a_value_to_a_target_that_cannot_check_is_parked(
 def test_a_perform_that_returns_none_is_performed():
     row = _relayed(_Target(None, found=None))
     assert (row.state, row.outcome_unknown, row.performs) == ("done", False, 1)
+
+
+class _ApiError(Exception):
+    """An API client's error whose message is built from fields it may lack: str() raises."""
+
+    def __str__(self) -> str:
+        raise KeyError("message")
+
+
+class _Unreadable:
+    def __init__(self, where: str) -> None:
+        self.where, self.performed = where, 0
+
+    def perform(self, key: str, data: object, token: int) -> None:
+        self.performed += 1
+        if self.where == "perform" or self.performed == 1:
+            raise (_ApiError() if self.where == "perform" else TimeoutError("answer lost"))
+
+    def reconcile(self, key: str, data: object, token: int) -> bool:
+        raise _ApiError()
+
+
+@pytest.mark.parametrize("where", ["perform", "reconcile"])
+def test_an_error_whose_message_cannot_be_read_is_recorded_as_its_intents_try(where):
+    # Before, str(exc) raised inside the relay's bookkeeping: the try was never recorded (no
+    # backoff, no failures counted, no last_error, so never given up after the retry horizon),
+    # the intent stayed claimed until its lease ran out, and relay_once's batch ended there.
+    target = _Unreadable(where)
+    outbox.register_target("test-unreadable", target)
+    jobs.enqueue("test.echo")
+    running = claim("host-a:1")
+    running.ctx.intent("publish", "test-unreadable", {})
+    running.commit(None)
+    assert outbox.relay_once("relay-a") == 1
+    if where == "reconcile":  # the first call's answer was lost: the next try reconciles
+        Intent.objects.update(next_try_at="2000-01-01T00:00:00Z")
+        assert outbox.relay_once("relay-a") == 1
+    row = Intent.objects.get()
+    assert (row.state, row.outcome_unknown, row.lease_expires_at) == ("pending", True, None)
+    assert row.failures == (1 if where == "perform" else 2)
+    assert "_ApiError" in row.last_error and target.performed == 1
