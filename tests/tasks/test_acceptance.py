@@ -149,6 +149,31 @@ def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_
     assert result.errors == []  # handed back unstarted-or-abandoned: not a failure of the task
 
 
+def test_a_task_abandoned_at_shutdown_before_its_first_heartbeat_still_counts_as_run(
+    start_qcluster,
+):
+    """A grace shorter than the heartbeat interval: the abandoned handler ran, though no beat
+    had confirmed it. The shutdown's hand-back beats first, so its released attempt reads as
+    run (worker_ids, attempts, context.attempt). Before, it read as a claim handed back
+    unstarted, and the next run was the task's attempt 1 again."""
+    leaving = start_qcluster(
+        JOBS_SHUTDOWN_GRACE_SECONDS="1", JOBS_HEARTBEAT_SECONDS="10", JOBS_LEASE_SECONDS="30"
+    )
+    result = tasks.sleepy.enqueue(seconds_by_attempt={"1": 60})
+    job_id = int(result.id)
+    first = wait_for_attempt(job_id, 1)
+    wait_for_state(job_id, "running")
+    os.kill(leaving.proc.pid, signal.SIGTERM)
+    wait_for_outcome(job_id, 1, {"released"}, timeout=15)
+    assert Attempt.objects.get(job_id=job_id, number=1).running_confirmed_at is not None
+    result.refresh()
+    assert (result.status, result.worker_ids, result.attempts) == (
+        TaskResultStatus.READY,
+        [first.worker],
+        1,
+    )
+
+
 def test_a_task_whose_result_cannot_be_stored_fails_once_in_a_cluster(start_qcluster, tmp_path):
     """Its one attempt fails (UnencodableResult), with no retry though attempts remain; it is
     announced once, and the task enqueued beside it succeeds."""
