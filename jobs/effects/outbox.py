@@ -17,7 +17,8 @@ The relay:
    on the relay's own judgement;
 3. marks `performs` + 1 and `outcome_unknown` fenced by its token (a relay whose claim was taken
    over stops here), performs, and marks the intent done -- or, on a refusal (`Refused`: not
-   performed) or any other error (the outcome is unknown), schedules the next try with backoff
+   performed) or any other error or answer but None (the outcome is unknown: PERFORM_CONTRACT),
+   schedules the next try with backoff
    (1 s doubling, capped at BACKOFF_CAP) until `JOBS["INTENT_RETRY_HOURS"]` after the commit
    (or the operator's retry), then marks it `failed`.
 
@@ -47,7 +48,7 @@ from jobs.core.sql import IntentRow
 from jobs.core.sql.rows import JSONText
 from jobs.core.states import EventType
 from jobs.effects.keys import checked_step, key_for
-from jobs.effects.targets import Target, get_target, register_target
+from jobs.effects.targets import Target, get_target, register_target, said
 from jobs.effects.targets import call as call_target
 from jobs.effects.webhook import OutcomeUnknown, Refused, WebhookTarget
 from jobs.models import Intent, JobEvent
@@ -58,6 +59,7 @@ RELAY_BATCH = 20
 RELAY_LEASE_SECONDS = 60.0  # far above a call's deadline (the relay's, 30 s, for every target)
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 300.0  # seconds: doubling from the first, capped
 MAX_INTENT_BYTES = 64 * 1024
+PERFORM_CONTRACT = "a failed perform must raise: Refused if it certainly did not happen"
 MAX_ERROR_CHARS = 2000
 # An intent kept claimed while its call runs on past the relay's deadline (operators read it).
 OVERDUE_NOTE = (
@@ -293,7 +295,7 @@ def _reconcile(c: Claim, target: Any, relay: str) -> str | None:
         try:
             happened = _call(c, target, "reconcile")
         except Exception as exc:  # noqa: BLE001  unreachable, or cannot tell yet: ask again later
-            return _again(c, relay, f"reconciliation: {type(exc).__name__}: {exc}", unknown=True)
+            return _again(c, relay, f"reconciliation: {said(exc)}", unknown=True)
     if happened is None:
         why = (
             "an earlier call's outcome is unknown and the target cannot check it: "
@@ -338,11 +340,14 @@ def handle(
     if renewed is not None:
         renewed(c)
     try:
-        _call(c, target, "perform")
+        answer = _call(c, target, "perform")
     except Refused as exc:  # not performed: retried with backoff
-        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=False)
+        return _again(c, relay, said(exc), unknown=False)
     except Exception as exc:  # noqa: BLE001  may have happened: reconciled, never re-sent blind
-        return _again(c, relay, f"{type(exc).__name__}: {exc}", unknown=True)
+        return _again(c, relay, said(exc), unknown=True)
+    if answer is not None:  # False, a failed response...: no "performed", and maybe not refused
+        why = f"perform() returned a {type(answer).__name__}, not None ({PERFORM_CONTRACT})"
+        return _again(c, relay, f"{why}: outcome unknown", unknown=True)
     return "performed" if _done(c, relay, reconciled=False) else "taken-over"
 
 

@@ -1,10 +1,11 @@
 """The outbox's targets: what the relay calls for an intent, registered by name.
 
 Owns: the registry (`register_target`, `get_target`; the built-in `webhook`,
-jobs/effects/webhook.py, registered here) and how a target's methods are called -- with the
-relay's token where they take one. Never: claims, marks or decides anything about an intent
-(jobs/effects/outbox.py does). Hazards: a target is registered at import of a handlers module,
-so every process that runs the relay must import the same modules.
+jobs/effects/webhook.py, registered here), how a target's methods are called -- with the relay's
+token where they take one -- and what one raised, as text (`said`). Never: claims, marks or
+decides anything about an intent (jobs/effects/outbox.py does). Hazards: a target is registered
+at import of a handlers module, so every process that runs the relay must import the same
+modules.
 """
 
 import inspect
@@ -17,9 +18,11 @@ from jobs.effects.webhook import WebhookTarget
 
 class Target(Protocol):
     """What the relay calls: `perform(key, data, token)`; `token` is the relay's fencing token
-    (a target whose `perform` takes only `(key, data)` is called without it). Raise `Refused`
-    when the call was certainly not performed (retried with backoff); any other exception (a
-    timeout, `OutcomeUnknown`) means it may have happened: reconciled, never re-sent blind.
+    (a target whose `perform` takes only `(key, data)` is called without it). Return None once
+    performed. Raise `Refused` when the call was certainly not performed (retried with backoff);
+    any other exception (a timeout, `OutcomeUnknown`) means it may have happened: reconciled,
+    never re-sent blind. So does returning anything but None (False, an HTTP client's response
+    to a 500): it says neither "performed" nor which failure, and the row names the contract.
 
     A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
     happened; False, it did not (and a lower token never will); None, no way to tell (the intent
@@ -63,6 +66,16 @@ def call(name: str, target: Any, method: str, key: str, data: Any, token: int) -
     if _takes_token.get((name, method)):
         return fn(key, data, token=token)
     return fn(key, data)
+
+
+def said(exc: Exception) -> str:
+    """What a target raised, as its try's error: `Class: message`. Never raises: an API error's
+    own __str__ may (a field it lacks); then `Class: (its message cannot be read: KeyError)`."""
+    try:
+        message = str(exc)
+    except Exception as failed:  # noqa: BLE001  the exception's own code
+        message = f"(its message cannot be read: {type(failed).__name__})"
+    return f"{type(exc).__name__}: {message}"
 
 
 register_target("webhook", WebhookTarget())

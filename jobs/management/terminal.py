@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TextIO, cast
 
 from django.core.management.base import OutputWrapper
+from django.utils.functional import Promise
 
 from jobs.ops.logs import printable  # one rule for the terminal and the log's text lines
 
@@ -21,7 +22,8 @@ __all__ = ["Printable"]
 
 class Printable(OutputWrapper):
     """Django's OutputWrapper `out`, every message written as `printable` makes it (its ending
-    and style added after, by `out`)."""
+    and style added after, by `out`). A lazy translation (`gettext_lazy`), which `out` takes, is
+    its text."""
 
     def __init__(self, out: OutputWrapper) -> None:
         super().__init__(cast(TextIO, out), ending="")  # a stream: its attributes are out's
@@ -29,11 +31,13 @@ class Printable(OutputWrapper):
 
     def write(  # type: ignore[override]  # OutputWrapper's own, as django-stubs declare it
         self,
-        msg: str = "",
+        msg: str | Promise = "",
         style_func: Callable[[str], str] | None = None,
         ending: str | None = None,
     ) -> None:
-        self._inner.write(printable(msg), style_func, ending)
+        self._inner.write(
+            printable(str(msg) if isinstance(msg, Promise) else msg), style_func, ending
+        )
 
     @classmethod
     def around(cls, out: OutputWrapper) -> "Printable":

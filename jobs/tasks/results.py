@@ -9,10 +9,11 @@ The mapping (docs/tasks.md):
 
 - status: queued -> READY (also between retries), running -> RUNNING, succeeded -> SUCCESSFUL,
   failed and cancelled -> FAILED (a cancelled job's last error is `TaskCancelled`);
-- enqueued_at: the row's created_at; started_at: the first claim; last_attempted_at: the latest
-  claim; finished_at: the job's finished_at;
-- worker_ids: one `<hostname>:<pid>` per claim, in order, so `attempts == len(worker_ids)` is the
-  job's fencing attempt;
+- enqueued_at: the row's created_at; started_at: the first claim that ran; last_attempted_at:
+  the latest; finished_at: the job's finished_at;
+- worker_ids: one `<hostname>:<pid>` per claim that ran, in order (`attempts`, and a running
+  task's `context.attempt`): a claim handed back unstarted (released, never confirmed running)
+  ran nothing, though the fencing attempt counts it;
 - errors: one TaskError per attempt that ended without success -- a raised exception (its class
   path and traceback, as the worker stored them), an expired lease (`LeaseExpired`), a lost lease
   or rejected write (`jobs.LeaseLost`) -- in attempt order; an attempt handed back unstarted
@@ -119,8 +120,9 @@ JOB_FIELDS = ("id", "kind", "state", "payload", "priority", "queue", "result", "
 TIME_FIELDS = ("created_at", "finished_at")
 JSON_FIELDS = ("payload", "result")  # re-read as text when the ORM cannot decode a row (read)
 _AS_TEXT = "__as_text"
-ATTEMPT_FIELDS = ("number", "worker", "claimed_at", "outcome", "error")
+ATTEMPT_FIELDS = ("number", "worker", "claimed_at", "outcome", "error", "running_confirmed_at")
 _LOST = {AttemptOutcome.LOST, AttemptOutcome.REJECTED}
+_RELEASED = AttemptOutcome.RELEASED  # handed back: unstarted, unless confirmed running first
 # The line Python's traceback module prints for the final exception: "pkg.mod.Class: message".
 _TRACEBACK = "Traceback (most recent call last):"
 _CLASS = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
@@ -224,7 +226,8 @@ def _errors(job: dict[str, Any], attempts: list[dict[str, Any]]) -> list[TaskErr
         errors.append(
             TaskError(
                 exception_class_path=_path(TaskCancelled),
-                traceback="the job was cancelled by an operator" + _tail(job["error"]),
+                traceback="the job was cancelled by an operator"
+                + (f": {job['error']}" if job["error"] else ""),
             )
         )
     elif job["state"] == JobState.FAILED and not errors:
@@ -233,10 +236,6 @@ def _errors(job: dict[str, Any], attempts: list[dict[str, Any]]) -> list[TaskErr
             TaskError(exception_class_path=_path(AttemptFailed), traceback=job["error"] or "")
         )
     return errors
-
-
-def _tail(error: str) -> str:
-    return f": {error}" if error else ""
 
 
 def backend_of(task: Task, payload: TaskPayload) -> str:
@@ -266,7 +265,8 @@ def build(task: Task, job: dict[str, Any], attempts: list[dict[str, Any]]) -> Ta
     MalformedTask if its payload is not a task's."""
     payload = task_payload(job)
     enqueued = as_enqueued(task, job, payload)
-    claims = [a["claimed_at"] for a in attempts]
+    ran = [a for a in attempts if a["outcome"] != _RELEASED or a["running_confirmed_at"]]
+    claims = [a["claimed_at"] for a in ran]
     try:  # Django normalises the arguments recursively: a row's may be nested past the limit
         result: TaskResult = TaskResult(
             task=enqueued,
@@ -280,7 +280,7 @@ def build(task: Task, job: dict[str, Any], attempts: list[dict[str, Any]]) -> Ta
             kwargs=dict(payload.kwargs),
             backend=enqueued.backend,
             errors=_errors(job, attempts),
-            worker_ids=[a["worker"] for a in attempts],
+            worker_ids=[a["worker"] for a in ran],
         )
     except RecursionError:  # json's limit is not Python's: decoded, yet too deep to normalise
         raise MalformedTask(f"job {job['id']} ({job['kind']}): arguments nested too deep") from None

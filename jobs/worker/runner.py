@@ -25,9 +25,9 @@ failed there, never both: whichever comes first under the drain's lock has the a
 
 Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands back
 the jobs it holds but has not started; when the grace period ends with a handler still running,
-the drain's background thread hands every held job back (fenced release, so another worker takes
-it at once) and ends this worker process after ABANDON_SECONDS -- the abandoned handler's writes
-in between change zero rows and are recorded like any zombie's.
+the drain's background thread beats once (confirming that handler ran), hands every held job back
+(fenced release, so another worker takes it at once) and ends this worker process after
+ABANDON_SECONDS -- the abandoned handler's writes in between change zero rows, as a zombie's do.
 """
 
 import contextvars
@@ -383,10 +383,10 @@ def _hand_back_at_shutdown(beats: Heartbeater) -> None:
     """On the drain's background thread, once the grace period of a stop is over."""
     try:
         beats.flush()  # successes already finished are committed, not handed back
+        beats.beat_now()  # confirms the abandoned handler: it ran (its task's result counts it)
     except Exception:  # noqa: BLE001  best effort: an unsettled success's lease decides
-        logger.exception("could not commit finished successes at shutdown")
-    held = beats.held()
-    for h in held:
+        logger.exception("could not commit finished successes, or beat, at shutdown")
+    for h in beats.held():
         completer.hand_back(h.fence)
     if beats.stopped(ABANDON_SECONDS):
         return  # the handler returned meanwhile and the drain ended on its own

@@ -201,6 +201,21 @@ def test_a_command_error_naming_a_hand_made_user_reaches_stderr_escaped():
     assert "\x1b" not in err.getvalue() and "viewer\\x1b]0;pwned\\x07" in err.getvalue()
 
 
+def test_the_commands_output_takes_lazy_text_as_djangos_does_and_escapes_it():
+    # Django's OutputWrapper writes a lazy translation (gettext_lazy) as its text; Printable
+    # raised TypeError ("expected string or bytes-like object") on it.
+    from django.core.management.base import OutputWrapper
+    from django.utils.translation import gettext_lazy
+
+    from jobs.management.terminal import Printable
+
+    plain, wrapped = StringIO(), StringIO()
+    OutputWrapper(plain).write(gettext_lazy("held \x1b[2J"))
+    Printable.around(OutputWrapper(wrapped)).write(gettext_lazy("held \x1b[2J"))
+    assert plain.getvalue() == "held \x1b[2J\n"
+    assert wrapped.getvalue() == "held \\x1b[2J\n"
+
+
 @pytest.fixture
 def uid_without_a_name(monkeypatch):
     """A process as a container runs it under a uid no passwd entry names, with no USER or

@@ -128,14 +128,26 @@ def test_the_zombie_drill_works_on_a_task(start_qcluster):
     assert f"job {job.pk}:" in out.getvalue() and "was rejected" in out.getvalue()
 
 
-def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_qcluster):
+def _started(log: Path, result_id: str, job_id: int) -> None:
+    """The task's function is called (task_started is sent just before): claimed is not enough,
+    a claim handed back before its handler ran is no run of the task."""
+    wait_until(
+        lambda: ("started", "RUNNING", 1) in _signals(log, result_id),
+        timeout=20,
+        what="task_started of its first run",
+        job_id=job_id,
+    )
+
+
+def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_qcluster, tmp_path):
     """SIGTERM with a task running past the grace period: the attempt is handed back (fenced
     release, uncharged), another cluster finishes the task, and the hand-back is no error."""
-    leaving = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS="1")
+    log = tmp_path / "signals.log"
+    leaving = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS="1", PALISADE_TEST_TASK_SIGNALS=str(log))
     result = tasks.sleepy.enqueue(seconds_by_attempt={"1": 60})
     job_id = int(result.id)
     first = wait_for_attempt(job_id, 1)
-    wait_for_state(job_id, "running")
+    _started(log, result.id, job_id)
 
     os.kill(leaving.proc.pid, signal.SIGTERM)
     wait_for_outcome(job_id, 1, {"released"}, timeout=15)
@@ -147,6 +159,35 @@ def test_a_running_task_is_handed_back_at_shutdown_and_finished_elsewhere(start_
     assert result.return_value["attempt"] == committed.attempt == result.attempts == 2
     assert result.worker_ids[0] == first.worker
     assert result.errors == []  # handed back unstarted-or-abandoned: not a failure of the task
+
+
+def test_a_task_abandoned_at_shutdown_before_its_first_heartbeat_still_counts_as_run(
+    start_qcluster, tmp_path
+):
+    """A grace shorter than the heartbeat interval: the abandoned handler ran, though no beat
+    had confirmed it. The shutdown's hand-back beats first, so its released attempt reads as
+    run (worker_ids, attempts, context.attempt). Before, it read as a claim handed back
+    unstarted, and the next run was the task's attempt 1 again."""
+    log = tmp_path / "signals.log"
+    leaving = start_qcluster(
+        JOBS_SHUTDOWN_GRACE_SECONDS="1",
+        JOBS_HEARTBEAT_SECONDS="10",
+        JOBS_LEASE_SECONDS="30",
+        PALISADE_TEST_TASK_SIGNALS=str(log),
+    )
+    result = tasks.sleepy.enqueue(seconds_by_attempt={"1": 60})
+    job_id = int(result.id)
+    first = wait_for_attempt(job_id, 1)
+    _started(log, result.id, job_id)
+    os.kill(leaving.proc.pid, signal.SIGTERM)
+    wait_for_outcome(job_id, 1, {"released"}, timeout=15)
+    assert Attempt.objects.get(job_id=job_id, number=1).running_confirmed_at is not None
+    result.refresh()
+    assert (result.status, result.worker_ids, result.attempts) == (
+        TaskResultStatus.READY,
+        [first.worker],
+        1,
+    )
 
 
 def test_a_task_whose_result_cannot_be_stored_fails_once_in_a_cluster(start_qcluster, tmp_path):

@@ -205,6 +205,20 @@ def test_tuples_and_bytes_are_normalised_as_django_does():
     assert Job.objects.get(pk=int(result.id)).payload["args"] == [[1, 2], "3"]
 
 
+@pytest.mark.parametrize("path", ["one statement", "savepoint"])
+def test_enqueues_result_holds_the_arguments_as_stored_as_get_result_does(monkeypatch, path):
+    # The worker calls the task with its arguments as stored (JSON: an object's keys are text).
+    # Before, on the savepoint path (SQLite's, and PostgreSQL's when its one statement cannot
+    # decide), enqueue's result kept the caller's {1: "x"} while get_result() said {"1": "x"}.
+    if path == "savepoint":
+        monkeypatch.setattr("jobs.models.one_statement.enqueue", lambda *args, **kwargs: None)
+    result = tasks.add.enqueue({1: "x", 2.5: [(1, 2)]}, b={True: None, None: b"y"})
+    stored = tasks.add.get_result(result.id)
+    assert result.args == stored.args == [{"1": "x", "2.5": [[1, 2]]}]
+    assert result.kwargs == stored.kwargs == {"b": {"true": None, "null": "y"}}
+    assert Job.objects.get(pk=int(result.id)).payload["args"] == result.args
+
+
 # -- validate_task -------------------------------------------------------------------------
 
 

@@ -382,6 +382,46 @@ def test_a_task_whose_lease_ran_out_still_says_its_lease_expired():
     assert "its lease expired (the worker stopped heartbeating" in error.traceback
 
 
+def test_a_claim_handed_back_unstarted_is_no_attempt_worker_or_start_of_its_task():
+    # A release hands a claim back before its handler runs: nothing ran. Django's worker_ids are
+    # the workers that processed the task, started_at when it first started, context.attempt
+    # the run's number. Before, the hand-back counted: worker_ids ["host-x:4242", ...],
+    # started_at its claim, and the one run that happened was attempt 2.
+    from jobs.core import transitions
+
+    result = tasks.introspect.enqueue(tag="handed back")
+    (claimed,) = transitions.claim("host-x:4242", limit=1, lease_seconds=300)
+    transitions.release(claimed.fence)
+    result.refresh()
+    assert (result.status, result.worker_ids, result.attempts) == (TaskResultStatus.READY, [], 0)
+    assert (result.started_at, result.last_attempted_at, result.errors) == (None, None, [])
+    assert runner.drain() == 1
+    result.refresh()
+    ran = Attempt.objects.get(job_id=int(result.id), number=2)
+    assert result.worker_ids == [runner.worker_identity()] and result.attempts == 1
+    assert result.started_at == result.last_attempted_at == ran.claimed_at
+    value = result.return_value
+    assert (value["attempt"], value["fencing_attempt"], value["worker_ids"]) == (
+        1,
+        2,  # the fencing token counts every claim, hand-backs too
+        [runner.worker_identity()],
+    )
+
+
+def test_a_handler_confirmed_running_then_handed_back_still_ran():
+    # Abandoned when a stop's grace ended, a running handler is handed back too (`released`):
+    # it did run, as its confirmation (the heartbeat's, or the explicit one) says.
+    from jobs.core import transitions
+
+    result = tasks.add.enqueue(1, 2)
+    (claimed,) = transitions.claim("host-x:4242", limit=1, lease_seconds=300)
+    transitions.confirm_running(claimed.fence)
+    transitions.release(claimed.fence)
+    result.refresh()
+    assert (result.status, result.worker_ids) == (TaskResultStatus.READY, ["host-x:4242"])
+    assert result.started_at == Attempt.objects.get(job_id=int(result.id), number=1).claimed_at
+
+
 def test_naming_a_huge_many_lined_messages_class_costs_no_memory_per_line():
     # The note's first line was cut after splitting the whole message into lines: 2 million
     # lines of a 6 MB message made 2 million strings (about 100 MB) in the worker.
