@@ -180,7 +180,7 @@ def main() -> None:
         if worktree is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     floor = results["sql"]["per_job"]["total"]
-    print(f"\nclient instructions per no-op job (claim batch 64; {args.small} -> {args.large} jobs)")
+    print(f"\nclient instructions per no-op job (claim batch 64; {args.small} -> {args.large})")
     print(f"{'system':28s} {'total':>9s} {'draining':>9s} {'others':>9s} {'/ floor':>8s}")
     for name, r in results.items():
         j = r["per_job"]
