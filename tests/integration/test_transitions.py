@@ -134,6 +134,9 @@ WRITES = {
     Write.CHECKPOINT: lambda f: transitions.checkpoint(f, {"step": 9}, 30),
     Write.COMMIT: lambda f: transitions.commit(f, {"zombie": True}, "jobs/x/attempt-1/out"),
     Write.FAIL: lambda f: transitions.fail(f, "zombie failure", None),
+    # a batch's unstarted job handed back after the drain's lease was lost and the job taken
+    # over: queued again, the new owner's attempt would run twice and its commit be refused
+    Write.RELEASE: lambda f: transitions.release(f),
 }
 
 
