@@ -309,6 +309,25 @@ def test_reclaim_never_touches_a_fresh_attempt_claimed_after_the_reapers_read(ma
     assert (job.state, job.attempt) == (JobState.RUNNING, fresh.fence.attempt)
 
 
+def test_reclaim_never_touches_a_later_attempt_whose_lease_ran_out_too(make_job):
+    # The lease guard alone does not fence a stale read: the fresh attempt's lease can run out
+    # as well, and the reaper's decision (here: retries remain) was made for attempt 1.
+    job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1, worker=WORKER, max_attempts=2)
+    (seen,) = transitions.find_expired(10)
+    assert reclaim(seen, worker="reaper:2")
+    fresh = claim_one(worker="host-c:303")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE jobs_job SET lease_expires_at = clock_timestamp() - interval '1 second' "
+            "WHERE id = %s",
+            [job.pk],
+        )
+    assert not reclaim(seen, worker="reaper:1")  # attempt 2 of 2: not queued for a third
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.RUNNING, fresh.fence.attempt)
+    assert not JobEvent.objects.filter(job_id=job.pk, type="expired", attempt=2).exists()
+
+
 def test_queryset_states_read_the_database_clock(make_job):
     expired = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1)
     make_job(state=JobState.RUNNING, attempt=1, lease_in=60)
