@@ -177,6 +177,46 @@ def test_a_write_whose_job_is_taken_over_before_its_transaction_commits_is_rolle
     assert not Report.objects.filter(name="beside it").exists()
 
 
+def test_a_takeover_waits_for_a_commit_whose_check_has_passed():
+    # The check at the COMMIT holds the job row FOR SHARE until the COMMIT ends: a takeover
+    # arriving between the check and the COMMIT waits, so the rows are never committed by an
+    # attempt that no longer owns the job. `SET CONSTRAINTS ALL IMMEDIATE` runs the check early,
+    # which leaves that gap open for as long as the test needs.
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    report = Report.objects.create(name="daily")
+    seen: dict[str, object] = {}
+    asked = threading.Event()
+
+    def takeover() -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                seen["pid"] = cur.fetchone()[0]
+            asked.set()
+            expire_and_reap(job.pk)
+            seen["attempt"] = claim(B).claimed.fence.attempt
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=takeover)
+    with transaction.atomic():
+        owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="mine")
+        with connection.cursor() as cur:
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the COMMIT's check, passed now
+        thread.start()
+        assert asked.wait(5)
+        deadline = time.monotonic() + 10
+        while not _blocked_on_a_lock(int(seen["pid"])):  # type: ignore[call-overload]
+            assert thread.is_alive(), "the takeover did not wait for the checked COMMIT"
+            assert time.monotonic() < deadline, "the takeover never waited on the job row"
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+    thread.join(30)
+    assert seen.get("attempt") == 2
+    report.refresh_from_db()
+    assert (report.body, report.fence_attempt) == ("mine", 1)  # committed while it owned the job
+
+
 def test_the_owner_commits_its_write_in_its_own_transaction():
     job = jobs.enqueue("test.echo")
     owner = claim(A)
