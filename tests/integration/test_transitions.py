@@ -11,6 +11,7 @@ from django.utils import timezone
 
 import jobs
 from jobs.core import transitions
+from jobs.core.sql import driver_for
 from jobs.core.states import AttemptOutcome, JobState, Write
 from jobs.core.transitions import Fence
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
@@ -316,11 +317,11 @@ def test_reclaim_never_touches_a_later_attempt_whose_lease_ran_out_too(make_job)
     (seen,) = transitions.find_expired(10)
     assert reclaim(seen, worker="reaper:2")
     fresh = claim_one(worker="host-c:303")
-    with connection.cursor() as cur:
+    with connection.cursor() as cur:  # attempt 2's lease runs out too (the database clock)
         cur.execute(
-            "UPDATE jobs_job SET lease_expires_at = clock_timestamp() - interval '1 second' "
-            "WHERE id = %s",
-            [job.pk],
+            f"UPDATE jobs_job SET lease_expires_at = {driver_for(connection.vendor).later('s')} "
+            "WHERE id = %(id)s",
+            {"s": -1.0, "id": job.pk},
         )
     assert not reclaim(seen, worker="reaper:1")  # attempt 2 of 2: not queued for a third
     job.refresh_from_db()
