@@ -128,6 +128,53 @@ def test_a_zombie_racing_a_newer_attempt_changes_no_row_of_its_write(second_conn
     }
 
 
+def test_a_zombie_waiting_on_a_row_whose_writer_took_the_job_over_is_refused_at_its_statement(
+    second_connection,
+):
+    # The application's transaction that locks the row also takes the job over (attempt 2),
+    # without touching the row's token. The zombie's write, inside its handler's transaction,
+    # waits for that row; once it is released the write is refused then and there -- its rows
+    # are locked first, so its UPDATE's job check is read after the takeover committed -- not
+    # accepted, to be refused only at its transaction's COMMIT.
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    report = Report.objects.create(name="daily", body="before")
+    outcome: dict[str, object] = {}
+    started = threading.Event()
+
+    def zombie_writer() -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                outcome["pid"] = cur.fetchone()[0]
+            started.set()
+            with transaction.atomic():
+                outcome["decision"] = fenced.write(
+                    zombie.claimed.fence, Report.objects.filter(pk=report.pk), body="zombie"
+                )
+        except IntegrityError as exc:  # refused at the COMMIT instead
+            outcome["commit"] = exc
+        finally:
+            connection.close()
+
+    with second_connection.transaction():
+        second_connection.execute("UPDATE demo_report SET rows = 5 WHERE id = %s", [report.pk])
+        second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [job.pk])
+        thread = threading.Thread(target=zombie_writer)
+        thread.start()
+        assert started.wait(5)
+        deadline = time.monotonic() + 10
+        while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
+            assert time.monotonic() < deadline, "the zombie's write never waited on the row lock"
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+    thread.join(10)
+    decision = outcome.get("decision")
+    assert isinstance(decision, fenced.TokenDecision) and decision.refused, outcome
+    assert decision.attempt_current == 2 and "commit" not in outcome
+    report.refresh_from_db()
+    assert (report.body, report.rows, report.fence_attempt) == ("before", 5, 0)
+
+
 # -- the COMMIT decides again (jobs/core/sql/fenced.py) -------------------------------------------
 
 
