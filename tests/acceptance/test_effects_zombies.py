@@ -10,7 +10,9 @@ import pytest
 from jobs import enqueue
 from jobs.models import IdempotencyKey, Intent, Job, JobEvent, StagedOutput
 from tests.acceptance.cluster import (
+    pause_first_attempt_until_reclaimed,
     wait_for_attempt,
+    wait_for_db_clock_past,
     wait_for_outcome,
     wait_for_rejection,
     wait_for_state,
@@ -142,6 +144,38 @@ def test_a_zombies_intent_never_reaches_the_outbox_the_replacements_is_relayed_o
             what="the zombie to discard its work",
             job_id=job.pk,
         )
+        wait_until(
+            lambda: Intent.objects.filter(job=job, state="done").exists(),
+            timeout=20,
+            what="the embedded relay to perform the intent",
+            job_id=job.pk,
+        )
+        assert list(Intent.objects.filter(job=job).values_list("attempt", "performs")) == [(2, 1)]
+        assert [(k, v, body) for k, v, body in r.calls] == [
+            (f"{job.pk}:publish", "performed", {"attempt": 2})
+        ]
+
+
+def test_a_zombies_commit_presented_while_the_replacement_runs_brings_no_intent(
+    start_qcluster, tmp_path: Path
+):
+    # The test above resumes the zombie after the replacement committed, whose intent then holds
+    # the (job, step) key: a zombie's intent would be dropped by that conflict alone. Here its
+    # commit reaches the database first, while attempt 2 still runs.
+    with receiver() as r:
+        cluster = start_qcluster(MEDIA_ROOT=str(tmp_path / "media"))
+        hook = {"url": f"{r.url}/hook", "check_url": f"{r.url}/check"}
+        job = enqueue(
+            "test.effects",
+            {"stage": "out.txt", "after_stage": {"1": 1.5, "2": 4}, "intent": {"data": hook}},
+        )
+        reclaimed = pause_first_attempt_until_reclaimed(cluster, job.pk)
+        wait_for_db_clock_past(job.pk, reclaimed.paused_at, 1.5)
+        cluster.resume(reclaimed.zombie)
+        rejected = wait_for_rejection(job.pk, 1, {"commit"})
+        assert (rejected.attempt_current, rejected.state_current) == (2, "running")
+        assert not Intent.objects.filter(job=job).exists()  # nothing of the zombie's commit
+        wait_for_state(job.pk, "succeeded")
         wait_until(
             lambda: Intent.objects.filter(job=job, state="done").exists(),
             timeout=20,

@@ -54,8 +54,8 @@ def token_write(ctx: JobContext) -> dict[str, Any]:
 def token_write_in_transaction(ctx: JobContext) -> dict[str, Any]:
     """In one transaction of its own: writes "job <id> attempt <n>" to the demo.Report named
     `payload["report"]` through ctx.fenced_write (unless `payload["create_only"]`), creates the
-    Report "<name> by attempt <n>" through ctx.fenced_create, then sleeps like test.sleep before
-    the transaction commits."""
+    Report "<name> by attempt <n>" through ctx.fenced_create (unless `payload["write_only"]`),
+    then sleeps like test.sleep before the transaction commits."""
     from django.db import transaction
 
     from demo.models import Report
@@ -65,7 +65,8 @@ def token_write_in_transaction(ctx: JobContext) -> dict[str, Any]:
         body = f"job {ctx.job_id} attempt {ctx.attempt}"
         if not ctx.payload.get("create_only"):
             ctx.fenced_write(Report.objects.filter(name=name), body=body)
-        ctx.fenced_create(Report, name=f"{name} by attempt {ctx.attempt}", body=body)
+        if not ctx.payload.get("write_only"):
+            ctx.fenced_create(Report, name=f"{name} by attempt {ctx.attempt}", body=body)
         time.sleep(_duration(ctx))
     return {"attempt": ctx.attempt, "worker": ctx.worker}
 

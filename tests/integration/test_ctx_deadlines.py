@@ -39,15 +39,31 @@ def _waiting_on_a_lock(second_connection, within: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_checkpoint_waiting_past_the_deadline_is_cut(second_connection):
+@pytest.mark.parametrize("call", ["checkpoint", "heartbeat", "effect begin", "effect finish"])
+def test_a_platform_write_waiting_past_the_deadline_is_cut(second_connection, call):
     job = jobs.enqueue("test.echo")
     running = claim("host-a:1")
-    second_connection.execute("BEGIN")
-    second_connection.execute("SELECT 1 FROM jobs_job WHERE id = %s FOR UPDATE", [job.pk])
+
+    def hold_the_job_row() -> None:
+        second_connection.execute("BEGIN")
+        second_connection.execute("SELECT 1 FROM jobs_job WHERE id = %s FOR UPDATE", [job.pk])
+
+    def fn(key: str) -> str:  # the effect's call: the ledger's finish comes next
+        hold_the_job_row()
+        return key
+
+    if call != "effect finish":
+        hold_the_job_row()
+    write = {
+        "checkpoint": lambda: running.ctx.checkpoint({"page": 1}),
+        "heartbeat": running.ctx.heartbeat,
+        "effect begin": lambda: running.ctx.effect("charge", lambda key: key),
+        "effect finish": lambda: running.ctx.effect("charge", fn),
+    }[call]
     started = time.monotonic()
     try:
         with pytest.raises(OperationalError, match="no answer within"):
-            running.ctx.checkpoint({"page": 1})
+            write()
         assert time.monotonic() - started < DEADLINE + 5
     finally:
         second_connection.execute("ROLLBACK")

@@ -138,6 +138,50 @@ def test_a_zombie_racing_a_takeover_deletes_no_row(second_connection):
     assert set(Report.objects.values_list("name", flat=True)) == {"first", "second"}
 
 
+def test_a_zombie_waiting_on_a_row_whose_writer_took_the_job_over_deletes_nothing_at_once(
+    second_connection,
+):
+    # As fenced_write's test of the same name: the row's writer takes the job over without
+    # touching its token; the zombie's delete, inside its handler's transaction, waits for the
+    # row, then is refused at its statement (rows locked first), not only at the COMMIT.
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    report = Report.objects.create(name="daily")
+    outcome: dict[str, object] = {}
+    started = threading.Event()
+
+    def zombie_deleter() -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                outcome["pid"] = cur.fetchone()[0]
+            started.set()
+            with transaction.atomic():
+                outcome["decision"] = fenced_rows.delete(
+                    zombie.claimed.fence, Report.objects.filter(pk=report.pk)
+                )
+        except IntegrityError as exc:  # refused at the COMMIT instead
+            outcome["commit"] = exc
+        finally:
+            connection.close()
+
+    with second_connection.transaction():
+        second_connection.execute("UPDATE demo_report SET rows = 5 WHERE id = %s", [report.pk])
+        second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [job.pk])
+        thread = threading.Thread(target=zombie_deleter)
+        thread.start()
+        assert started.wait(5)
+        deadline = time.monotonic() + 10
+        while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
+            assert time.monotonic() < deadline, "the zombie's delete never waited on the row lock"
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+    thread.join(10)
+    decision = outcome.get("decision")
+    assert isinstance(decision, fenced.TokenDecision) and decision.refused, outcome
+    assert decision.attempt_current == 2 and "commit" not in outcome
+    assert Report.objects.filter(pk=report.pk, rows=5).exists()
+
+
 def test_a_zombie_whose_job_is_taken_over_on_a_second_connection_inserts_nothing(
     second_connection,
 ):

@@ -128,6 +128,53 @@ def test_a_zombie_racing_a_newer_attempt_changes_no_row_of_its_write(second_conn
     }
 
 
+def test_a_zombie_waiting_on_a_row_whose_writer_took_the_job_over_is_refused_at_its_statement(
+    second_connection,
+):
+    # The application's transaction that locks the row also takes the job over (attempt 2),
+    # without touching the row's token. The zombie's write, inside its handler's transaction,
+    # waits for that row; once it is released the write is refused then and there -- its rows
+    # are locked first, so its UPDATE's job check is read after the takeover committed -- not
+    # accepted, to be refused only at its transaction's COMMIT.
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    report = Report.objects.create(name="daily", body="before")
+    outcome: dict[str, object] = {}
+    started = threading.Event()
+
+    def zombie_writer() -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                outcome["pid"] = cur.fetchone()[0]
+            started.set()
+            with transaction.atomic():
+                outcome["decision"] = fenced.write(
+                    zombie.claimed.fence, Report.objects.filter(pk=report.pk), body="zombie"
+                )
+        except IntegrityError as exc:  # refused at the COMMIT instead
+            outcome["commit"] = exc
+        finally:
+            connection.close()
+
+    with second_connection.transaction():
+        second_connection.execute("UPDATE demo_report SET rows = 5 WHERE id = %s", [report.pk])
+        second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [job.pk])
+        thread = threading.Thread(target=zombie_writer)
+        thread.start()
+        assert started.wait(5)
+        deadline = time.monotonic() + 10
+        while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
+            assert time.monotonic() < deadline, "the zombie's write never waited on the row lock"
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+    thread.join(10)
+    decision = outcome.get("decision")
+    assert isinstance(decision, fenced.TokenDecision) and decision.refused, outcome
+    assert decision.attempt_current == 2 and "commit" not in outcome
+    report.refresh_from_db()
+    assert (report.body, report.rows, report.fence_attempt) == ("before", 5, 0)
+
+
 # -- the COMMIT decides again (jobs/core/sql/fenced.py) -------------------------------------------
 
 
@@ -175,6 +222,46 @@ def test_a_write_whose_job_is_taken_over_before_its_transaction_commits_is_rolle
     report.refresh_from_db()
     assert (report.body, report.fence_job_id, report.fence_attempt) == ("before", None, 0)
     assert not Report.objects.filter(name="beside it").exists()
+
+
+def test_a_takeover_waits_for_a_commit_whose_check_has_passed():
+    # The check at the COMMIT holds the job row FOR SHARE until the COMMIT ends: a takeover
+    # arriving between the check and the COMMIT waits, so the rows are never committed by an
+    # attempt that no longer owns the job. `SET CONSTRAINTS ALL IMMEDIATE` runs the check early,
+    # which leaves that gap open for as long as the test needs.
+    job = jobs.enqueue("test.echo")
+    owner = claim(A)
+    report = Report.objects.create(name="daily")
+    seen: dict[str, object] = {}
+    asked = threading.Event()
+
+    def takeover() -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                seen["pid"] = cur.fetchone()[0]
+            asked.set()
+            expire_and_reap(job.pk)
+            seen["attempt"] = claim(B).claimed.fence.attempt
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=takeover)
+    with transaction.atomic():
+        owner.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="mine")
+        with connection.cursor() as cur:
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the COMMIT's check, passed now
+        thread.start()
+        assert asked.wait(5)
+        deadline = time.monotonic() + 10
+        while not _blocked_on_a_lock(int(seen["pid"])):  # type: ignore[call-overload]
+            assert thread.is_alive(), "the takeover did not wait for the checked COMMIT"
+            assert time.monotonic() < deadline, "the takeover never waited on the job row"
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+    thread.join(30)
+    assert seen.get("attempt") == 2
+    report.refresh_from_db()
+    assert (report.body, report.fence_attempt) == ("mine", 1)  # committed while it owned the job
 
 
 def test_the_owner_commits_its_write_in_its_own_transaction():
@@ -337,8 +424,11 @@ def test_an_unmanaged_fenced_row_table_gets_its_commit_check():
     job = jobs.enqueue("test.echo")
     zombie = claim(A)
     entry = Ledger.objects.create(name="entry")
-    assert _written_then_taken_over(zombie, Ledger.objects.filter(pk=entry.pk), job.pk) == (
-        "tests_app.Ledger"
-    )
-    entry.refresh_from_db()
-    assert entry.body == ""
+    try:
+        assert _written_then_taken_over(zombie, Ledger.objects.filter(pk=entry.pk), job.pk) == (
+            "tests_app.Ledger"
+        )
+        entry.refresh_from_db()
+        assert entry.body == ""
+    finally:  # an unmanaged table is not flushed after the test: a rerun would meet the row
+        Ledger.objects.filter(pk=entry.pk).delete()

@@ -278,3 +278,24 @@ def test_a_zombie_waking_between_its_begin_and_its_send_is_refused_one_resend_re
     row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
     assert (row.status, row.attempt, row.performs) == ("done", 2, 2)
     assert RejectedWrite.objects.filter(job_id=job.pk, attempt_presented=1, write="effect").exists()
+
+
+def test_a_zombie_waking_between_its_begin_and_its_send_after_a_takeover_sends_nothing():
+    """As above, but the replacement has not reached the mail's step yet: the ledger row is
+    still the zombie's own begin. The job's attempt decides: refused, recorded, nothing sent."""
+    job = jobs.enqueue("test.echo")
+    zombie = claim("host-a:1")
+
+    def stalled_until_taken_over(write):  # type: ignore[no-untyped-def]
+        expire_and_reap(job.pk)
+        claim("host-b:2")  # attempt 2 runs; it has not begun the step
+        JobContext._outside_transaction(zombie.ctx, write)
+
+    zombie.ctx._outside_transaction = stalled_until_taken_over  # type: ignore[method-assign]
+    with pytest.raises(LeaseLost):
+        _send(zombie.ctx)
+
+    assert mail.outbox == []
+    row = IdempotencyKey.objects.get(key=f"{job.pk}:notice")
+    assert (row.status, row.attempt, row.performs, row.kind) == ("started", 1, 1, "effect")
+    assert RejectedWrite.objects.filter(job_id=job.pk, attempt_presented=1, write="effect").exists()

@@ -275,6 +275,58 @@ def test_a_relay_killed_between_performing_and_marking_is_resolved_without_perfo
         assert counts["reconciliation_mismatches"] == 1 and counts["relay_reperforms"] == 0
 
 
+class _Counting:
+    """A target that can neither check tokens nor deduplicate, nor check what it did: it counts
+    the calls that reached it (with the relay's token) and has no `reconcile`."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def perform(self, key: str, data: object, token: int) -> None:
+        self.tokens.append(token)
+
+
+def _committed_intent_to(target: str) -> None:
+    jobs.enqueue("test.echo")
+    running = claim(A)
+    running.ctx.intent("publish", target, {})
+    running.commit(None)
+
+
+def test_a_relay_whose_claim_was_taken_over_never_calls_the_target():
+    # The relay's own token fences its marks: a relay whose lease ran out before it began the
+    # call (a stall between claiming and calling) finds its claim taken over and calls nothing,
+    # so even a target that checks no token is called once.
+    target = _Counting()
+    outbox.register_target("test.counting", target)
+    _committed_intent_to("test.counting")
+    (stalled,) = outbox.claim("relay-a", lease_seconds=30)
+    Intent.objects.update(lease_expires_at="2000-01-01T00:00:00Z")  # its lease ran out
+    (current,) = outbox.claim("relay-b")
+    assert (stalled.token, current.token) == (1, 2)
+    assert outbox.handle(stalled, "relay-a") == "taken-over"
+    assert target.tokens == []
+    assert outbox.handle(current, "relay-b") == "performed"
+    assert target.tokens == [2]
+    row = Intent.objects.get()
+    assert (row.state, row.performs, row.claims, row.relay) == ("done", 1, 2, "relay-b")
+
+
+def test_an_unknown_outcome_at_a_target_without_reconcile_is_parked_never_sent_again():
+    target = _Counting()
+    outbox.register_target("test.counting", target)
+    _committed_intent_to("test.counting")
+    (first,) = outbox.claim("relay-a")
+    Intent.objects.update(performs=1, outcome_unknown=True)  # its call began; no answer came
+    Intent.objects.update(lease_expires_at="2000-01-01T00:00:00Z")  # the relay died meanwhile
+    (again,) = outbox.claim("relay-b")
+    assert outbox.handle(again, "relay-b") == "parked"
+    assert target.tokens == []  # never performed again on the relay's own judgement
+    row = Intent.objects.get()
+    assert (row.state, row.outcome_unknown, row.performs) == ("failed", True, 1)
+    assert "cannot check" in row.last_error
+
+
 def test_a_failing_target_is_retried_with_backoff_until_it_answers():
     with receiver() as r:
         (key,) = _committed_intents(r, 1)

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 import jobs
 from jobs.core import transitions
+from jobs.core.sql import driver_for
 from jobs.core.states import AttemptOutcome, JobState, Write
 from jobs.core.transitions import Fence
 from jobs.models import Attempt, Job, JobEvent, RejectedWrite
@@ -134,6 +135,9 @@ WRITES = {
     Write.CHECKPOINT: lambda f: transitions.checkpoint(f, {"step": 9}, 30),
     Write.COMMIT: lambda f: transitions.commit(f, {"zombie": True}, "jobs/x/attempt-1/out"),
     Write.FAIL: lambda f: transitions.fail(f, "zombie failure", None),
+    # a batch's unstarted job handed back after the drain's lease was lost and the job taken
+    # over: queued again, the new owner's attempt would run twice and its commit be refused
+    Write.RELEASE: lambda f: transitions.release(f),
 }
 
 
@@ -304,6 +308,25 @@ def test_reclaim_never_touches_a_fresh_attempt_claimed_after_the_reapers_read(ma
     assert not reclaim(seen, worker="reaper:1")
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.RUNNING, fresh.fence.attempt)
+
+
+def test_reclaim_never_touches_a_later_attempt_whose_lease_ran_out_too(make_job):
+    # The lease guard alone does not fence a stale read: the fresh attempt's lease can run out
+    # as well, and the reaper's decision (here: retries remain) was made for attempt 1.
+    job = make_job(state=JobState.RUNNING, attempt=1, lease_in=-1, worker=WORKER, max_attempts=2)
+    (seen,) = transitions.find_expired(10)
+    assert reclaim(seen, worker="reaper:2")
+    fresh = claim_one(worker="host-c:303")
+    with connection.cursor() as cur:  # attempt 2's lease runs out too (the database clock)
+        cur.execute(
+            f"UPDATE jobs_job SET lease_expires_at = {driver_for(connection.vendor).later('s')} "
+            "WHERE id = %(id)s",
+            {"s": -1.0, "id": job.pk},
+        )
+    assert not reclaim(seen, worker="reaper:1")  # attempt 2 of 2: not queued for a third
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.RUNNING, fresh.fence.attempt)
+    assert not JobEvent.objects.filter(job_id=job.pk, type="expired", attempt=2).exists()
 
 
 def test_queryset_states_read_the_database_clock(make_job):

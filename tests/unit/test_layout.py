@@ -52,6 +52,8 @@ def test_the_import_contracts_hold():
         ("jobs/models/job.py", "from jobs.ops import actions", "imports only run downward"),
         ("jobs/core/exceptions.py", "from jobs.core import registry", "no import cycles"),
         ("jobs/ops/retention.py", "import dashboard.selectors", "never imports the screens"),
+        ("jobs/worker/runner.py", "import demo.handlers", "never imports the screens, the demo"),
+        ("jobs/core/conf.py", "from config import settings", "the demo or the settings"),
         ("dashboard/selectors.py", "from jobs.worker import bridge", "never imports the worker"),
     ],
 )
@@ -88,6 +90,33 @@ def test_demo_job_kinds_are_defined_only_in_the_demo_app():
         assert not module.startswith(("jobs.", "dashboard.", "config.")), (kind, module)
         if kind.startswith("demo."):
             assert module.startswith("demo."), (kind, module)
+
+
+def _within(name: str, rooms: tuple[str, ...]) -> bool:
+    return any(name == room or name.startswith(room + ".") for room in rooms)
+
+
+def test_the_package_root_imports_only_core_and_deprecated_and_the_rest_on_first_use():
+    # `jobs/__init__.py` is no room of the layers contract (only its children are): what it may
+    # import is checked here. At import: jobs.core and jobs.deprecated (and the standard
+    # library); jobs.models and jobs.context only inside a function, on first use.
+    tree = ast.parse((ROOT / "jobs" / "__init__.py").read_text())
+    in_functions = {
+        id(node) for f in tree.body if isinstance(f, ast.FunctionDef) for node in ast.walk(f)
+    }
+    at_import, on_first_use = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"jobs.{a.name}" if node.module == "jobs" else node.module for a in node.names]
+        else:
+            continue
+        found = on_first_use if id(node) in in_functions else at_import
+        found.update(n for n in names if _within(n, ("jobs",)))
+    assert at_import and all(_within(n, ("jobs.core", "jobs.deprecated")) for n in at_import)
+    first_use = ("jobs.core", "jobs.deprecated", "jobs.models", "jobs.context")
+    assert all(_within(n, first_use) for n in on_first_use), on_first_use
 
 
 def test_the_web_process_loads_no_worker_module():
