@@ -123,6 +123,34 @@ def test_a_handler_whose_lease_was_taken_discards_its_work(second_connection, sw
     assert list(RejectedWrite.objects.filter(job=job).values_list("write", flat=True)) == [
         "checkpoint"
     ]
+
+
+def test_a_handler_whose_token_write_was_refused_ends_its_attempt_lost(
+    second_connection, swap_handler
+):
+    """A refused token write is recorded without ending the attempt (jobs.effects.fenced): the
+    runner ends it `lost`, its work discarded -- not failed, not retried, the new attempt's job
+    left as it is."""
+    from demo.models import Report
+
+    report = Report.objects.create(name="daily")
+    job = jobs.enqueue("test.echo", max_attempts=5)
+
+    def taken_over_then_writes(ctx):
+        second_connection.execute(
+            "UPDATE jobs_job SET attempt = attempt + 1 WHERE id = %s", [ctx.job_id]
+        )
+        ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie")
+        return "never committed"
+
+    swap_handler("test.echo", taken_over_then_writes)
+    runner.drain()
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.error) == (JobState.RUNNING, 2, "")
+    assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.LOST
+    assert "token_write" in RejectedWrite.objects.filter(job=job).values_list("write", flat=True)
+    report.refresh_from_db()
+    assert report.body == ""
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING  # attempt 2's, untouched
 
 
