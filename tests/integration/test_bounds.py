@@ -111,6 +111,17 @@ def test_an_integer_longer_than_numeric_holds_is_an_invalid_payload_and_the_tran
     assert Job.objects.count() == 1
 
 
+def test_at_pythons_default_digit_limit_an_integer_past_it_is_an_invalid_payload(settings):
+    # What the README's "longer than Python writes, 4,300 digits" means, at Python's default.
+    assert sys.get_int_max_str_digits() == 4300
+    settings.JOBS = {"MAX_PAYLOAD_BYTES": 1024 * 1024}
+    with transaction.atomic():
+        with pytest.raises(jobs.InvalidPayload, match="4300 digits"):
+            jobs.enqueue("test.echo", {"n": 10**4300})
+        job = jobs.enqueue("test.echo", {"n": 10**4299})
+    assert Job.objects.get(pk=job.pk).payload == {"n": 10**4299}
+
+
 def test_a_payload_of_numbers_the_database_writes_back_longer_is_too_large(settings):
     settings.JOBS = {"MAX_PAYLOAD_BYTES": 4096}
     payload = {"values": [1e308] * 100}  # 711 bytes as encoded, ~31 KB as PostgreSQL gives it back
