@@ -58,6 +58,21 @@ def test_hostile_enqueue_input_is_a_clear_value_error_and_writes_nothing(payload
     assert not Job.objects.exists() and not JobEvent.objects.exists()
 
 
+class _UnreadableDict(dict):
+    def items(self):
+        raise KeyError("its own code raised")
+
+
+def test_a_payload_whose_own_code_raises_raises_that_error_and_writes_nothing():
+    # Not a ValueError: the payload's own error, as its code raised it (bounds._checked_json).
+    with transaction.atomic():
+        with pytest.raises(KeyError, match="its own code raised"):
+            jobs.enqueue("test.echo", {"nested": _UnreadableDict(a=1)})
+        assert not Job.objects.exists() and not JobEvent.objects.exists()
+        jobs.enqueue("test.echo")  # the caller's transaction goes on
+    assert Job.objects.count() == 1
+
+
 def test_a_literal_backslash_u0000_text_is_not_mistaken_for_nul():
     job = jobs.enqueue("test.echo", {"text": "\\u0000 is six characters"})
     assert Job.objects.get(pk=job.pk).payload == {"text": "\\u0000 is six characters"}
