@@ -40,3 +40,29 @@ def test_a_job_that_kills_its_worker_fails_alone_and_its_batch_mates_are_not_cha
     second = Attempt.objects.get(job=poison, number=2)
     assert second.outcome == "expired" and second.running_confirmed_at is not None
     assert Job.objects.filter(state="running").count() == 0
+
+
+@pytest.mark.parametrize("base", ["SystemExit", "KeyboardInterrupt"])
+def test_a_base_exception_in_a_real_worker_fails_its_job_and_settles_its_batch(
+    start_qcluster, base
+):
+    """README: a BaseException escaping a handler fails *that* job with its own error, commits
+    the successes of its batch and hands the unstarted jobs back (released, uncharged) -- here
+    in a real worker process, where it then ends the drain (tests/integration/
+    test_batch_isolation.py drains in this process)."""
+    for _ in range(3):  # the warm-ups fill the drain's first two claims (see above)
+        enqueue("test.echo", priority=100)
+    before = enqueue("test.script", {"return": 1}, max_attempts=1)
+    crash = enqueue("test.script", {"base": base}, max_attempts=1)
+    after = [enqueue("test.script", {"return": n}, max_attempts=1) for n in (3, 4)]
+    start_qcluster(JOBS_CLAIM_BATCH="8", JOBS_WORKERS="1")
+
+    failed = wait_for_state(crash.pk, "failed", timeout=40)
+    assert f"handler raised {base}" in failed.error
+    assert list(Attempt.objects.filter(job=crash).values_list("outcome", flat=True)) == ["failed"]
+    assert wait_for_state(before.pk, "succeeded", timeout=40).attempt == 1
+    for job in after:
+        done = wait_for_state(job.pk, "succeeded", timeout=40)
+        assert (done.attempt, done.attempts_released) == (2, 1)
+        assert Attempt.objects.get(job=job, number=1).outcome == "released"
+    assert Job.objects.filter(state="running").count() == 0

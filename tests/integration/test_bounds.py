@@ -58,6 +58,21 @@ def test_hostile_enqueue_input_is_a_clear_value_error_and_writes_nothing(payload
     assert not Job.objects.exists() and not JobEvent.objects.exists()
 
 
+class _UnreadableDict(dict):
+    def items(self):
+        raise KeyError("its own code raised")
+
+
+def test_a_payload_whose_own_code_raises_raises_that_error_and_writes_nothing():
+    # Not a ValueError: the payload's own error, as its code raised it (bounds._checked_json).
+    with transaction.atomic():
+        with pytest.raises(KeyError, match="its own code raised"):
+            jobs.enqueue("test.echo", {"nested": _UnreadableDict(a=1)})
+        assert not Job.objects.exists() and not JobEvent.objects.exists()
+        jobs.enqueue("test.echo")  # the caller's transaction goes on
+    assert Job.objects.count() == 1
+
+
 def test_a_literal_backslash_u0000_text_is_not_mistaken_for_nul():
     job = jobs.enqueue("test.echo", {"text": "\\u0000 is six characters"})
     assert Job.objects.get(pk=job.pk).payload == {"text": "\\u0000 is six characters"}
@@ -109,6 +124,17 @@ def test_an_integer_longer_than_numeric_holds_is_an_invalid_payload_and_the_tran
         job = jobs.enqueue("test.echo", {"n": -longest, "text": "9" * 140_000})
     assert Job.objects.get(pk=job.pk).payload == {"n": -longest, "text": "9" * 140_000}
     assert Job.objects.count() == 1
+
+
+def test_at_pythons_default_digit_limit_an_integer_past_it_is_an_invalid_payload(settings):
+    # What the README's "longer than Python writes, 4,300 digits" means, at Python's default.
+    assert sys.get_int_max_str_digits() == 4300
+    settings.JOBS = {"MAX_PAYLOAD_BYTES": 1024 * 1024}
+    with transaction.atomic():
+        with pytest.raises(jobs.InvalidPayload, match="4300 digits"):
+            jobs.enqueue("test.echo", {"n": 10**4300})
+        job = jobs.enqueue("test.echo", {"n": 10**4299})
+    assert Job.objects.get(pk=job.pk).payload == {"n": 10**4299}
 
 
 def test_a_payload_of_numbers_the_database_writes_back_longer_is_too_large(settings):

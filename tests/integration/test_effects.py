@@ -89,11 +89,14 @@ def test_an_effect_started_but_never_recorded_is_performed_again_with_the_same_k
     assert rejected.resource == f"effect {began.key}"
 
 
-def test_a_zombie_cannot_start_an_effect_the_job_has_moved_past():
+@pytest.mark.parametrize("claimed_again", [True, False], ids=["claimed-again", "reaped-only"])
+def test_a_zombie_cannot_start_an_effect_the_job_has_moved_past(claimed_again):
+    # Reaped only, the job is queued at the zombie's own attempt number: its state refuses.
     job = jobs.enqueue("test.echo")
     first = claim(A)
     expire_and_reap(job.pk)
-    claim(B)
+    if claimed_again:
+        claim(B)
     called = []
     with pytest.raises(jobs.LeaseLost):
         first.ctx.effect("notify", lambda key: called.append(key))

@@ -88,6 +88,15 @@ def test_a_duplicate_unique_key_returns_the_live_job():
     assert Job.objects.count() == 1
 
 
+@pytest.mark.parametrize("state", [JobState.QUEUED, JobState.RUNNING])
+def test_a_key_held_by_a_queued_or_running_job_returns_that_job_and_writes_nothing(make_job, state):
+    holder = make_job(state=state, attempt=1, unique_key="invoice-8")
+    events = JobEvent.objects.count()
+    again = jobs.enqueue("test.echo", {"n": 2}, unique_key="invoice-8")
+    assert (again.pk, again.duplicate, again.state) == (holder.pk, True, state)
+    assert (Job.objects.count(), JobEvent.objects.count()) == (1, events)
+
+
 def test_a_unique_key_is_free_again_once_its_job_is_terminal(make_job):
     done = make_job(state=JobState.SUCCEEDED, unique_key="report-1")
     again = jobs.enqueue("test.echo", unique_key="report-1")

@@ -80,6 +80,15 @@ def test_a_duplicate_writes_no_second_event():
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("state", [JobState.QUEUED, JobState.RUNNING])
+def test_a_queued_or_running_holder_is_returned_by_the_one_statement(make_job, state):
+    holder = make_job(state=state, attempt=1, unique_key="held")
+    again, sent = sent_while(lambda: jobs.enqueue("test.echo", unique_key="held"))
+    assert (again.pk, again.duplicate) == (holder.pk, True)
+    assert len(sent) == 1 and sent[0][0].startswith("WITH inserted AS"), sent
+
+
+@pytest.mark.django_db
 def test_the_returned_job_is_a_job_with_every_field_as_stored():
     job = jobs.enqueue("test.echo", {"n": [1, 2]}, queue="mail", priority=3, unique_key="u-1")
     assert type(job) is Job and job.duplicate is False

@@ -6,12 +6,14 @@ job's current attempt deciding every write: tests/integration/test_token_writes.
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 
 import jobs
 from demo.models import Report
+from jobs.core import transitions
 from jobs.core.exceptions import InvalidOption
 from jobs.core.registry import get_handler
 from jobs.effects import fenced
@@ -262,6 +264,46 @@ def test_a_takeover_waits_for_a_commit_whose_check_has_passed():
     assert seen.get("attempt") == 2
     report.refresh_from_db()
     assert (report.body, report.fence_attempt) == ("mine", 1)  # committed while it owned the job
+
+
+def _committed_on_another_connection(action: Callable[[], object]) -> None:
+    done: list[bool] = []
+
+    def run() -> None:
+        try:
+            action()
+            done.append(True)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert done, "the other connection's action did not finish"
+
+
+@pytest.mark.parametrize("take_back", ["reaped", "cancelled", "requeued"])
+def test_a_write_whose_job_is_taken_back_before_its_transaction_commits_is_rolled_back(
+    take_back,
+):
+    # Nobody has claimed the job again: the attempt number the COMMIT finds is still the
+    # writer's, and only the job's state says the job is no longer its.
+    job = jobs.enqueue("test.echo")
+    zombie = claim(A)
+    report = Report.objects.create(name="daily", body="before")
+    actions = {
+        "reaped": lambda: expire_and_reap(job.pk),
+        "cancelled": lambda: transitions.cancel(job.pk, "ops@example.com"),
+        "requeued": lambda: transitions.requeue(job.pk, "ops@example.com"),
+    }
+    with pytest.raises(IntegrityError) as refused:
+        with transaction.atomic():
+            assert zombie.ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie") == 1
+            _committed_on_another_connection(actions[take_back])
+    assert fenced.refused_at_commit(refused.value) == "demo.Report"
+    assert Job.objects.get(pk=job.pk).attempt == 1
+    report.refresh_from_db()
+    assert (report.body, report.fence_attempt) == ("before", 0)
 
 
 def test_the_owner_commits_its_write_in_its_own_transaction():

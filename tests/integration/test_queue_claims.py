@@ -51,6 +51,16 @@ def test_a_batch_comes_back_in_claim_order_priority_then_due_time_then_id():
     assert ids(claim()) == expected
 
 
+@pytest.mark.parametrize(
+    "served", [None, ["default"], ["default", "mail"]], ids=["every", "one", "named"]
+)
+def test_claims_of_one_job_take_them_in_claim_order_whatever_queues_are_served(served):
+    """One at a time, so the pick itself is ordered (a batch is sorted again on its way back):
+    a cluster serving named queues (JOBS_QUEUES) picks inline, not through jobs_pick."""
+    expected = jobs_in_claim_order()
+    assert [ids(claim(1, served)) for _ in expected] == [[pk] for pk in expected]
+
+
 def test_a_paused_queue_is_not_claimed_until_it_is_resumed():
     queues.pause("mail", actor=None)
     mail = jobs.enqueue("test.echo", queue="mail", priority=9)

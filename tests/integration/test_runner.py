@@ -1,15 +1,17 @@
 """The runner in this process against PostgreSQL: claim -> handler -> classify -> one write."""
 
 import datetime as dt
+from types import SimpleNamespace
 
 import pytest
+from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
 import jobs
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job, RejectedWrite
-from jobs.worker import runner
+from jobs.worker import completer, runner
 from tests.integration.test_queue_claims import jobs_in_claim_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,6 +106,30 @@ def test_a_result_that_cannot_be_stored_fails_at_once_not_retried(swap_handler, 
     assert "unusable result" in job.error
 
 
+def test_a_retry_waits_the_configured_backoff_capped_and_spread_by_its_jitter(
+    settings, swap_handler, monkeypatch
+):
+    """RETRY_BASE_SECONDS * 2^(n-1), capped at RETRY_MAX_SECONDS, then up to a quarter more:
+    the worker's own settings and a jitter drawn per failure (0.8 here: +20%)."""
+    settings.JOBS = {**settings.JOBS, "RETRY_BASE_SECONDS": 10.0, "RETRY_MAX_SECONDS": 15.0}
+    monkeypatch.setattr(completer, "random", SimpleNamespace(random=lambda: 0.8))
+    job = jobs.enqueue("test.echo", max_attempts=5)
+
+    def fails(ctx):
+        raise RuntimeError("try again later")
+
+    swap_handler("test.echo", fails)
+    delays = []
+    for number in (1, 2):
+        runner.drain()
+        job.refresh_from_db()
+        ended = Attempt.objects.get(job=job, number=number).ended_at
+        delays.append((job.run_at - ended).total_seconds())
+        Job.objects.filter(pk=job.pk).update(run_at=Now())  # the wait skipped
+    # 10 s, then 20 s capped to 15 s; each plus its 20%.
+    assert delays == pytest.approx([12.0, 18.0], abs=0.05)
+
+
 def test_a_handler_whose_lease_was_taken_discards_its_work(second_connection, swap_handler):
     """The handler's own checkpoint finds the lease gone: no commit is even attempted."""
     from tests.app.handlers import checkpointing
@@ -123,6 +149,34 @@ def test_a_handler_whose_lease_was_taken_discards_its_work(second_connection, sw
     assert list(RejectedWrite.objects.filter(job=job).values_list("write", flat=True)) == [
         "checkpoint"
     ]
+
+
+def test_a_handler_whose_token_write_was_refused_ends_its_attempt_lost(
+    second_connection, swap_handler
+):
+    """A refused token write is recorded without ending the attempt (jobs.effects.fenced): the
+    runner ends it `lost`, its work discarded -- not failed, not retried, the new attempt's job
+    left as it is."""
+    from demo.models import Report
+
+    report = Report.objects.create(name="daily")
+    job = jobs.enqueue("test.echo", max_attempts=5)
+
+    def taken_over_then_writes(ctx):
+        second_connection.execute(
+            "UPDATE jobs_job SET attempt = attempt + 1 WHERE id = %s", [ctx.job_id]
+        )
+        ctx.fenced_write(Report.objects.filter(pk=report.pk), body="zombie")
+        return "never committed"
+
+    swap_handler("test.echo", taken_over_then_writes)
+    runner.drain()
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.error) == (JobState.RUNNING, 2, "")
+    assert Attempt.objects.get(job=job, number=1).outcome == AttemptOutcome.LOST
+    assert "token_write" in RejectedWrite.objects.filter(job=job).values_list("write", flat=True)
+    report.refresh_from_db()
+    assert report.body == ""
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING  # attempt 2's, untouched
 
 

@@ -2,6 +2,7 @@
 its own outputs, and the orphan janitor (never a committed output, safe twice at once)."""
 
 import io
+import re
 import threading
 import time
 from pathlib import Path
@@ -281,6 +282,8 @@ def test_a_restage_on_a_storage_that_overwrites_takes_a_name_no_handler_can_stag
     running = claim(A)
     running.ctx.stage("out.txt", "first")
     ref = running.ctx.stage("out.txt", "second")
+    # The README's form: `<stem>~<7 random><ext>`, beside the first in the attempt's prefix.
+    assert re.fullmatch(r"jobs/\d+/attempt-1/out~[A-Za-z0-9]{7}\.txt", ref), ref
     try:
         other = running.ctx.stage(Path(ref).name, "another output")
     except InvalidOption:  # not a name a handler can stage: nothing to overwrite

@@ -125,19 +125,28 @@ def test_the_claim_query_walks_the_partial_index():
 
 
 def stale_fence(make_job) -> tuple[Job, Fence]:
-    """A job now on attempt 2 and the fence attempt 1 still carries."""
+    """A job now on attempt 2 and the fence attempt 1 still carries (its attempt row expired, as
+    the reclaim left it: a write keyed by the attempt row alone would still find it)."""
     job = make_job(state=JobState.RUNNING, attempt=2, worker="host-b:202")
+    Attempt.objects.create(
+        job=job, number=1, worker=WORKER, claimed_at=job.created_at, outcome=AttemptOutcome.EXPIRED
+    )
     return job, Fence(job.pk, 1, WORKER)
 
 
+# Each worker write of the job row: the rejection it is recorded as, and the call. A release
+# (a batch-mate handed back) and the confirmation that a handler runs are fenced writes too: a
+# zombie's release would requeue the new attempt's running job under it.
 WRITES = {
-    Write.HEARTBEAT: lambda f: transitions.heartbeat(f, 30),
-    Write.CHECKPOINT: lambda f: transitions.checkpoint(f, {"step": 9}, 30),
-    Write.COMMIT: lambda f: transitions.commit(f, {"zombie": True}, "jobs/x/attempt-1/out"),
-    Write.FAIL: lambda f: transitions.fail(f, "zombie failure", None),
-    # a batch's unstarted job handed back after the drain's lease was lost and the job taken
-    # over: queued again, the new owner's attempt would run twice and its commit be refused
-    Write.RELEASE: lambda f: transitions.release(f),
+    "heartbeat": (Write.HEARTBEAT, lambda f: transitions.heartbeat(f, 30)),
+    "checkpoint": (Write.CHECKPOINT, lambda f: transitions.checkpoint(f, {"step": 9}, 30)),
+    "commit": (
+        Write.COMMIT,
+        lambda f: transitions.commit(f, {"zombie": True}, "jobs/x/attempt-1/out"),
+    ),
+    "fail": (Write.FAIL, lambda f: transitions.fail(f, "zombie failure", None)),
+    "release": (Write.RELEASE, transitions.release),
+    "confirm_running": (Write.HEARTBEAT, transitions.confirm_running),
 }
 
 
@@ -145,19 +154,26 @@ WRITES = {
 def test_a_stale_write_changes_nothing_and_is_recorded(make_job, write):
     job, fence = stale_fence(make_job)
     before = Job.objects.values().get(pk=job.pk)
+    attempts_before = list(Attempt.objects.filter(job=job).values())
+    recorded_as, call = WRITES[write]
     with pytest.raises(jobs.LeaseLost):
-        WRITES[write](fence)
+        call(fence)
     after = Job.objects.values().get(pk=job.pk)
     assert after == before
+    assert list(Attempt.objects.filter(job=job).values()) == attempts_before
     rejected = RejectedWrite.objects.get(job=job)
-    assert (rejected.write, rejected.attempt_presented, rejected.attempt_current) == (write, 1, 2)
+    assert (rejected.write, rejected.attempt_presented, rejected.attempt_current) == (
+        recorded_as,
+        1,
+        2,
+    )
     assert (rejected.worker, rejected.state_current) == (WORKER, JobState.RUNNING)
 
 
 @pytest.mark.parametrize("write", list(WRITES))
 def test_a_write_presented_by_the_current_attempt_lands(make_job, write):
     job = make_job(state=JobState.RUNNING, attempt=1, worker=WORKER)
-    WRITES[write](Fence(job.pk, 1, WORKER))
+    WRITES[write][1](Fence(job.pk, 1, WORKER))
     assert not RejectedWrite.objects.exists()
 
 

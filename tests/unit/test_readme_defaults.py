@@ -92,11 +92,14 @@ def test_an_attempt_without_a_timeout_of_its_own_gets_q_timeouts_1800_seconds():
 
 
 def test_a_viewers_websockets_are_bounded_as_the_readme_says():
-    """README: "10 per user and process, 5 messages a second"; "refuses messages over 64 KiB".
+    """README: "10 per user and process, 5 messages a second"; "a pool of four threads of which
+    one user's sockets take at most two"; "refuses messages over 64 KiB".
     tests/dashboard/test_socket_access.py and tests/acceptance/test_websocket_server.py prove
     each bound is enforced, at whatever value these constants hold."""
     assert consumers.MAX_SOCKETS_PER_USER == 10
     assert consumers.MESSAGES_PER_SECOND == 5
+    assert consumers.POOL_THREADS == consumers._POOL._max_workers == 4
+    assert consumers.USER_THREADS == 2
     assert websocket.MAX_MESSAGE_BYTES == 64 * 1024
 
 
