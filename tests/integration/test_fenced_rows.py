@@ -18,7 +18,12 @@ from jobs.effects import fenced, fenced_rows
 from jobs.models import Job, RejectedWrite
 from jobs.worker import runner
 from tests.integration.attempts import claim
-from tests.integration.test_fenced_write import A, _blocked_on_a_lock, _taken_over_elsewhere
+from tests.integration.test_fenced_write import (
+    A,
+    _blocked_on_a_lock,
+    _decided_behind_a_takeover,
+    _taken_over_elsewhere,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,35 +152,12 @@ def test_a_zombie_waiting_on_a_row_whose_writer_took_the_job_over_deletes_nothin
     job = jobs.enqueue("test.echo")
     zombie = claim(A)
     report = Report.objects.create(name="daily")
-    outcome: dict[str, object] = {}
-    started = threading.Event()
-
-    def zombie_deleter() -> None:
-        try:
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_backend_pid()")
-                outcome["pid"] = cur.fetchone()[0]
-            started.set()
-            with transaction.atomic():
-                outcome["decision"] = fenced_rows.delete(
-                    zombie.claimed.fence, Report.objects.filter(pk=report.pk)
-                )
-        except IntegrityError as exc:  # refused at the COMMIT instead
-            outcome["commit"] = exc
-        finally:
-            connection.close()
-
-    with second_connection.transaction():
-        second_connection.execute("UPDATE demo_report SET rows = 5 WHERE id = %s", [report.pk])
-        second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [job.pk])
-        thread = threading.Thread(target=zombie_deleter)
-        thread.start()
-        assert started.wait(5)
-        deadline = time.monotonic() + 10
-        while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
-            assert time.monotonic() < deadline, "the zombie's delete never waited on the row lock"
-            time.sleep(0.01)  # poll interval of a deadline-bound wait
-    thread.join(10)
+    outcome = _decided_behind_a_takeover(
+        second_connection,
+        job.pk,
+        report.pk,
+        lambda: fenced_rows.delete(zombie.claimed.fence, Report.objects.filter(pk=report.pk)),
+    )
     decision = outcome.get("decision")
     assert isinstance(decision, fenced.TokenDecision) and decision.refused, outcome
     assert decision.attempt_current == 2 and "commit" not in outcome

@@ -7,6 +7,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -130,6 +131,43 @@ def test_a_zombie_racing_a_newer_attempt_changes_no_row_of_its_write(second_conn
     }
 
 
+def _decided_behind_a_takeover(
+    second_connection: Any, job_id: int, report_id: int, act: Callable[[], object]
+) -> dict[str, object]:
+    """On a thread: `act()` (a zombie's token-checked write or delete, in its handler's
+    transaction) while `second_connection`'s open transaction holds the report row and takes the
+    job over (attempt 2) without touching the row's token. Returns what `act` decided
+    ("decision"), or the COMMIT's refusal ("commit"), once it has waited on the row lock."""
+    outcome: dict[str, object] = {}
+    started = threading.Event()
+
+    def zombie() -> None:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                outcome["pid"] = cur.fetchone()[0]
+            started.set()
+            with transaction.atomic():
+                outcome["decision"] = act()
+        except IntegrityError as exc:  # refused at the COMMIT instead
+            outcome["commit"] = exc
+        finally:
+            connection.close()
+
+    with second_connection.transaction():
+        second_connection.execute("UPDATE demo_report SET rows = 5 WHERE id = %s", [report_id])
+        second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [job_id])
+        thread = threading.Thread(target=zombie)
+        thread.start()
+        assert started.wait(5)
+        deadline = time.monotonic() + 10
+        while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
+            assert time.monotonic() < deadline, "the zombie never waited on the row lock"
+            time.sleep(0.01)  # poll interval of a deadline-bound wait
+    thread.join(10)
+    return outcome
+
+
 def test_a_zombie_waiting_on_a_row_whose_writer_took_the_job_over_is_refused_at_its_statement(
     second_connection,
 ):
@@ -141,35 +179,14 @@ def test_a_zombie_waiting_on_a_row_whose_writer_took_the_job_over_is_refused_at_
     job = jobs.enqueue("test.echo")
     zombie = claim(A)
     report = Report.objects.create(name="daily", body="before")
-    outcome: dict[str, object] = {}
-    started = threading.Event()
-
-    def zombie_writer() -> None:
-        try:
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_backend_pid()")
-                outcome["pid"] = cur.fetchone()[0]
-            started.set()
-            with transaction.atomic():
-                outcome["decision"] = fenced.write(
-                    zombie.claimed.fence, Report.objects.filter(pk=report.pk), body="zombie"
-                )
-        except IntegrityError as exc:  # refused at the COMMIT instead
-            outcome["commit"] = exc
-        finally:
-            connection.close()
-
-    with second_connection.transaction():
-        second_connection.execute("UPDATE demo_report SET rows = 5 WHERE id = %s", [report.pk])
-        second_connection.execute("UPDATE jobs_job SET attempt = 2 WHERE id = %s", [job.pk])
-        thread = threading.Thread(target=zombie_writer)
-        thread.start()
-        assert started.wait(5)
-        deadline = time.monotonic() + 10
-        while not _blocked_on_a_lock(int(outcome["pid"])):  # type: ignore[call-overload]
-            assert time.monotonic() < deadline, "the zombie's write never waited on the row lock"
-            time.sleep(0.01)  # poll interval of a deadline-bound wait
-    thread.join(10)
+    outcome = _decided_behind_a_takeover(
+        second_connection,
+        job.pk,
+        report.pk,
+        lambda: fenced.write(
+            zombie.claimed.fence, Report.objects.filter(pk=report.pk), body="zombie"
+        ),
+    )
     decision = outcome.get("decision")
     assert isinstance(decision, fenced.TokenDecision) and decision.refused, outcome
     assert decision.attempt_current == 2 and "commit" not in outcome
