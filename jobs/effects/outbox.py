@@ -17,7 +17,7 @@ The relay:
    on the relay's own judgement;
 3. marks `performs` + 1 and `outcome_unknown` fenced by its token (a relay whose claim was taken
    over stops here), performs, and marks the intent done -- or, on a refusal (`Refused`: not
-   performed) or any other error or answer but None (the outcome is unknown: PERFORM_CONTRACT),
+   performed) or any other error or answer but None/True (the outcome is unknown: PERFORM_CONTRACT),
    schedules the next try with backoff
    (1 s doubling, capped at BACKOFF_CAP) until `JOBS["INTENT_RETRY_HOURS"]` after the commit
    (or the operator's retry), then marks it `failed`.
@@ -345,7 +345,7 @@ def handle(
         return _again(c, relay, said(exc), unknown=False)
     except Exception as exc:  # noqa: BLE001  may have happened: reconciled, never re-sent blind
         return _again(c, relay, said(exc), unknown=True)
-    if answer is not None:  # False, a failed response...: no "performed", and maybe not refused
+    if answer is not None and answer is not True:  # False, a failed response...: maybe neither
         why = f"perform() returned a {type(answer).__name__}, not None ({PERFORM_CONTRACT})"
         return _again(c, relay, f"{why}: outcome unknown", unknown=True)
     return "performed" if _done(c, relay, reconciled=False) else "taken-over"

@@ -18,11 +18,11 @@ from jobs.effects.webhook import WebhookTarget
 
 class Target(Protocol):
     """What the relay calls: `perform(key, data, token)`; `token` is the relay's fencing token
-    (a target whose `perform` takes only `(key, data)` is called without it). Return None once
-    performed. Raise `Refused` when the call was certainly not performed (retried with backoff);
-    any other exception (a timeout, `OutcomeUnknown`) means it may have happened: reconciled,
-    never re-sent blind. So does returning anything but None (False, an HTTP client's response
-    to a 500): it says neither "performed" nor which failure, and the row names the contract.
+    (a target whose `perform` takes only `(key, data)` is called without it). Return None (or
+    True) once performed. Raise `Refused` when the call was certainly not performed (retried with
+    backoff); any other exception (a timeout, `OutcomeUnknown`) means it may have happened:
+    reconciled, never re-sent blind. So does returning anything else (False, an HTTP client's
+    response to a 500): it says neither "performed" nor which failure; the row names the contract.
 
     A target may also offer `reconcile(key, data, token) -> bool | None`: True, the effect
     happened; False, it did not (and a lower token never will); None, no way to tell (the intent

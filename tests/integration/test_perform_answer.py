@@ -50,8 +50,8 @@ def _relayed(target: _Target) -> Intent:
 
 @pytest.mark.parametrize(
     "answer",
-    [False, _Response(500), "error: quota exceeded", {"ok": False}, 0, True],
-    ids=["False", "response-500", "text", "dict", "0", "True"],
+    [False, _Response(500), "error: quota exceeded", {"ok": False}, 0, 1.0],
+    ids=["False", "response-500", "text", "dict", "0", "1.0"],
 )
 def test_a_perform_that_returns_a_value_leaves_its_outcome_unknown_never_done(answer):
     target = _Target(answer, found=False)
@@ -76,8 +76,10 @@ def test_a_perform_that_returns_a_value_to_a_target_that_cannot_check_is_parked(
     assert (row.state, row.outcome_unknown, target.performed) == ("failed", True, 1)
 
 
-def test_a_perform_that_returns_none_is_performed():
-    row = _relayed(_Target(None, found=None))
+@pytest.mark.parametrize("answer", [None, True], ids=["None", "True"])
+def test_a_perform_that_returns_none_or_true_is_performed(answer):
+    # `return response.ok` on success is a common way to write a target: True says performed.
+    row = _relayed(_Target(answer, found=None))
     assert (row.state, row.outcome_unknown, row.performs) == ("done", False, 1)
 
 
