@@ -4,8 +4,10 @@ event malformed, and the lease hint does not take it as evidence of a lease too 
 
 import logging
 import time
+from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.core.states import JobState
@@ -37,7 +39,12 @@ def _rescued(make_job, n: int, kind: str = "test.sleep") -> list[int]:
     planted = [
         make_job(kind=kind, state=JobState.RUNNING, attempt=1, worker=DEAD) for _ in range(n)
     ]
-    Attempt.objects.filter(job__in=planted).update(heartbeat_gap_max=1.0)
+    # Claimed a second before the process is seen dead: a rescue takes what was claimed before
+    # then, and SQLite's clock reads whole milliseconds -- a job planted in the millisecond of
+    # the rescue could read as claimed after it.
+    Attempt.objects.filter(job__in=planted).update(
+        heartbeat_gap_max=1.0, claimed_at=F("claimed_at") - timedelta(seconds=1)
+    )
     assert reaper.rescue(DEAD, time.monotonic(), "rescue:1") == n
     for job in planted:
         JobEvent.objects.create(job=job, attempt=2, type="claimed", worker="w:2")
