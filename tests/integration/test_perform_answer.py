@@ -38,11 +38,12 @@ class _Target:
         return self.found
 
 
-def _relayed(target: _Target) -> Intent:
-    outbox.register_target("test-perform-answer", target)
+def _relayed(target: object, name: str = "test-perform-answer") -> Intent:
+    """A committed intent for `target` (registered as `name`), after the relay's first try."""
+    outbox.register_target(name, target)
     jobs.enqueue("test.echo")
     running = claim("host-a:1")
-    running.ctx.intent("publish", "test-perform-answer", {})
+    running.ctx.intent("publish", name, {})
     running.commit(None)
     assert outbox.relay_once("relay-a") == 1
     return Intent.objects.get()
@@ -109,12 +110,7 @@ def test_an_error_whose_message_cannot_be_read_is_recorded_as_its_intents_try(wh
     # backoff, no failures counted, no last_error, so never given up after the retry horizon),
     # the intent stayed claimed until its lease ran out, and relay_once's batch ended there.
     target = _Unreadable(where)
-    outbox.register_target("test-unreadable", target)
-    jobs.enqueue("test.echo")
-    running = claim("host-a:1")
-    running.ctx.intent("publish", "test-unreadable", {})
-    running.commit(None)
-    assert outbox.relay_once("relay-a") == 1
+    _relayed(target, "test-unreadable")
     if where == "reconcile":  # the first call's answer was lost: the next try reconciles
         Intent.objects.update(next_try_at="2000-01-01T00:00:00Z")
         assert outbox.relay_once("relay-a") == 1
