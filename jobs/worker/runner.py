@@ -116,7 +116,7 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
         return Outcome(succeeded=False, error=error, permanent=isinstance(exc, PermanentFailure))
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
-        return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
+        return Outcome(True, JSONText(text))  # the commit sends it as it is
     except InvalidPayload as exc:
         why = str(exc)
     except Exception as exc:  # noqa: BLE001  its own code raised (items(), RecursionError, ...)
@@ -157,8 +157,8 @@ def drain(
     queues = queues or cfg.QUEUES
     budget = budget_seconds if budget_seconds is not None else cfg.DRAIN_SECONDS
     deadline = time.monotonic() + budget
-    worker = worker_identity()
-    ran, size = 0, 1
+    worker, ran, size = worker_identity(), 0, 1
+    hygiene.drain_starts()  # what ran before this drain may have set an alarm
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
     idle = IdleWait(cfg, queues, _LISTEN_OUTAGE) if idle_wait else None
     try:
