@@ -274,5 +274,8 @@ def mark_lost(fence: Fence) -> None:
 
 
 def count_due(limit: int, queues: Sequence[str] | None = None) -> int:
+    """The scheduler's due count -- not a pure read: it first promotes rows deferred far ahead,
+    as a claim does (jobs/core/sql/base.py says why: with no drain standing, nothing else would),
+    so it fails on a read-only session. Screens and /metrics read `Job.objects.due()` instead."""
     with connection.cursor() as cur:
         return driver().count_due(cur, limit, queues)
