@@ -8,6 +8,8 @@ each into the admin's own "invalid filter" answer (the list again, with ?e=1), n
 jobs screen uses it (`CheckedLookups`). So is a search longer than SEARCH_CHARS, or any other
 parameter longer than PARAM_CHARS, with a message saying so: Django ran a search of 100 KB (one
 clause per word and field: 16-29 s on each screen) and echoed it into every link of the page.
+An action's selection (`_selected_action`) is the client's word too: an id no row can have is
+refused with a message before Django filters by it (`refused_selection`), on every screen.
 """
 
 import json
@@ -17,9 +19,10 @@ from typing import Any
 from django import forms
 from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList, ChangeListSearchForm
-from django.core.exceptions import EmptyResultSet, FullResultSet
+from django.core.exceptions import EmptyResultSet, FullResultSet, ValidationError
 from django.core.paginator import Paginator
 from django.db import DataError, connection, models, transaction
 from django.db.models import Model, QuerySet, TextField
@@ -163,26 +166,69 @@ class CheckedChangeList(ChangeList):
             raise IncorrectLookupParameters(exc) from exc
 
 
+def refused_selection(model_admin: admin.ModelAdmin, request: HttpRequest) -> bool:
+    """Whether an action's selection holds an id no row can have, said in a message: one its
+    primary key cannot read ("abc" for a number) or holding NUL (PostgreSQL's text refuses it).
+    Django filtered by them as they came: a ValueError or a DataError, a 500. Refused whole, so
+    nothing is done to the rest of the selection either."""
+    pk = model_admin.model._meta.pk
+    for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+        try:
+            readable = "\x00" not in value and pk.to_python(value) is not None  # type: ignore[union-attr]
+        except ValidationError:
+            readable = False
+        if not readable:
+            name = model_admin.model._meta.verbose_name
+            model_admin.message_user(
+                request,
+                f"The selection holds {value!r:.40}, which is no {name}'s id: nothing was done.",
+                messages.ERROR,
+            )
+            return True
+    return False
+
+
 class CheckedLookups:
-    """Mixed into every jobs ModelAdmin: its list is a CheckedChangeList."""
+    """Mixed into every jobs ModelAdmin: its list is a CheckedChangeList, and an action's
+    selection is checked before any query (`refused_selection`)."""
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return CheckedChangeList
 
+    def response_action(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        # None: Django's "the action failed", the list again (its message says why).
+        if refused_selection(self, request):  # type: ignore[arg-type]
+            return None
+        return super().response_action(request, *args, **kwargs)  # type: ignore[misc]
+
 
 def check_every_list(site: admin.AdminSite) -> None:
     """Every list of `site` -- Django's own (users, groups) and the libraries' (axes) too, not
-    only ours -- is a CheckedChangeList, unless its admin brings a ChangeList of its own."""
+    only ours -- is a CheckedChangeList, unless its admin brings a ChangeList of its own, and
+    checks an action's selection as CheckedLookups does."""
     for model in apps.get_models():
         if not site.is_registered(model):
             continue
         model_admin = site.get_model_admin(model)
         if type(model_admin).get_changelist is admin.ModelAdmin.get_changelist:
             model_admin.get_changelist = _checked_changelist  # type: ignore[method-assign]
+        if not isinstance(model_admin, CheckedLookups):
+            model_admin.response_action = _checked_actions(model_admin)  # type: ignore[method-assign]
 
 
 def _checked_changelist(request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
     return CheckedChangeList
+
+
+def _checked_actions(model_admin: admin.ModelAdmin) -> Any:
+    original = model_admin.response_action
+
+    def response_action(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return (
+            None if refused_selection(model_admin, request) else original(request, *args, **kwargs)
+        )
+
+    return response_action
 
 
 JOB_JSON_COLUMNS = ("payload", "progress", "result")  # never decoded by a screen
