@@ -30,6 +30,7 @@ from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.html import format_html
+from django.utils.text import smart_split
 
 from jobs.core.conf import jobs_settings
 from jobs.core.registry import _handlers
@@ -107,6 +108,13 @@ def _storable(value: Any) -> Any:
 
 SEARCH_CHARS = 500  # an admin list's search, as the dashboard's (dashboard/forms.py)
 PARAM_CHARS = 2_000  # any other parameter of a list's URL (a filter, an ordering, a page)
+# Django's search is a clause per word and field, and PostgreSQL's JIT compiles the condition
+# whole: 250 one-letter words on a table of 200,000 rows took 102 s (tests/integration/
+# test_admin_filters.py). Where a screen searches its term whole (the jobs'), any number.
+SEARCH_WORDS = 10
+# Values in a list's URL, all parameters together: each value of a repeated filter is a clause
+# (900 of them: 16 s on the same table). A screen's own links carry a handful.
+PARAM_VALUES = 100
 
 
 class BoundedSearchForm(ChangeListSearchForm):
@@ -128,7 +136,8 @@ class BoundedSearchForm(ChangeListSearchForm):
 class CheckedChangeList(ChangeList):
     """A list whose filters from the URL fail as an invalid filter, never as a 500: checked
     before any query (a NUL byte, in any parameter a filter reads; a search Django's form
-    refuses; a parameter over PARAM_CHARS), compiled before it runs (a lookup no SQL can
+    refuses, or of more than SEARCH_WORDS words; a parameter over PARAM_CHARS; more than
+    PARAM_VALUES values in all), compiled before it runs (a lookup no SQL can
     state), and counted in a savepoint (a value the database refuses)."""
 
     search_form_class = BoundedSearchForm
@@ -138,6 +147,7 @@ class CheckedChangeList(ChangeList):
         # the redirect keeps the refused value out of the page's links as well.
         if not self.search_form_class(request.GET).is_valid():
             raise IncorrectLookupParameters("search refused")
+        self._refuse_many(request)
         for name, values in request.GET.lists():
             for value in values:
                 if name != SEARCH_VAR and len(value) > PARAM_CHARS:
@@ -156,6 +166,23 @@ class CheckedChangeList(ChangeList):
         except (ValueError, TypeError, OverflowError) as exc:  # at__year=99999: no such datetime
             raise IncorrectLookupParameters(exc) from exc
         return qs
+
+    def _refuse_many(self, request: HttpRequest) -> None:
+        """More search words (where the screen searches word by word) or URL values than a
+        query should be built of: a message naming both numbers, and nothing is searched."""
+        values = sum(len(v) for _, v in request.GET.lists())
+        if values > PARAM_VALUES:
+            messages.error(request, f"URL: at most {PARAM_VALUES} values (this one has {values}).")
+            raise IncorrectLookupParameters(f"{values} values in the URL")
+        by_word = type(self.model_admin).get_search_results is admin.ModelAdmin.get_search_results
+        words = sum(1 for _ in smart_split(request.GET.get(SEARCH_VAR, ""))) if by_word else 0
+        if words > SEARCH_WORDS:
+            messages.error(
+                request,
+                f"Search: at most {SEARCH_WORDS} words (this one has {words}); "
+                "nothing was searched.",
+            )
+            raise IncorrectLookupParameters(f"a search of {words} words")
 
     def get_results(self, request: HttpRequest) -> None:
         # The count runs the filter first (the page's rows, lazily, run the same WHERE later).
