@@ -20,9 +20,11 @@ not be the one a real drain has. Each system drains `--small` then `--large` no-
 by generate_series, vacuumed); instructions per job = the difference of the two runs' totals over
 the difference of their jobs, so the interpreter's start and Django's setup cancel out. Thread
 1 is the draining thread; the others are the drain's background thread (the runner's commits
-and heartbeats) and any the process starts. Counts repeat within ~0.1 % run to run on one
-machine whatever else it does; the server's work is not counted (bench/work_per_job.py reads
-it, in CPU time). Nothing here is a test. Writes bench/results/instructions.json.
+and heartbeats) and any the process starts. Whatever else the machine does, the runner's
+total varies by ~2-3 % run to run (its commits batch differently each time: 135,096 / 137,421 /
+138,948 for one tree on 2026-12-07), the split between its threads by more; the SQL floor's by
+~0.1 %. Compare medians of a few runs. The server's work is not counted (bench/work_per_job.py
+reads it, in CPU time). Nothing here is a test. Writes bench/results/instructions.json.
 """
 
 from __future__ import annotations
