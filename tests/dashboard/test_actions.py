@@ -357,6 +357,17 @@ def test_hostile_skip_reasons_and_filters_render_as_text(
     assert "<b>x</b>" not in text
 
 
+def test_a_hostile_worker_name_in_a_confirmation_renders_as_text(
+    presser_client: Client, make_job: Callable[..., Job]
+) -> None:
+    """The fence's words name the running attempt's worker, which is whatever the worker wrote."""
+    job = make_job(state=JobState.RUNNING, attempt=1, worker="<script>alert(1)</script>")
+    for headers in (HTMX, {}):  # the htmx partial, and the confirmation page without JavaScript
+        text = presser_client.get(act_url(job, "cancel"), **headers).content.decode()
+        assert "<script>alert(1)" not in text
+        assert "running on &lt;script&gt;alert(1)&lt;/script&gt;; its later writes" in text
+
+
 # -- the drill button -----------------------------------------------------------------------------
 
 
