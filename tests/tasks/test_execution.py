@@ -241,6 +241,20 @@ def test_the_worker_runs_only_tasks_of_a_palisade_backend(kind):
     assert "no handler is registered" in job.error
 
 
+def test_a_tasks_row_naming_a_backend_that_is_not_palisades_is_failed_not_run():
+    """The kind is a Palisade task's, but the row says it belongs to Django's ImmediateBackend
+    (planted: jobs.enqueue(), the admin, SQL): the worker does not run it for that backend."""
+    job = Job.objects.create(
+        kind=tasks.add.module_path,
+        payload={"args": [2, 3], "kwargs": {}, "backend": "immediate"},
+        max_attempts=1,
+    )
+    runner.drain()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.result is None
+    assert "task backend 'immediate' is not a Palisade backend" in job.error
+
+
 OUTSIDE_TASK = """
 from django.tasks import task
 
