@@ -307,13 +307,16 @@ def test_selected_rows_are_acted_on_alone(presser_client: Client, make_job) -> N
         ({"scope": "matching", "skipped": json.dumps({"x": -1})}, "not a report"),
         ({"scope": "matching", "skipped": json.dumps({"x": True})}, "not a report"),
         ({"scope": "matching", "after": "-1"}, "greater than or equal to 0"),
+        ({"scope": "matching", "upto": str(2**63)}, "less than or equal to 9223372036854775807"),
+        ({"scope": "matching", "total": str(2**63)}, "less than or equal to 9223372036854775807"),
+        ({"scope": "matching", "changed": "-1"}, "greater than or equal to 0"),
     ],
 )
 def test_bad_bulk_input_gets_a_clear_error_and_changes_nothing(
     presser_client: Client, make_job, fields: dict, error: str
 ) -> None:
     make_job()
-    text = bulk(presser_client, action="cancel", step="run", upto=10**6, **fields)
+    text = bulk(presser_client, **{"action": "cancel", "step": "run", "upto": 10**6, **fields})
     assert error in text
     assert not Job.objects.filter(state=JobState.CANCELLED).exists()
 
