@@ -143,6 +143,7 @@ def test_hostile_payload_kind_error_and_worker_render_as_text(
 ) -> None:
     job = make_job(
         kind=HOSTILE,  # no handler's: a row planted by SQL or the admin, shown all the same
+        queue=HOSTILE,  # no queue a producer may name: planted too
         state="running",
         attempt=1,
         worker=HOSTILE,
@@ -164,6 +165,8 @@ def test_hostile_payload_kind_error_and_worker_render_as_text(
         reverse("dashboard:jobs"),
         reverse("dashboard:workers"),
         reverse("dashboard:rejected"),
+        reverse("dashboard:overview"),
+        reverse("dashboard:queues"),
     ]:
         html = operator_client.get(url).content.decode()
         assert HOSTILE not in html
