@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.models import Job, RejectedWrite
+from jobs.models import Attempt, Job, RejectedWrite
 from tests.dashboard.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -159,6 +159,15 @@ def test_hostile_payload_kind_error_and_worker_render_as_text(
         worker=HOSTILE,
         write="commit",
         at=timezone.now(),
+    )
+    handed_on = make_job(state="running", attempt=2, worker="host:2")
+    Attempt.objects.create(  # its lease ran out, nothing heard since: a zombie suspect
+        job=handed_on,
+        number=1,
+        worker=HOSTILE,
+        claimed_at=timezone.now(),
+        ended_at=timezone.now(),
+        outcome="expired",
     )
     for url in [
         reverse("dashboard:job", args=[job.pk]),
