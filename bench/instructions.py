@@ -144,6 +144,11 @@ def main() -> None:
     p.add_argument("--large", type=int, default=2200)
     p.add_argument("--before", help="a git ref: also measure the runner on that tree")
     p.add_argument("--server", default=SERVER)
+    p.add_argument(
+        "--floor",
+        type=float,
+        help="the SQL floor's instructions a job from an earlier run (its loop is not run again)",
+    )
     args = p.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install -y valgrind)")
@@ -153,7 +158,9 @@ def main() -> None:
         admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {DB}")
     url = f"{args.server}/{DB}"
-    trees: list[tuple[str, Path, str]] = [("runner", ROOT, "runner"), ("sql", ROOT, "sql")]
+    trees: list[tuple[str, Path, str]] = [("runner", ROOT, "runner")]
+    if args.floor is None:
+        trees.append(("sql", ROOT, "sql"))
     worktree = None
     if args.before:
         worktree = Path(tempfile.mkdtemp(prefix="palisade-before-")) / "tree"
@@ -179,7 +186,7 @@ def main() -> None:
     finally:
         if worktree is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
-    floor = results["sql"]["per_job"]["total"]
+    floor = args.floor or results["sql"]["per_job"]["total"]
     print(f"\nclient instructions per no-op job (claim batch 64; {args.small} -> {args.large})")
     print(f"{'system':28s} {'total':>9s} {'draining':>9s} {'others':>9s} {'/ floor':>8s}")
     for name, r in results.items():

@@ -154,6 +154,7 @@ INSTALLED_APPS = [
 TASKS = {"default": {"BACKEND": "jobs.tasks.PalisadeBackend", "QUEUES": ["default"]}}
 
 MIDDLEWARE = [
+    "config.middleware.refuse_nul_in_path",  # a 400 before any view looks the path up
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

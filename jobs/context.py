@@ -131,16 +131,16 @@ class Flag:
     `threading.Event` offers here without its Condition and lock, made per claimed job (nobody
     waits on it: in_flight looks every LOOK_SECONDS)."""
 
-    __slots__ = ("_set",)
+    __slots__ = ("up",)
 
     def __init__(self) -> None:
-        self._set = False
+        self.up = False  # what is_set() answers: read as an attribute in per-job loops
 
     def set(self) -> None:
-        self._set = True
+        self.up = True
 
     def is_set(self) -> bool:
-        return self._set
+        return self.up
 
 
 class Held:

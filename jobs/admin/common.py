@@ -8,6 +8,8 @@ each into the admin's own "invalid filter" answer (the list again, with ?e=1), n
 jobs screen uses it (`CheckedLookups`). So is a search longer than SEARCH_CHARS, or any other
 parameter longer than PARAM_CHARS, with a message saying so: Django ran a search of 100 KB (one
 clause per word and field: 16-29 s on each screen) and echoed it into every link of the page.
+An action's selection (`_selected_action`) is the client's word too: an id no row can have is
+refused with a message before Django filters by it (`refused_selection`), on every screen.
 """
 
 import json
@@ -17,9 +19,10 @@ from typing import Any
 from django import forms
 from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList, ChangeListSearchForm
-from django.core.exceptions import EmptyResultSet, FullResultSet
+from django.core.exceptions import EmptyResultSet, FullResultSet, ValidationError
 from django.core.paginator import Paginator
 from django.db import DataError, connection, models, transaction
 from django.db.models import Model, QuerySet, TextField
@@ -27,6 +30,7 @@ from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.html import format_html
+from django.utils.text import smart_split
 
 from jobs.core.conf import jobs_settings
 from jobs.core.registry import _handlers
@@ -104,6 +108,13 @@ def _storable(value: Any) -> Any:
 
 SEARCH_CHARS = 500  # an admin list's search, as the dashboard's (dashboard/forms.py)
 PARAM_CHARS = 2_000  # any other parameter of a list's URL (a filter, an ordering, a page)
+# Django's search is a clause per word and field, and PostgreSQL's JIT compiles the condition
+# whole: 250 one-letter words on a table of 200,000 rows took 102 s (tests/integration/
+# test_admin_filters.py). Where a screen searches its term whole (the jobs'), any number.
+SEARCH_WORDS = 10
+# Values in a list's URL, all parameters together: each value of a repeated filter is a clause
+# (900 of them: 16 s on the same table). A screen's own links carry a handful.
+PARAM_VALUES = 100
 
 
 class BoundedSearchForm(ChangeListSearchForm):
@@ -125,7 +136,8 @@ class BoundedSearchForm(ChangeListSearchForm):
 class CheckedChangeList(ChangeList):
     """A list whose filters from the URL fail as an invalid filter, never as a 500: checked
     before any query (a NUL byte, in any parameter a filter reads; a search Django's form
-    refuses; a parameter over PARAM_CHARS), compiled before it runs (a lookup no SQL can
+    refuses, or of more than SEARCH_WORDS words; a parameter over PARAM_CHARS; more than
+    PARAM_VALUES values in all), compiled before it runs (a lookup no SQL can
     state), and counted in a savepoint (a value the database refuses)."""
 
     search_form_class = BoundedSearchForm
@@ -135,6 +147,7 @@ class CheckedChangeList(ChangeList):
         # the redirect keeps the refused value out of the page's links as well.
         if not self.search_form_class(request.GET).is_valid():
             raise IncorrectLookupParameters("search refused")
+        self._refuse_many(request)
         for name, values in request.GET.lists():
             for value in values:
                 if name != SEARCH_VAR and len(value) > PARAM_CHARS:
@@ -154,6 +167,23 @@ class CheckedChangeList(ChangeList):
             raise IncorrectLookupParameters(exc) from exc
         return qs
 
+    def _refuse_many(self, request: HttpRequest) -> None:
+        """More search words (where the screen searches word by word) or URL values than a
+        query should be built of: a message naming both numbers, and nothing is searched."""
+        values = sum(len(v) for _, v in request.GET.lists())
+        if values > PARAM_VALUES:
+            messages.error(request, f"URL: at most {PARAM_VALUES} values (this one has {values}).")
+            raise IncorrectLookupParameters(f"{values} values in the URL")
+        by_word = type(self.model_admin).get_search_results is admin.ModelAdmin.get_search_results
+        words = sum(1 for _ in smart_split(request.GET.get(SEARCH_VAR, ""))) if by_word else 0
+        if words > SEARCH_WORDS:
+            messages.error(
+                request,
+                f"Search: at most {SEARCH_WORDS} words (this one has {words}); "
+                "nothing was searched.",
+            )
+            raise IncorrectLookupParameters(f"a search of {words} words")
+
     def get_results(self, request: HttpRequest) -> None:
         # The count runs the filter first (the page's rows, lazily, run the same WHERE later).
         try:
@@ -163,26 +193,69 @@ class CheckedChangeList(ChangeList):
             raise IncorrectLookupParameters(exc) from exc
 
 
+def refused_selection(model_admin: admin.ModelAdmin, request: HttpRequest) -> bool:
+    """Whether an action's selection holds an id no row can have, said in a message: one its
+    primary key cannot read ("abc" for a number) or holding NUL (PostgreSQL's text refuses it).
+    Django filtered by them as they came: a ValueError or a DataError, a 500. Refused whole, so
+    nothing is done to the rest of the selection either."""
+    pk = model_admin.model._meta.pk
+    for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+        try:
+            readable = "\x00" not in value and pk.to_python(value) is not None  # type: ignore[union-attr]
+        except ValidationError:
+            readable = False
+        if not readable:
+            name = model_admin.model._meta.verbose_name
+            model_admin.message_user(
+                request,
+                f"The selection holds {value!r:.40}, which is no {name}'s id: nothing was done.",
+                messages.ERROR,
+            )
+            return True
+    return False
+
+
 class CheckedLookups:
-    """Mixed into every jobs ModelAdmin: its list is a CheckedChangeList."""
+    """Mixed into every jobs ModelAdmin: its list is a CheckedChangeList, and an action's
+    selection is checked before any query (`refused_selection`)."""
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return CheckedChangeList
 
+    def response_action(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        # None: Django's "the action failed", the list again (its message says why).
+        if refused_selection(self, request):  # type: ignore[arg-type]
+            return None
+        return super().response_action(request, *args, **kwargs)  # type: ignore[misc]
+
 
 def check_every_list(site: admin.AdminSite) -> None:
     """Every list of `site` -- Django's own (users, groups) and the libraries' (axes) too, not
-    only ours -- is a CheckedChangeList, unless its admin brings a ChangeList of its own."""
+    only ours -- is a CheckedChangeList, unless its admin brings a ChangeList of its own, and
+    checks an action's selection as CheckedLookups does."""
     for model in apps.get_models():
         if not site.is_registered(model):
             continue
         model_admin = site.get_model_admin(model)
         if type(model_admin).get_changelist is admin.ModelAdmin.get_changelist:
             model_admin.get_changelist = _checked_changelist  # type: ignore[method-assign]
+        if not isinstance(model_admin, CheckedLookups):
+            model_admin.response_action = _checked_actions(model_admin)  # type: ignore[method-assign]
 
 
 def _checked_changelist(request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
     return CheckedChangeList
+
+
+def _checked_actions(model_admin: admin.ModelAdmin) -> Any:
+    original = model_admin.response_action
+
+    def response_action(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return (
+            None if refused_selection(model_admin, request) else original(request, *args, **kwargs)
+        )
+
+    return response_action
 
 
 JOB_JSON_COLUMNS = ("payload", "progress", "result")  # never decoded by a screen

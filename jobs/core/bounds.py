@@ -1,7 +1,8 @@
 """The limits on every value that comes from a user, a handler or the environment.
 
 Owns: ranges (lease, attempts, priority, run_at, retry settings), JSON that the database can
-store (no NUL, no lone surrogate, bounded depth and size) and error text made storable (a
+store as given (no NUL, no lone surrogate, bounded depth and size, no two keys of one object that
+are one JSON key -- 1 and "1" -- of which jsonb would keep the last) and error text made storable (a
 handler's exception formatted whatever its own code raises). Never: touches the database. The
 ranges that must also hold for rows inserted without enqueue (raw SQL, bulk_create) are
 mirrored by CHECK constraints in jobs/models.py; tests keep both in step.
@@ -133,7 +134,12 @@ def _as_encoded(value: Any, limit: int, what: str) -> Any:
             return _plain_copy(value, 1, limit, what)
         if depth > limit:
             raise InvalidPayload(f"{what} is nested deeper than {limit} levels")
-        children = dict.values(item) if type(item) is dict else item
+        if type(item) is dict:
+            if not _STR_ONLY.issuperset(map(type, item)):
+                _distinct_keys(dict.keys(item), what)
+            children = dict.values(item)
+        else:
+            children = item
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
     return value
 
@@ -146,8 +152,47 @@ def _plain_copy(value: Any, depth: int, limit: int, what: str) -> Any:
         raise InvalidPayload(f"{what} is nested deeper than {limit} levels")
     if isinstance(value, dict):
         items = dict.items(value) if type(value) is dict else value.items()
-        return {k: _plain_copy(v, depth + 1, limit, what) for k, v in items}
+        copy = {k: _plain_copy(v, depth + 1, limit, what) for k, v in items}
+        _distinct_keys(copy, what)
+        return copy
     return [_plain_copy(v, depth + 1, limit, what) for v in value]
+
+
+_STR_ONLY = frozenset([str])
+
+
+def json_key(key: Any) -> Any:
+    """A dict key as json's encoder writes it: a str as it is, a float or int as its repr, True,
+    False and None as true, false and null. Any other key (and NaN, infinity) is returned as it
+    is, colliding with none: the encoder refuses it."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if key is True or key is False or key is None:
+        return "true" if key else ("false" if key is False else "null")
+    if isinstance(key, float):
+        return float.__repr__(key) if math.isfinite(key) else key
+    if isinstance(key, int):
+        return int.__repr__(key)  # past Python's digit limit: ValueError, as the encoder's
+    return key
+
+
+def _distinct_keys(keys: Any, what: str) -> None:
+    """Refuse a dict two of whose keys the encoder writes as one JSON key (1 and "1", True and
+    "true", 1.5 and "1.5"): the stored object would keep only the last one's value."""
+    seen: dict[Any, Any] = {}
+    for key in keys:
+        text = json_key(key)
+        if text in seen:
+            raise same_key(seen[text], key, text, what)
+        seen[text] = key
+
+
+def same_key(first: Any, second: Any, text: Any, what: str) -> InvalidPayload:
+    """The error for two keys of one object that are one key (`text`) once stored as JSON."""
+    return InvalidPayload(
+        f"{what} has the keys {first!r:.80} and {second!r:.80}, which are the same key once "
+        f"stored as JSON ({text!r:.80}): only one value would be kept"
+    )
 
 
 def json_value(value: Any, limit_bytes: int, what: str = "payload") -> int:

@@ -139,6 +139,12 @@ def before_exit() -> None:
             logger.exception("an exit hook failed")
 
 
+def has_on_finished(kind: str) -> bool:
+    """Whether the kind has an `on_finished` hook (the completer asks once per batch and kind)."""
+    found = _handlers.get(kind)
+    return found is not None and found.on_finished is not None
+
+
 def finished(kind: str, job_id: int, attempt: int, succeeded: bool) -> None:
     """Tell the kind's `on_finished` hook, if any, that a final write landed (the worker calls
     this after the write, never for a rejected one)."""

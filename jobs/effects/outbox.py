@@ -91,7 +91,7 @@ def intent(step: str, target: str, data: Any, job_id: int) -> IntentRow:
     """Validate an intent (bounded like a payload); the row its commit inserts holds the JSON text
     the check encoded, so what the handler does to `data` afterwards changes nothing recorded."""
     checked_step(step, "intent")
-    found = get_target(target)
+    found = get_target(target) if isinstance(target, str) else None  # a list: no name either
     if found is None:
         raise InvalidOption(f"intent(): no outbox target is registered as {target!r:.100}")
     limit = min(MAX_INTENT_BYTES, jobs_settings().MAX_PAYLOAD_BYTES)

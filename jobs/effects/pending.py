@@ -21,6 +21,7 @@ claim time (~15 % of the drain's client instructions a no-op job; docs/benchmark
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -126,25 +127,37 @@ def peek(held: Holder) -> Recorded | None:
     """The attempt's work if it recorded any and has not ended, as its commit reads it (after
     the handler returned): from now on a record is refused -- made between this read and the
     commit's forget(), it was in no commit and dropped without a word."""
+    return peek_many((held,)).get(held.fence.job_id)
+
+
+def peek_many(helds: Iterable[Holder]) -> dict[int, Recorded]:
+    """peek() for a batch's attempts under one lock: job id -> what it recorded, for those that
+    recorded anything and have not ended (most record nothing)."""
+    found: dict[int, Recorded] = {}
     with _lock:
-        work = held.work
-        if work is None:
-            held.work = READ
-            return None
-        if work.ended or work is READ:
-            return None
-        work.read = True
-        if not (work.staged or work.intents):
-            return None
-        return Recorded(work.staged, dict(work.intents), work.chars)
+        for held in helds:
+            work = held.work
+            if work is None:
+                held.work = READ
+            elif not (work.ended or work is READ):
+                work.read = True
+                if work.staged or work.intents:
+                    found[held.fence.job_id] = Recorded(work.staged, dict(work.intents), work.chars)
+    return found
 
 
 def forget(held: Holder) -> None:
     """The attempt's final write is decided: its work ends, and a later record is refused."""
+    forget_many((held,))
+
+
+def forget_many(helds: Iterable[Holder]) -> None:
+    """forget() for a batch's attempts under one lock."""
     with _lock:
-        work = held.work
-        if work is None or work is READ:
-            held.work = ENDED
-        elif work is not ENDED:  # kept (its `staged` still says what the commit named)
-            work.ended = True
-            work.intents, work.chars = {}, 0  # the leaked thread's ctx keeps the Held
+        for held in helds:
+            work = held.work
+            if work is None or work is READ:
+                held.work = ENDED
+            elif work is not ENDED:  # kept (its `staged` still says what the commit named)
+                work.ended = True
+                work.intents, work.chars = {}, 0  # the leaked thread's ctx keeps the Held

@@ -66,7 +66,10 @@ def _checked_name(name: Any) -> str:
 
 def _as_file(content: Any) -> "File[Any]":
     if isinstance(content, str):
-        content = content.encode()
+        try:
+            content = content.encode()
+        except UnicodeEncodeError:
+            raise InvalidOption("stage(): text holding a lone surrogate has no UTF-8") from None
     if isinstance(content, bytes | bytearray | memoryview):
         data = bytes(content)
         if len(data) > MAX_BYTES:

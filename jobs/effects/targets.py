@@ -2,10 +2,13 @@
 
 Owns: the registry (`register_target`, `get_target`; the built-in `webhook`,
 jobs/effects/webhook.py, registered here), how a target's methods are called -- with the relay's
-token where they take one -- and what one raised, as text (`said`). Never: claims, marks or
-decides anything about an intent (jobs/effects/outbox.py does). Hazards: a target is registered
-at import of a handlers module, so every process that runs the relay must import the same
-modules.
+token where they take one -- and what one raised, as text (`said`). A BaseException from a target
+that is not a stop (SystemExit from a library's sys.exit(), asyncio.CancelledError, a library's
+own) comes out of `call` as `TargetExited`, an ordinary exception: that call's failure, recorded
+on its own intent like any other, never the end of the relay's thread or batch. KeyboardInterrupt
+and GeneratorExit pass through. Never: claims, marks or decides anything about an intent
+(jobs/effects/outbox.py does). Hazards: a target is registered at import of a handlers module, so
+every process that runs the relay must import the same modules.
 """
 
 import inspect
@@ -20,7 +23,8 @@ class Target(Protocol):
     """What the relay calls: `perform(key, data, token)`; `token` is the relay's fencing token
     (a target whose `perform` takes only `(key, data)` is called without it). Return None (or
     True) once performed. Raise `Refused` when the call was certainly not performed (retried with
-    backoff); any other exception (a timeout, `OutcomeUnknown`) means it may have happened:
+    backoff); any other exception (a timeout, `OutcomeUnknown`; SystemExit or another
+    BaseException but KeyboardInterrupt and GeneratorExit too) means it may have happened:
     reconciled, never re-sent blind. So does returning anything else (False, an HTTP client's
     response to a 500): it says neither "performed" nor which failure; the row names the contract.
 
@@ -33,6 +37,17 @@ class Target(Protocol):
 
     def perform(self, key: str, data: Any) -> None: ...
 
+
+class TargetExited(Exception):
+    """A target's method raised a BaseException that is not a stop (`raised`): carried as an
+    ordinary exception, so it fails that call alone (outbox.py: an unknown outcome)."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(raised)
+        self.raised = raised
+
+
+STOPS = (KeyboardInterrupt, GeneratorExit)  # a stop of this process or generator: never caught
 
 _targets: dict[str, Target] = {}
 _takes_token: dict[tuple[str, str], bool] = {}
@@ -63,14 +78,22 @@ def call(name: str, target: Any, method: str, key: str, data: Any, token: int) -
     """`target.method(key, data, token=token)` for the target registered as `name`; the token
     is passed only to a method that takes one."""
     fn = getattr(target, method)
-    if _takes_token.get((name, method)):
-        return fn(key, data, token=token)
-    return fn(key, data)
+    try:
+        if _takes_token.get((name, method)):
+            return fn(key, data, token=token)
+        return fn(key, data)
+    except (Exception, *STOPS):
+        raise
+    except BaseException as exc:  # noqa: BLE001  SystemExit and the like: this call's failure
+        raise TargetExited(exc) from exc
 
 
-def said(exc: Exception) -> str:
-    """What a target raised, as its try's error: `Class: message`. Never raises: an API error's
-    own __str__ may (a field it lacks); then `Class: (its message cannot be read: KeyError)`."""
+def said(exc: BaseException) -> str:
+    """What a target raised, as its try's error: `Class: message` (a `TargetExited`: the class
+    and message of what it carries). Never raises: an API error's own __str__ may (a field it
+    lacks); then `Class: (its message cannot be read: KeyError)`."""
+    if isinstance(exc, TargetExited):
+        exc = exc.raised
     try:
         message = str(exc)
     except Exception as failed:  # noqa: BLE001  the exception's own code

@@ -34,7 +34,6 @@ from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskRe
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
-from django.utils.json import normalize_json
 
 from jobs.core import bounds
 from jobs.core.conf import jobs_settings
@@ -48,6 +47,7 @@ from jobs.core.exceptions import (
 from jobs.core.registry import KIND, TIMEOUT_SECONDS
 from jobs.models import Job
 from jobs.tasks import execution, results
+from jobs.tasks.normalized import normalized
 
 UniqueKey = str | Callable[[list[Any], dict[str, Any]], str | None] | None
 TASK_KEY = "task:<backend alias>:<module path>:<key>"
@@ -176,10 +176,13 @@ class PalisadeBackend(BaseTaskBackend):
         """
         self.validate_task(task)
         try:
-            args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+            what = "a task argument"
+            args, kwargs = normalized(list(args), what), normalized(dict(kwargs), what)
+        except InvalidPayload:  # two keys that are one once stored (b"k" and "k")
+            raise
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"task arguments must be JSON: {exc}") from None
-        except RecursionError:  # normalize_json recurses: nested past Python's limit, or a cycle
+        except RecursionError:  # normalized() recurses: nested past Python's limit, or a cycle
             depth = bounds.JSON_DEPTH
             raise InvalidPayload(
                 f"task arguments are nested deeper than {depth} levels (or hold a cycle)"

@@ -46,13 +46,13 @@ from django.db import connection
 from django.tasks import task_backends
 from django.tasks.base import Task, TaskContext
 from django.tasks.signals import task_enqueued, task_finished, task_started
-from django.utils.json import normalize_json
 
 from jobs.context import JobContext
 from jobs.core import bounds, registry
 from jobs.core.conf import jobs_settings
 from jobs.core.exceptions import JobsError, PermanentFailure, UnknownKind
 from jobs.tasks import results
+from jobs.tasks.normalized import normalized
 
 logger = logging.getLogger("jobs.tasks")
 
@@ -214,12 +214,12 @@ def encodable(kind: str, value: Any) -> Any:
     store it; UnencodableResult if it cannot be. Only this task's attempt fails: the runner
     writes each job's failure on its own, and its batch-mates run and commit."""
     try:
-        normalized = normalize_json(value)
-        bounds.json_value(normalized, jobs_settings().MAX_PAYLOAD_BYTES, what="the value")
-        return normalized
+        plain = normalized(value, "the value")
+        bounds.json_value(plain, jobs_settings().MAX_PAYLOAD_BYTES, what="the value")
+        return plain
     except (TypeError, ValueError) as exc:  # jobs.InvalidPayload is a ValueError
         why = _text(exc)
-    except RecursionError:  # normalize_json recurses: nested past Python's limit, or a cycle
+    except RecursionError:  # normalized() recurses: nested past Python's limit, or a cycle
         why = f"it is nested deeper than {bounds.JSON_DEPTH} levels (or holds a cycle)"
     except Exception as exc:  # noqa: BLE001  the value's own code (a Mapping's items()) raised
         why = f"{type(exc).__name__}: {_text(exc)}"  # as a plain handler's: not retried either

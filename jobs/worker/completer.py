@@ -73,9 +73,15 @@ def commit(items: Sequence[Finished]) -> None:
     under it) must not drop its batch-mates' commits, which re-read and present again. Each
     discard is tried whatever happened to the others and to the commit; one that fails is logged
     (its attempt was already ended by whoever took the job over, or is left to the janitor)."""
-    lost = [i.held for i in items if i.held.lost.is_set()]
+    lost: list[Held] = []
+    kept: list[Finished] = []
+    for item in items:  # one pass (a commit's per-job work is on the drain's hot path)
+        if item.held.lost.up:
+            lost.append(item.held)
+        else:
+            kept.append(item)
     try:
-        _commit_isolated([i for i in items if not i.held.lost.is_set()])
+        _commit_isolated(kept)
     finally:
         for held in lost:
             fence = held.fence
@@ -88,21 +94,23 @@ def commit(items: Sequence[Finished]) -> None:
 def _commit_isolated(items: Sequence[Finished]) -> None:
     if not items:
         return
-    results = {i.held.fence.job_id: i.result for i in items}
-    kinds = {i.held.fence.job_id: i.claimed.kind for i in items}
-    helds = {i.held.fence.job_id: i.held for i in items}
+    by_job = {i.held.fence.job_id: i for i in items}
 
     def write(fences: Sequence[Fence]) -> None:
-        refs, intents = _promotions(fences, helds)
-        rows = [(f, results[f.job_id], refs[f.job_id]) for f in fences]
+        helds = [by_job[f.job_id].held for f in fences]
+        rows, intents = _promotions(fences, helds, by_job)
         rejected = transitions.commit_many(rows, intents)
         for fence in rejected:  # each already logged once, on the fencing line
             logger.debug("job %s attempt %s: commit rejected; work discarded", *_ids(fence))
-            _settle_unpromoted(fence, helds[fence.job_id])
+            _settle_unpromoted(fence, by_job[fence.job_id].held)
+        pending.forget_many(helds)
+        hooked: dict[str, bool] = {}  # kind -> whether it has an on_finished hook
         for fence in fences:
-            pending.forget(helds[fence.job_id])
-            if fence not in rejected:
-                _tell_finished(kinds[fence.job_id], fence, succeeded=True)
+            kind = by_job[fence.job_id].claimed.kind
+            if kind not in hooked:
+                hooked[kind] = registry.has_on_finished(kind)
+            if hooked[kind] and fence not in rejected:
+                _tell_finished(kind, fence, succeeded=True)
 
     try:
         present_until_decided([i.held.fence for i in items], write, AttemptOutcome.SUCCEEDED)
@@ -124,17 +132,23 @@ def _commit_isolated(items: Sequence[Finished]) -> None:
 
 
 def _promotions(
-    fences: Sequence[Fence], helds: dict[int, Held]
-) -> tuple[dict[int, str], dict[int, list[Any]]]:
-    """Each attempt's own staged prefix (its result_ref) and intents, for its commit row."""
-    refs: dict[int, str] = {}
+    fences: Sequence[Fence], helds: Sequence[Held], by_job: dict[int, Finished]
+) -> tuple[list[tuple[Fence, Any, str]], dict[int, list[Any]]]:
+    """Each attempt's commit row -- its result and its own staged prefix (result_ref) -- and its
+    intents, read for the whole batch under one lock."""
+    recorded = pending.peek_many(helds)
+    rows: list[tuple[Fence, Any, str]] = []
     intents: dict[int, list[Any]] = {}
     for f in fences:
-        work = pending.peek(helds[f.job_id])
-        refs[f.job_id] = staging.prefix(f.job_id, f.attempt) if work and work.staged else ""
-        if work and work.intents:
-            intents[f.job_id] = list(work.intents.values())
-    return refs, intents
+        work = recorded.get(f.job_id)
+        ref = ""
+        if work is not None:
+            if work.staged:
+                ref = staging.prefix(f.job_id, f.attempt)
+            if work.intents:
+                intents[f.job_id] = list(work.intents.values())
+        rows.append((f, by_job[f.job_id].result, ref))
+    return rows, intents
 
 
 def _settle_unpromoted(fence: Fence, held: Held | None) -> None:

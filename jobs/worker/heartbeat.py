@@ -238,10 +238,11 @@ class Heartbeater:
         thread than this one's, it returns once the successes handed over are committed too."""
         # Released before the commit: a zero-row beat racing the commit is then no evidence of
         # a lost lease; the commit's own fence decides.
-        self._successes.commit(
-            lambda item: self._held.pop(item.held.fence.job_id, None),
-            wait=threading.current_thread() is not self._thread,
-        )
+        self._successes.commit(self._let_go, wait=threading.current_thread() is not self._thread)
+
+    def _let_go(self, items: list[Finished]) -> None:
+        for item in items:
+            self._held.pop(item.held.fence.job_id, None)
 
     def commit_soon(self) -> None:
         """The runner's batch is over: this thread commits its successes at once while the

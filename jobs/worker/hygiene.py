@@ -158,16 +158,39 @@ os.register_at_fork(after_in_child=_forked)
 Before = tuple[Any, bool, int]  # the drain's connection, an alarm was pending, _forks then
 
 
-def before() -> Before:
-    """The connection, the process's alarm and its forks as the handler finds them."""
+# Whether an alarm was pending when the last handler of this thread's drain returned, kept on
+# the thread's connection object (Django's are per thread): what the next one finds.
+_ALARM = "jobs_alarm_pending"
+
+
+def _thread_connection() -> Any:
     conn = getattr(_thread, "conn", None)
     if conn is None:
         conn = _thread.conn = connections[DEFAULT_DB_ALIAS]
+    return conn
+
+
+def drain_starts() -> None:
+    """A drain begins on this thread: what ran before it (another django-q2 task, say) may have
+    set an alarm, so its first handler's `before` asks the kernel, not what the last job left."""
+    _thread_connection().__dict__.pop(_ALARM, None)
+
+
+def _alarm_pending() -> bool:
+    return signal.getitimer(signal.ITIMER_REAL)[0] > 0  # a system call (~0.5 us here)
+
+
+def before() -> Before:
+    """The connection, the process's alarm and its forks as the handler finds them. Whether an
+    alarm is pending is what `after` left for the drain's previous job (only the runner's own
+    code runs in between), asked of the kernel at a drain's first job: one system call a job."""
+    conn = _thread_connection()
     raw = conn.connection
     if raw is not None and raw is not _seen[0]:
         _seen[:] = [raw, _params(raw)]
     conn.execute_wrappers.append(_watch)
-    return conn, signal.getitimer(signal.ITIMER_REAL)[0] > 0, _forks[0]
+    pending = conn.__dict__.get(_ALARM)
+    return conn, _alarm_pending() if pending is None else pending, _forks[0]
 
 
 def in_forked_child(found: Before) -> bool:
@@ -234,9 +257,13 @@ def after(found: Before) -> str:
         wrappers.pop()
     elif _watch in wrappers:  # the handler left a wrapper of its own on top
         wrappers.remove(_watch)
-    touched = conn.__dict__.pop("jobs_session_touched", False)
-    if not alarm_pending and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+    state = conn.__dict__
+    touched = state.pop("jobs_session_touched", False)
+    pending = signal.getitimer(signal.ITIMER_REAL)[0] > 0  # the one system call a job
+    if pending and not alarm_pending:
         _cancel_alarm()
+        pending = False
+    state[_ALARM] = pending  # what the drain's next handler finds
     raw = conn.connection
     pgconn = getattr(raw, "pgconn", None)
     if (  # what nearly every job leaves: the checks below, answered in one look

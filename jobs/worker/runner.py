@@ -5,30 +5,26 @@ jobs.worker.completer/jobs.transitions; never retries a write that was rejected;
 transaction open while a handler runs.
 
 A drain claims due jobs in batches (each row fenced by its own attempt) and runs them one by one
-until the queue is idle or its time budget is spent: django-q2's bookkeeping is paid per drain.
+until the queue is idle or its time budget is spent (django-q2's bookkeeping is paid per drain).
 
 Hazards: one job must never decide another's fate. A success is handed to the background thread,
-which commits it within twice FLUSH_SECONDS whatever its batch-mates do, or at once when the batch
-ends (while the runner claims the next one; the runner commits itself if the last batch's commit
-is still on its way). A BaseException escaping a handler (SystemExit, KeyboardInterrupt, django-q2's
-timeout) fails that job with its own error, commits the batch's successes and releases the jobs
-never started -- then propagates. A SIGKILL cannot be caught: qcluster's main process sees the
-worker die and reclaims its jobs at once (jobs/worker/rescue.py; else their leases run out),
-charging only the attempt a heartbeat had confirmed running (see jobs/worker/reaper.py).
+which commits it within twice FLUSH_SECONDS whatever its batch-mates do, or when the batch ends
+(jobs.worker.successes). A BaseException escaping a handler fails that job with its own error,
+commits the batch's successes and releases the jobs never started -- then propagates. A SIGKILL
+cannot be caught: qcluster's main process sees the worker die and reclaims its jobs at once
+(jobs/worker/rescue.py; else their leases run out), charging only the attempt a heartbeat had
+confirmed running (see jobs/worker/reaper.py).
 
 A handler that runs past its execution timeout (`@handler(timeout=...)`, else Q_TIMEOUT) fails
 alone: the background thread fails its attempt, settles its batch and ends this worker process,
-which django-q2 replaces (jobs.worker.watchdog; the main process logs it, or kills the process
-if no thread of it can run). One that returns right at its timeout is either committed here or
-failed there, never both: whichever comes first under the drain's lock has the attempt
-(jobs.worker.running).
+which django-q2 replaces (jobs.worker.watchdog). One that returns right at its timeout is either
+committed here or failed there, never both: whichever comes first under the drain's lock has the
+attempt (jobs.worker.running).
 
-Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands back
-the jobs it holds but has not started; when the grace period ends with a handler still running,
-the drain's background thread beats once (confirming that handler ran), hands every held job back
-(fenced release, so another worker takes it at once) and ends this worker process after
-ABANDON_SECONDS -- the abandoned handler's writes in between change zero rows, as a zombie's do.
-"""
+Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands
+back the jobs it has not started; when the grace ends with a handler still running, the drain's
+background thread beats once (it ran), hands every held job back (fenced) and ends this worker
+process after ABANDON_SECONDS: the abandoned handler's writes in between change zero rows."""
 
 import contextvars
 import logging
@@ -114,9 +110,11 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
             return Outcome(succeeded=False, lost=True)
         error = bounds.exception_text(exc) + _hint(exc)  # its own code may raise while formatted
         return Outcome(succeeded=False, error=error, permanent=isinstance(exc, PermanentFailure))
+    if result is None:
+        return _RETURNED_NONE  # most handlers: nothing to check or encode
     try:
         text = bounds.json_text(result, jobs_settings().MAX_PAYLOAD_BYTES, what="result")
-        return Outcome(succeeded=True, result=JSONText(text))  # the commit sends it as it is
+        return Outcome(True, JSONText(text))  # the commit sends it as it is
     except InvalidPayload as exc:
         why = str(exc)
     except Exception as exc:  # noqa: BLE001  its own code raised (items(), RecursionError, ...)
@@ -125,6 +123,7 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
     return Outcome(False, error=f"handler returned an unusable result: {why}", permanent=True)
 
 
+_RETURNED_NONE = Outcome(True, JSONText("null"))
 _DAEMONIC = "daemonic processes are not allowed to have children"
 _DAEMONIC_HINT = (
     "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
@@ -157,8 +156,8 @@ def drain(
     queues = queues or cfg.QUEUES
     budget = budget_seconds if budget_seconds is not None else cfg.DRAIN_SECONDS
     deadline = time.monotonic() + budget
-    worker = worker_identity()
-    ran, size = 0, 1
+    worker, ran, size = worker_identity(), 0, 1
+    hygiene.drain_starts()  # what ran before this drain may have set an alarm
     interval = policy.heartbeat_interval(cfg.LEASE_SECONDS, cfg)
     idle = IdleWait(cfg, queues, _LISTEN_OUTAGE) if idle_wait else None
     try:

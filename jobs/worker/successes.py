@@ -85,14 +85,14 @@ class Successes:
             self.handed_over = True
             return True
 
-    def commit(self, release: Callable[[Finished], object], wait: bool) -> None:
-        """Commit every success here now, `release` each from the held jobs first (under the
+    def commit(self, release: Callable[[list[Finished]], object], wait: bool) -> None:
+        """Commit every success here now, `release` them from the held jobs first (under the
         lock); with `wait`, return only once the commits on their way in other threads ended."""
         with self._lock:
             items, self._items = self._items, []
             self.handed_over = False
-            for item in items:
-                release(item)
+            if items:
+                release(items)
             if items:
                 self._committing += 1
         try:

@@ -75,7 +75,10 @@ class _Slot(ctypes.Structure):
 
 _slots = multiprocessing.RawArray(_Slot, SLOTS)
 _claim_lock = multiprocessing.Lock()
-_mine: dict[str, int] = {}  # this process's slot index, once claimed
+# This process's slot index and pid, once claimed; a fork's child has none (a pid per job
+# without a system call: os.getpid() is one).
+_mine: dict[str, int] = {}
+os.register_at_fork(after_in_child=_mine.clear)
 
 
 def claim_slot(sender: object = None, **kwargs: object) -> None:
@@ -95,7 +98,7 @@ def claim_slot(sender: object = None, **kwargs: object) -> None:
                 slot.state, slot.job_id, slot.attempt = IDLE, 0, 0
                 slot.pulse = time.monotonic()
                 slot.pid = os.getpid()
-                _mine["index"] = i
+                _mine["index"], _mine["pid"] = i, slot.pid
                 threading.Thread(
                     target=_pulse, args=(slot,), name="jobs-pulse", daemon=True
                 ).start()
@@ -107,7 +110,7 @@ def claim_slot(sender: object = None, **kwargs: object) -> None:
 
 def _slot() -> _Slot | None:
     index = _mine.get("index")
-    if index is None or _slots[index].pid != os.getpid():
+    if index is None or _slots[index].pid != _mine["pid"]:
         return None  # not a django-q2 worker (a drain run in-process), or no slot
     return _slots[index]
 

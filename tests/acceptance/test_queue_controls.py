@@ -88,3 +88,23 @@ def test_a_concurrency_limit_holds_across_two_clusters(start_qcluster):
     limited = Attempt.objects.filter(job__queue="limited").values_list("claimed_at", "ended_at")
     most = most_running_at_once(list(limited))
     assert most <= 2, f"{most} jobs of a queue limited to 2 ran at once"
+
+
+def test_raising_a_queues_limit_wakes_its_idle_workers_at_once(start_qcluster):
+    # A long poll: whatever starts quickly after the raise was woken by its NOTIFY.
+    start_qcluster(JOBS_POLL_SECONDS="10", JOBS_WORKERS="2", JOBS_CLAIM_BATCH="1")
+    queues.set_limit("mail", 1, actor=None)
+    long = jobs.enqueue("test.script", {"seconds": 8}, queue="mail")
+    wait_for_state(long.pk, "running", timeout=30)
+    held = [jobs.enqueue("test.echo", {"n": n}, queue="mail") for n in range(3)]
+    other = jobs.enqueue("test.echo", queue="default")
+    wait_for_state(other.pk, "succeeded", timeout=30)  # a worker is idle; the limit holds these
+    assert set(Job.objects.filter(pk__in=[j.pk for j in held]).values_list("state", flat=True)) == {
+        "queued"
+    }
+    raised = time.monotonic()
+    queues.set_limit("mail", 4, actor=None)
+    for job in held:
+        wait_for_state(job.pk, "succeeded", timeout=30)
+    assert Job.objects.get(pk=long.pk).state == "running"  # before the long job's end, too
+    assert time.monotonic() - raised < 4.0  # woken at once, not at the next 10 s poll

@@ -95,6 +95,8 @@ UNENCODABLE = {
     "cycle": _cycle,
     "large": lambda: "x" * 300_000,  # past JOBS["MAX_PAYLOAD_BYTES"] (256 KiB by default)
     "items_raise": lambda: _RaisingItems(a=1),  # its own code raises while it is read
+    "colliding": lambda: {"x": {1: "a", "1": "b"}},  # one JSON key: one value would be lost
+    "colliding_bytes": lambda: {b"k": 1, "k": 2},  # one key once normalised (b"k" decoded)
 }
 
 

@@ -138,6 +138,29 @@ def test_an_alarm_pending_before_the_handler_is_left_alone():
     assert not fired
 
 
+def test_an_alarm_set_between_two_drains_is_not_taken_for_the_next_handlers():
+    """Whether an alarm is pending before a handler is what the drain's previous handler left
+    (one system call a job): not across drains -- code between them (another django-q2 task)
+    may set one, which the next drain's first handler did not."""
+    import signal
+
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    outer = signal.getitimer(signal.ITIMER_REAL)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        jobs.enqueue("test.echo")
+        assert runner.drain(budget_seconds=20) == 1  # its last handler left no alarm
+        signal.setitimer(signal.ITIMER_REAL, 30.0)  # not a handler's
+        jobs.enqueue("test.echo")
+        assert runner.drain(budget_seconds=20) == 1
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # still pending: left alone
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *outer)
+        signal.signal(signal.SIGALRM, previous)
+    assert not fired
+
+
 @pytest.fixture
 def other_alias(transactional_db, monkeypatch):
     """A second database alias (the same database), as a project with two would have."""

@@ -84,6 +84,9 @@ def test_an_intent_for_an_unknown_target_or_too_large_is_refused_at_the_call():
         running.ctx.intent("publish", "webhook", {"blob": "x" * 70_000})
     with pytest.raises(ValueError):
         running.ctx.intent("bad step", "webhook", {})
+    for target in (["webhook"], {"webhook": 1}):  # before: TypeError("unhashable type")
+        with pytest.raises(jobs.InvalidOption, match="no outbox target is registered as"):
+            running.ctx.intent("publish", target, {})
 
 
 def test_an_intent_is_the_data_as_it_was_at_the_call():

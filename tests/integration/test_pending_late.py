@@ -215,10 +215,10 @@ def test_a_record_after_the_commit_read_the_attempts_work_is_refused_not_dropped
     running = claim(A)
     running.ctx.intent("publish", "webhook", HOOK)
     out: dict[str, BaseException] = {}
-    read = pending.peek
+    read = pending.peek_many  # the commit reads its batch's work at once
 
-    def read_then_a_leaked_record(fence):  # type: ignore[no-untyped-def]
-        work = read(fence)
+    def read_then_a_leaked_record(helds):  # type: ignore[no-untyped-def]
+        work = read(helds)
 
         thread = threading.Thread(
             target=_record, args=(running, record, out), name="leaked-by-handler"
@@ -227,7 +227,7 @@ def test_a_record_after_the_commit_read_the_attempts_work_is_refused_not_dropped
         thread.join(10)
         return work
 
-    monkeypatch.setattr(pending, "peek", read_then_a_leaked_record)
+    monkeypatch.setattr(pending, "peek_many", read_then_a_leaked_record)
     running.commit("ok")
     assert isinstance(out.get("error"), AttemptEnded), out
     assert list(Intent.objects.values_list("step", flat=True)) == ["publish"]

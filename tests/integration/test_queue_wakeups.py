@@ -10,6 +10,7 @@ from django.db import connection
 import jobs
 from jobs.core.sql.queues import ENQUEUED_CHANNEL, WAIT_SQL, queue_channel
 from jobs.models import Job
+from jobs.ops import queues
 from jobs.worker import listener
 
 pytestmark = [
@@ -46,6 +47,25 @@ def test_a_waker_for_every_queue_wakes_for_any_enqueue():
     try:
         waiting(waker)
         jobs.enqueue("test.echo", queue="b")
+        assert woke(waker, 5.0)
+    finally:
+        waker.close()
+
+
+def test_raising_or_removing_a_queues_limit_wakes_its_waiters_and_lowering_it_does_not():
+    # Jobs held back by the old limit may start now: woken as an enqueue would wake them.
+    waker = listener.Waker(queues=["a"])
+    try:
+        waiting(waker)
+        queues.set_limit("a", 2, actor=None)  # a first limit lowers: nothing more may start
+        assert not woke(waker, 0.5)
+        queues.set_limit("a", 1, actor=None)
+        assert not woke(waker, 0.5)
+        queues.set_limit("a", 3, actor=None)
+        assert woke(waker, 5.0)
+        queues.set_limit("b", None, actor=None)  # another queue's: not ours
+        assert not woke(waker, 0.5)
+        queues.set_limit("a", None, actor=None)
         assert woke(waker, 5.0)
     finally:
         waker.close()

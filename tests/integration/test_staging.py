@@ -347,3 +347,6 @@ def test_a_readable_object_is_staged_and_a_bad_content_type_refused(media):
     for bad in [None, 12, object()]:
         with pytest.raises(ValueError):
             running.ctx.stage("bad.bin", bad)
+    # Before: UnicodeEncodeError, from inside stage(), for text no file can hold as UTF-8.
+    with pytest.raises(jobs.InvalidOption, match="lone surrogate"):
+        running.ctx.stage("bad.txt", "text \ud800")

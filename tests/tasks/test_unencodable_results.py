@@ -88,6 +88,9 @@ def test_an_unencodable_result_fails_its_task_once_and_its_batch_mates_commit():
             "returned a value of type _RaisingItems, which cannot be encoded as its "
             "JSON result: RuntimeError: hostile items()",
         ),
+        # before: stored with one of the two values gone
+        ("colliding", "the value has the keys 1 and '1', which are the same key once stored"),
+        ("colliding_bytes", "the value has the keys b'k' and 'k', which are the same key once"),
     ],
 )
 def test_every_sort_of_unstorable_result_fails_once_saying_why(what, why):

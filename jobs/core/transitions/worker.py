@@ -220,13 +220,15 @@ def commit_many(
     if not items:
         return []
     worker = items[0][0].worker
-    if any(f.worker != worker for f, _, _ in items):
-        raise ValueError("one commit statement speaks for one worker")
     by_job = intents or {}
-    rows = [
-        CommitRow(f.job_id, f.attempt, result, ref, tuple(by_job.get(f.job_id, ())))
-        for f, result, ref in items
-    ]
+    rows = []
+    for f, result, ref in items:
+        if f.worker != worker:
+            raise ValueError("one commit statement speaks for one worker")
+        job_intents = by_job.get(f.job_id)
+        rows.append(
+            CommitRow(f.job_id, f.attempt, result, ref, tuple(job_intents) if job_intents else ())
+        )
     with fenced_statement(), hot_cursor() as cur:
         committed = driver().commit(cur, worker, rows)
     rejected = []
@@ -272,5 +274,8 @@ def mark_lost(fence: Fence) -> None:
 
 
 def count_due(limit: int, queues: Sequence[str] | None = None) -> int:
+    """The scheduler's due count -- not a pure read: it first promotes rows deferred far ahead,
+    as a claim does (jobs/core/sql/base.py says why: with no drain standing, nothing else would),
+    so it fails on a read-only session. Screens and /metrics read `Job.objects.due()` instead."""
     with connection.cursor() as cur:
         return driver().count_due(cur, limit, queues)
