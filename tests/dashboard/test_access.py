@@ -9,8 +9,9 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
-from jobs.models import Job
+from jobs.models import Attempt, Job, RejectedWrite
 from tests.dashboard.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -141,7 +142,8 @@ def test_hostile_payload_kind_error_and_worker_render_as_text(
     operator_client: Client, make_job
 ) -> None:
     job = make_job(
-        kind="test.echo",
+        kind=HOSTILE,  # no handler's: a row planted by SQL or the admin, shown all the same
+        queue=HOSTILE,  # no queue a producer may name: planted too
         state="running",
         attempt=1,
         worker=HOSTILE,
@@ -149,10 +151,31 @@ def test_hostile_payload_kind_error_and_worker_render_as_text(
         unique_key=HOSTILE,
         error=HOSTILE,
     )
+    RejectedWrite.objects.create(  # its worker's stale write, in the feed and on the job page
+        job=job,
+        attempt_presented=1,
+        attempt_current=2,
+        state_current="running",
+        worker=HOSTILE,
+        write="commit",
+        at=timezone.now(),
+    )
+    handed_on = make_job(state="running", attempt=2, worker="host:2")
+    Attempt.objects.create(  # its lease ran out, nothing heard since: a zombie suspect
+        job=handed_on,
+        number=1,
+        worker=HOSTILE,
+        claimed_at=timezone.now(),
+        ended_at=timezone.now(),
+        outcome="expired",
+    )
     for url in [
         reverse("dashboard:job", args=[job.pk]),
         reverse("dashboard:jobs"),
         reverse("dashboard:workers"),
+        reverse("dashboard:rejected"),
+        reverse("dashboard:overview"),
+        reverse("dashboard:queues"),
     ]:
         html = operator_client.get(url).content.decode()
         assert HOSTILE not in html

@@ -307,13 +307,16 @@ def test_selected_rows_are_acted_on_alone(presser_client: Client, make_job) -> N
         ({"scope": "matching", "skipped": json.dumps({"x": -1})}, "not a report"),
         ({"scope": "matching", "skipped": json.dumps({"x": True})}, "not a report"),
         ({"scope": "matching", "after": "-1"}, "greater than or equal to 0"),
+        ({"scope": "matching", "upto": str(2**63)}, "less than or equal to 9223372036854775807"),
+        ({"scope": "matching", "total": str(2**63)}, "less than or equal to 9223372036854775807"),
+        ({"scope": "matching", "changed": "-1"}, "greater than or equal to 0"),
     ],
 )
 def test_bad_bulk_input_gets_a_clear_error_and_changes_nothing(
     presser_client: Client, make_job, fields: dict, error: str
 ) -> None:
     make_job()
-    text = bulk(presser_client, action="cancel", step="run", upto=10**6, **fields)
+    text = bulk(presser_client, **{"action": "cancel", "step": "run", "upto": 10**6, **fields})
     assert error in text
     assert not Job.objects.filter(state=JobState.CANCELLED).exists()
 
@@ -355,6 +358,17 @@ def test_hostile_skip_reasons_and_filters_render_as_text(
     )
     assert "<script>alert(1)" not in text and "&lt;script&gt;" in text
     assert "<b>x</b>" not in text
+
+
+def test_a_hostile_worker_name_in_a_confirmation_renders_as_text(
+    presser_client: Client, make_job: Callable[..., Job]
+) -> None:
+    """The fence's words name the running attempt's worker, which is whatever the worker wrote."""
+    job = make_job(state=JobState.RUNNING, attempt=1, worker="<script>alert(1)</script>")
+    for headers in (HTMX, {}):  # the htmx partial, and the confirmation page without JavaScript
+        text = presser_client.get(act_url(job, "cancel"), **headers).content.decode()
+        assert "<script>alert(1)" not in text
+        assert "running on &lt;script&gt;alert(1)&lt;/script&gt;; its later writes" in text
 
 
 # -- the drill button -----------------------------------------------------------------------------

@@ -162,16 +162,16 @@ def test_the_overview_lists_the_busiest_queues_and_counts_the_rest(
     monkeypatch.setattr(selectors, "_terminal", None)  # finished counts are cached for 10 s
     tenants = 2 * cap
     done = {"state": "succeeded", "finished_at": datetime.now(UTC)}
-    Job.objects.bulk_create(
-        [Job(kind="demo.noop", queue=f"old-{i:04}", **done) for i in range(tenants)]
+    Job.objects.bulk_create(  # each old queue has more jobs in all than "live" ...
+        [Job(kind="demo.noop", queue=f"old-{i:04}", **done) for i in range(tenants) for _ in "ab"]
     )
-    Job.objects.bulk_create([Job(kind="demo.noop", queue="live") for _ in range(2)])
+    Job.objects.create(kind="demo.noop", queue="live")  # ... which has the one queued
     html = operator_client.get("/", HTTP_HX_REQUEST="true").content.decode()
     shown = re.findall(r'<tr data-queue="([^"]+)"', html)
     assert len(shown) == cap
     assert "live" in shown
     assert f"{tenants + 1 - cap} more queues not shown" in html
-    assert re.search(r'data-count="succeeded">\s*' + str(tenants) + r"<", html)
+    assert re.search(r'data-count="succeeded">\s*' + str(2 * tenants) + r"<", html)
     assert selectors.OVERVIEW_QUEUES == cap
 
 
@@ -187,3 +187,28 @@ def test_a_queue_named_after_a_dict_method_is_a_row_of_the_overview(
     response = operator_client.get("/", HTTP_HX_REQUEST="true")
     shown = re.findall(r'<tr data-queue="([^"]+)"', response.content.decode())
     assert response.status_code == 200 and sorted(shown) == sorted([name, "other"])
+
+
+def test_queued_and_running_counts_are_exact_at_once_finished_ones_kept_for_a_while(
+    monkeypatch: pytest.MonkeyPatch, make_job: Callable[..., Job]
+) -> None:
+    """Counting finished jobs walks the table: each process keeps that count for 10 s. The
+    queued and running counts are read afresh at every refresh."""
+    monkeypatch.setattr(selectors, "_terminal", None)
+    assert selectors.overview().by_state == {}
+    make_job()
+    make_job(state="running", attempt=1)
+    Job.objects.create(kind="demo.noop", state="succeeded", finished_at=datetime.now(UTC))
+    counts = selectors.overview().by_state
+    assert counts.get("queued") == 1 and counts.get("running") == 1
+    assert "succeeded" not in counts  # the kept count, until it is taken again
+    monkeypatch.setattr(selectors, "_terminal", None)
+    assert selectors.overview().by_state.get("succeeded") == 1
+
+
+def test_the_oldest_due_card_is_the_job_due_longest(make_job: Callable[..., Job]) -> None:
+    now = datetime.now(UTC)
+    for minutes in (-1, -10, 30):  # due a minute ago, due ten minutes ago, and not yet due
+        make_job(run_at=now + timedelta(minutes=minutes))
+    oldest = selectors.overview().oldest_queued
+    assert oldest is not None and abs(oldest - (now - timedelta(minutes=10))) < timedelta(seconds=1)

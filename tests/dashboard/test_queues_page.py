@@ -65,6 +65,7 @@ def test_the_queues_page_counts_real_rows_per_queue(
     _finished(old, 90)  # an hour and a half ago: not counted
     make_job(queue="mail", state="succeeded", attempt=1)
     make_job(queue="reports", run_at=now - timedelta(seconds=30))
+    make_job(queue="later", run_at=now + timedelta(hours=2))  # scheduled only: nothing due
 
     html = operator_client.get(reverse("dashboard:queues")).content.decode()
 
@@ -80,6 +81,8 @@ def test_the_queues_page_counts_real_rows_per_queue(
     assert "min" in _cell(mail, "oldest")  # the oldest due job has waited about 5 minutes
     reports = _row(html, "reports")
     assert (_cell(reports, "queued"), _cell(reports, "running")[:1]) == ("1", "0")
+    later = _row(html, "later")
+    assert [_cell(later, n) for n in ("due", "scheduled", "oldest")] == ["0", "1", "–"]
 
 
 def test_counts_link_to_the_filtered_jobs_list(

@@ -7,12 +7,15 @@ import asyncio
 import contextlib
 import threading
 from datetime import timedelta
+from importlib import import_module
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.conf import settings as django_settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.auth.models import Group, User
 from django.contrib.sessions.models import Session
 from django.db import connections
@@ -126,6 +129,26 @@ async def test_a_socket_whose_session_is_gone_cannot_re_point_itself(operator: U
     key = client.cookies["sessionid"].value
     await sync_to_async(Session.objects.filter(session_key=key).delete)()
     await communicator.send_json_to({"screen": {"page": "job", "job": str(other.pk)}})
+    await then_the_job_changes()
+    assert await closed_before_any_push(communicator) == 4403
+
+
+async def test_a_session_that_now_logs_in_someone_else_ends_the_socket(
+    operator: User, staff: User
+) -> None:
+    """The socket belongs to the user its handshake logged in: its session row now logging in
+    another user (who may see the dashboard too) is a session that no longer logs that user in."""
+    client, communicator, job_id = await opened_on_job(operator)
+    key = client.cookies["sessionid"].value
+
+    def log_in_someone_else() -> None:
+        store = import_module(django_settings.SESSION_ENGINE).SessionStore(session_key=key)
+        store[SESSION_KEY] = str(staff.pk)
+        store[HASH_SESSION_KEY] = staff.get_session_auth_hash()
+        store.save()
+
+    await sync_to_async(log_in_someone_else)()
+    await communicator.send_json_to({"screen": {"page": "job", "job": str(job_id)}})
     await then_the_job_changes()
     assert await closed_before_any_push(communicator) == 4403
 

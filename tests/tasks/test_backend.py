@@ -311,6 +311,22 @@ def test_get_result_takes_an_id_only_as_an_int_or_its_decimal_text():
             default_task_backend.get_result(other)
 
 
+def test_true_names_no_result_even_where_job_1_is_a_task():
+    """True == 1 to Python; it is no TaskResult.id (an int or its decimal text)."""
+    Job.objects.create(id=1, kind=tasks.add.module_path, payload={"args": [2, 3], "kwargs": {}})
+    assert default_task_backend.get_result(1).args == [2, 3]
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(True)
+
+
+def test_get_result_refuses_a_task_of_another_backend(settings):
+    settings.TASKS = {**settings.TASKS, "second": settings.TASKS["default"]}
+    elsewhere = tasks.add.using(backend="second").enqueue(1, 2)
+    assert task_backends["second"].get_result(elsewhere.id).args == [1, 2]
+    with pytest.raises(TaskResultDoesNotExist, match="not a task of backend 'default'"):
+        task_backends["default"].get_result(elsewhere.id)
+
+
 def test_get_result_refuses_a_plain_job_that_is_not_a_task():
     job = jobs.enqueue("test.echo", {"n": 1})
     with pytest.raises(TaskResultDoesNotExist, match="not a task"):

@@ -201,6 +201,37 @@ def test_an_expired_attempt_is_an_error_and_a_worker_id(make_job):
     assert [e.exception_class for e in result.errors] == [LeaseExpired]
 
 
+FRAMES = 'Traceback (most recent call last):\n  File "/app/t.py", line 3, in f\n    raise E\n'
+
+
+@pytest.mark.parametrize(
+    ("error", "path"),
+    [
+        (FRAMES + "ValueError: boom", "builtins.ValueError"),  # a builtin: printed bare
+        (FRAMES + "myapp.errors.Refused: no", "myapp.errors.Refused"),
+        ("the database refused the error text", "jobs.tasks.results.AttemptFailed"),  # no class
+    ],
+)
+def test_an_error_stored_without_the_note_is_read_as_python_formats_it(error, path):
+    """Text written before the worker noted the class (or by no task's code) is read as Python
+    formats a traceback; where no class can be read, the error is AttemptFailed."""
+    result = tasks.add.enqueue(1, 2)
+    Job.objects.filter(pk=int(result.id)).update(attempt=1)
+    from django.utils import timezone
+
+    Attempt.objects.create(
+        job_id=int(result.id),
+        number=1,
+        worker="old:1",
+        claimed_at=timezone.now(),
+        ended_at=timezone.now(),
+        outcome=AttemptOutcome.FAILED,
+        error=error,
+    )
+    result.refresh()
+    assert [e.exception_class_path for e in result.errors] == [path]
+
+
 def test_a_zombie_commit_of_a_task_is_rejected_and_reports_nothing(second_connection, swap_handler):
     from jobs.core.registry import get_handler
 
@@ -239,6 +270,20 @@ def test_the_worker_runs_only_tasks_of_a_palisade_backend(kind):
     job.refresh_from_db()
     assert job.state == JobState.FAILED
     assert "no handler is registered" in job.error
+
+
+def test_a_tasks_row_naming_a_backend_that_is_not_palisades_is_failed_not_run():
+    """The kind is a Palisade task's, but the row says it belongs to Django's ImmediateBackend
+    (planted: jobs.enqueue(), the admin, SQL): the worker does not run it for that backend."""
+    job = Job.objects.create(
+        kind=tasks.add.module_path,
+        payload={"args": [2, 3], "kwargs": {}, "backend": "immediate"},
+        max_attempts=1,
+    )
+    runner.drain()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.result is None
+    assert "task backend 'immediate' is not a Palisade backend" in job.error
 
 
 OUTSIDE_TASK = """
