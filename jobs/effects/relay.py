@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, connection
 
-from jobs.effects import outbox
+from jobs.effects import outbox, targets
 from jobs.effects.slots import Slots
 
 logger = logging.getLogger("jobs.outbox")
@@ -176,7 +176,9 @@ class Relay:
                         return
                 try:
                     self._mind_overdue()
-                except Exception:  # noqa: BLE001  a bug: tried again, the claims are at stake
+                except targets.STOPS:  # a stop of this process: never caught
+                    raise
+                except BaseException:  # noqa: BLE001  a bug: tried again, the claims are at stake
                     logger.exception("relay: the claims of calls still out were not renewed")
                     connection.close()
                     self.freed.wait(self.lease_seconds / 10)
@@ -308,7 +310,9 @@ class Relay:
             recorded = True
         except DatabaseError as exc:  # the row keeps the truth: its lease runs out, reconciled
             logger.warning("relay: intent %s left to its lease (database error: %s)", c.key, exc)
-        except Exception:  # noqa: BLE001  a bug in a target must not kill the relay
+        except targets.STOPS:  # a stop of this process: never caught
+            raise
+        except BaseException:  # noqa: BLE001  a bug (a SystemExit too): this intent's alone
             logger.exception("relay: intent %s failed unexpectedly", c.key)
         finally:
             try:
