@@ -8,13 +8,14 @@ lease reaper or drain dispatch.
 
 Hazards: each thread has its own database connection (Django's are per thread) and closes it on
 exit and after any database error; a database outage is logged once, then reminded, then its
-recovery (jobs.core.connectivity.OutageLog), any other error with its traceback, and the loop goes
-on after a pause. Both tasks are safe with several schedulers at once (SKIP LOCKED claims,
-fenced marks). Their round trips are not under the platform's deadline (a storage backend may
-rightly be slow; a webhook call has its own total deadline); libpq's keepalives bound a dead
-peer, and a stop never waits longer than STOP_SECONDS (daemon threads: the process exits without
-them). The relay's calls still out at a stop keep their intents claimed while the process lives
-(the handlers' shutdown grace): a daemon thread of the relay's renews them (Relay.keep_claims).
+recovery (jobs.core.connectivity.OutageLog), any other error -- a SystemExit too, not an interrupt
+-- with its traceback, and the loop goes on after a pause. Both tasks are safe with several
+schedulers at once (SKIP LOCKED claims, fenced marks). Their round trips are not under the
+platform's deadline (a storage backend may rightly be slow; a webhook call has its own total
+deadline); libpq's keepalives bound a dead peer, and a stop never waits longer than STOP_SECONDS
+(daemon threads: the process exits without them). The relay's calls still out at a stop keep
+their intents claimed while the process lives (the handlers' shutdown grace): a daemon thread of
+the relay's renews them (Relay.keep_claims).
 """
 
 import logging
@@ -69,7 +70,11 @@ class Maintenance:
                 except DatabaseError as exc:
                     outage.failed(exc)
                     connection.close()
-                except Exception:  # noqa: BLE001  keep going; the rows keep the truth
+                except KeyboardInterrupt:
+                    raise
+                except BaseException:  # noqa: BLE001  keep going; the rows keep the truth
+                    # A SystemExit (say) from code the step calls too: ending the thread would
+                    # stop this process's relay, or janitor, for every row while the rest runs.
                     logger.exception("%s failed; retrying", name)
                     connection.close()
                 if pause > 0:
