@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import connection
 
+import jobs
 from jobs.context import Held, JobContext
 from jobs.core import transitions
 from jobs.core.transitions import Claimed
@@ -33,6 +34,20 @@ def claim(worker: str) -> Running:
     (claimed,) = transitions.claim(worker, limit=1, lease_seconds=30)
     held = Held(claimed.fence, 30)
     return Running(claimed, held, JobContext(held, claimed.kind, claimed.payload))
+
+
+def commit_intent(target: str, data: Any = None, worker: str = "host-a:1") -> str:
+    """A job committed with one intent (step "publish") to `target`: the intent's key."""
+    job = jobs.enqueue("test.echo")
+    running = claim(worker)
+    running.ctx.intent("publish", target, {} if data is None else data)
+    running.commit(None)
+    return f"{job.pk}:publish"
+
+
+def commit_webhook_intents(url: str, n: int) -> list[str]:
+    """`n` jobs, each committed with one webhook intent to `url`/hook: their intents' keys."""
+    return [commit_intent("webhook", {"url": f"{url}/hook", "json": {"n": i}}) for i in range(n)]
 
 
 def expire_and_reap(job_id: int) -> None:

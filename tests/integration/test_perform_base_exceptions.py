@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-import jobs
 from jobs.effects import outbox, relay
 from jobs.models import Intent
-from tests.integration.attempts import claim
+from tests.integration.attempts import commit_intent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,20 +50,12 @@ class _Fine:
         self.performed += 1
 
 
-def _intent(target: str) -> str:
-    job = jobs.enqueue("test.echo")
-    running = claim("host-a:1")
-    running.ctx.intent("publish", target, {})
-    running.commit(None)
-    return f"{job.pk}:publish"
-
-
 @pytest.mark.parametrize("exc", RAISED, ids=IDS)
 def test_a_perform_raising_a_base_exception_is_its_intents_failed_try(exc):
     outbox.register_target("test-exits", _Raises(exc))
     fine = _Fine()
     outbox.register_target("test-fine", fine)
-    exits, other = _intent("test-exits"), _intent("test-fine")
+    exits, other = commit_intent("test-exits"), commit_intent("test-fine")
 
     assert outbox.relay_once("relay-a") == 2  # before: SystemExit left here, `other` unhandled
     row = Intent.objects.get(key=exits)
@@ -78,7 +69,7 @@ def test_a_perform_raising_a_base_exception_is_its_intents_failed_try(exc):
 def test_a_reconcile_raising_a_base_exception_is_asked_again_later(exc):
     target = _Raises(exc, where="reconcile")
     outbox.register_target("test-exits", target)
-    key = _intent("test-exits")
+    key = commit_intent("test-exits")
     assert outbox.relay_once("relay-a") == 1  # performed, its answer lost: unknown
     Intent.objects.update(next_try_at="2000-01-01T00:00:00Z")  # its backoff has passed
     assert outbox.relay_once("relay-a") == 1
@@ -90,7 +81,7 @@ def test_a_reconcile_raising_a_base_exception_is_asked_again_later(exc):
 
 def test_a_perform_raising_system_exit_past_the_retry_horizon_is_given_up():
     outbox.register_target("test-exits", _Raises(SystemExit(1)))
-    key = _intent("test-exits")
+    key = commit_intent("test-exits")
     Intent.objects.update(retry_since="2000-01-01T00:00:00Z")
     assert outbox.relay_once("relay-a") == 1
     row = Intent.objects.get(key=key)
@@ -102,8 +93,8 @@ def test_the_embedded_relay_records_a_system_exit_and_delivers_the_other_intents
     outbox.register_target("test-exits", _Raises(SystemExit(0)))
     fine = _Fine()
     outbox.register_target("test-fine", fine)
-    exits = _intent("test-exits")
-    others = [_intent("test-fine") for _ in range(3)]
+    exits = commit_intent("test-exits")
+    others = [commit_intent("test-fine") for _ in range(3)]
     pool = relay.Relay("relay-exits", threads=2, per_lane=4, reserved=0)
 
     # Well under the relay's 60 s lease: before, the SystemExit's row waited for it to run out.
@@ -122,6 +113,6 @@ def test_the_embedded_relay_records_a_system_exit_and_delivers_the_other_intents
 
 def test_a_keyboard_interrupt_from_a_target_is_still_a_stop():
     outbox.register_target("test-exits", _Raises(KeyboardInterrupt()))
-    _intent("test-exits")
+    commit_intent("test-exits")
     with pytest.raises(KeyboardInterrupt):
         outbox.relay_once("relay-a")

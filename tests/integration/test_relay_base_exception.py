@@ -23,7 +23,7 @@ import pytest
 import jobs
 from jobs.effects import outbox, relay
 from jobs.models import Intent
-from tests.integration.attempts import claim
+from tests.integration.attempts import claim, commit_webhook_intents
 from tests.receiver import receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,17 +45,6 @@ outbox.register_target("test.base-exception-hangs", HANGS)
 
 class LibraryCancelled(BaseException):
     """A library's own BaseException (as trio's Cancelled or gevent's Timeout are)."""
-
-
-def _commit_intents(url: str, n: int) -> list[str]:
-    keys = []
-    for i in range(n):
-        job = jobs.enqueue("test.echo")
-        running = claim("host-a:1")
-        running.ctx.intent("publish", "webhook", {"url": f"{url}/hook", "json": {"n": i}})
-        running.commit(None)
-        keys.append(f"{job.pk}:publish")
-    return keys
 
 
 def _plant(monkeypatch: Any, key: str, raised: BaseException) -> None:
@@ -88,7 +77,7 @@ def _until_calls_end(pool: relay.Relay) -> None:
 def test_a_base_exception_in_the_relays_own_step_stays_with_its_intent(monkeypatch, caplog, raised):
     escaped = _escaped(monkeypatch)
     with receiver() as r, caplog.at_level(logging.ERROR, logger="jobs.outbox"):
-        failing, other = _commit_intents(r.url, 2)
+        failing, other = commit_webhook_intents(r.url, 2)
         _plant(monkeypatch, failing, raised)
         pool = relay.Relay("relay-base", threads=2, per_lane=2, reserved=0)
         assert pool.pump() == 2
@@ -107,7 +96,7 @@ def test_a_base_exception_in_the_relays_own_step_stays_with_its_intent(monkeypat
 def test_a_keyboard_interrupt_in_the_relays_own_step_still_propagates(monkeypatch, caplog):
     escaped = _escaped(monkeypatch)
     with receiver() as r, caplog.at_level(logging.ERROR, logger="jobs.outbox"):
-        (key,) = _commit_intents(r.url, 1)
+        (key,) = commit_webhook_intents(r.url, 1)
         stop = KeyboardInterrupt()
         _plant(monkeypatch, key, stop)
         pool = relay.Relay("relay-stop", threads=1, per_lane=1, reserved=0)

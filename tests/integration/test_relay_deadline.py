@@ -20,12 +20,11 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
 
-import jobs
 from jobs.effects import outbox, relay
 from jobs.effects.outbox import register_target
 from jobs.models import Intent
 from jobs.worker.maintenance import Maintenance
-from tests.integration.attempts import claim
+from tests.integration.attempts import commit_intent
 from tests.slow_receivers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,14 +48,6 @@ class _Quick:
         self.keys.append(key)
 
 
-def _commit_intent(target: str) -> str:
-    job = jobs.enqueue("test.echo")
-    running = claim("host-a:1")
-    running.ctx.intent("publish", target, {})
-    running.commit(None)
-    return f"{job.pk}:publish"
-
-
 def _pump_until(pool: relay.Relay, done: Any, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not done():
@@ -70,8 +61,8 @@ def test_a_hanging_targets_call_frees_its_thread_at_the_deadline():
     hangs, quick = _Hangs(), _Quick()
     register_target("test.hangs", hangs)
     register_target("test.quick", quick)
-    hung = _commit_intent("test.hangs")
-    other = _commit_intent("test.quick")
+    hung = commit_intent("test.hangs")
+    other = commit_intent("test.quick")
     pool = relay.Relay("relay-deadline", threads=1, per_lane=1, reserved=0, call_deadline=0.5)
     try:
         # One thread, taken by the hanging call: before, the other intent waited for good.
@@ -139,7 +130,7 @@ def test_an_intent_is_never_called_again_while_its_call_past_the_deadline_is_sti
     # unknown, and the next try reconciles against a target whose call has settled.
     target = _Blocks(answer_lost)
     register_target("test.blocks", target)
-    key = _commit_intent("test.blocks")
+    key = commit_intent("test.blocks")
     pool, other = _short_relay("relay-a"), _short_relay("relay-b")  # other: another scheduler's
     try:
         _pump_until(pool, lambda: target.started == 1, 10, "the intent was not called")
@@ -195,7 +186,7 @@ def test_an_overdue_call_that_ends_with_nothing_recorded_is_handed_back_as_unkno
     monkeypatch.setattr(outbox, "_done", buggy_once)
     target = _Blocks()
     register_target("test.blocks-exits", target)
-    key = _commit_intent("test.blocks-exits")
+    key = commit_intent("test.blocks-exits")
     pool = _short_relay("relay-exits")
     try:
         _pump_until(pool, lambda: pool.overdue() == [key], 10, "the call never became overdue")
@@ -217,7 +208,7 @@ def test_the_embedded_relay_wakes_to_renew_an_overdue_calls_lease_whatever_its_p
     # an overdue call, renewed only by pump(), ran out with its call still out.
     target = _Blocks()
     register_target("test.blocks-poll", target)
-    key = _commit_intent("test.blocks-poll")
+    key = commit_intent("test.blocks-poll")
     maintenance = Maintenance("relay-poll")
     maintenance.relay = _short_relay("relay-poll")
     maintenance.start()
@@ -247,7 +238,7 @@ def test_an_overdue_calls_claim_is_kept_after_the_relay_stops_while_its_process_
     # and the next relay checked ("not yet"), performed, and the first call could land too.
     target = _Blocks()
     register_target("test.blocks-stop", target)
-    key = _commit_intent("test.blocks-stop")
+    key = commit_intent("test.blocks-stop")
     maintenance = Maintenance("relay-stop")
     maintenance.relay = _short_relay("relay-stop")
     other = _short_relay("relay-next")  # another scheduler's

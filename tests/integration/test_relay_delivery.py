@@ -29,7 +29,7 @@ from jobs.effects import outbox
 from jobs.effects.webhook import OutcomeUnknown, WebhookTarget
 from jobs.models import Intent, StagedOutput
 from jobs.worker.maintenance import Maintenance
-from tests.integration.attempts import claim, expire_and_reap
+from tests.integration.attempts import claim, commit_intent, expire_and_reap
 from tests.receiver import JsonHandler, receiver, serving
 from tests.slow_receivers import fencing_receiver, trickling_server, wait_for
 
@@ -38,21 +38,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 outbox.register_target("test.quick-webhook", WebhookTarget(timeout=1.0))
 
 
-def _commit_intent(target: str, data: dict[str, Any]) -> str:
-    job = jobs.enqueue("test.echo")
-    running = claim("host-a:1")
-    running.ctx.intent("publish", target, data)
-    running.commit(None)
-    return f"{job.pk}:publish"
-
-
 def _due_now() -> None:
     Intent.objects.update(next_try_at=timezone.now() - timedelta(seconds=1))
 
 
 def test_a_slow_non_deduplicating_target_performs_a_timed_out_intent_once():
     with fencing_receiver(hold_first=True) as r:
-        key = _commit_intent(
+        key = commit_intent(
             "test.quick-webhook", {"url": f"{r.url}/hook", "check_url": f"{r.url}/check"}
         )
         assert outbox.relay_once("relay-a") == 1  # the call times out: outcome unknown
@@ -72,7 +64,7 @@ def test_a_slow_non_deduplicating_target_performs_a_timed_out_intent_once():
 
 def test_a_timed_out_intent_a_target_cannot_check_is_parked_never_sent_again():
     with fencing_receiver(hold_first=True) as r:
-        _commit_intent("test.quick-webhook", {"url": f"{r.url}/hook"})  # no check_url
+        commit_intent("test.quick-webhook", {"url": f"{r.url}/hook"})  # no check_url
         outbox.relay_once("relay-a")
         _due_now()
         outbox.relay_once("relay-a")
@@ -102,7 +94,7 @@ def test_a_relay_stalled_between_marking_and_calling_is_refused_by_its_token():
     target = Stalling()
     outbox.register_target("test.stalling", target)
     with fencing_receiver() as r:
-        key = _commit_intent("test.stalling", {"url": f"{r.url}/hook", "check_url": f"{r.url}/c"})
+        key = commit_intent("test.stalling", {"url": f"{r.url}/hook", "check_url": f"{r.url}/c"})
 
         def stalled_relay() -> None:
             try:
@@ -162,7 +154,7 @@ def test_a_check_answering_another_2xx_cannot_tell_yet_and_leaves_the_intent_unk
             WebhookTarget(timeout=5.0).reconcile("1:publish", data, 1)
         assert (undecided.checks, undecided.posts) == (1, 1)
 
-        _commit_intent("test.quick-webhook", data)
+        commit_intent("test.quick-webhook", data)
         # A relay died mid-call: the outcome is unknown, so the next try asks the check first.
         Intent.objects.update(outcome_unknown=True, performs=1, claims=1)
         assert outbox.relay_once("relay-a") == 1
@@ -219,7 +211,7 @@ def test_one_hanging_target_delays_only_its_own_intents(settings, tmp_path):
         later = timezone.now() + timedelta(days=1)  # requeued; not claimed again in this test
         jobs.models.Job.objects.filter(pk=job.pk).update(run_at=later)
         for _ in range(6):  # more intents for the dead target than the relay has threads
-            _commit_intent("webhook", {"url": f"{dead.url}/hook", "json": {}})
+            commit_intent("webhook", {"url": f"{dead.url}/hook", "json": {}})
 
         maintenance = Maintenance("test-maintenance")
         maintenance.start()
@@ -227,7 +219,7 @@ def test_one_hanging_target_delays_only_its_own_intents(settings, tmp_path):
             wait_for(lambda: dead.connections >= 1, 10, "the relay never called the dead target")
             wait_for(_StuckStorage.deleting.is_set, 10, "the janitor never swept")
             committed = time.monotonic()
-            key = _commit_intent("webhook", {"url": f"{healthy.url}/hook", "json": {"n": 1}})
+            key = commit_intent("webhook", {"url": f"{healthy.url}/hook", "json": {"n": 1}})
             wait_for(lambda: key in healthy.keys(), 2.0, "the healthy intent waited for others")
             assert time.monotonic() - committed < 2.0
             assert StagedOutput.objects.get().settled_at is None  # the janitor is still stuck

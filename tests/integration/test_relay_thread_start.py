@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 from django.db.models.functions import Now
 
-import jobs
 from jobs.effects import relay
 from jobs.models import Intent
-from tests.integration.attempts import claim
+from tests.integration.attempts import commit_webhook_intents
 from tests.receiver import receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,17 +35,6 @@ class _FirstStartFails(threading.Thread):
         super().start()
 
 
-def _commit_intents(url: str, n: int) -> list[str]:
-    keys = []
-    for i in range(n):
-        job = jobs.enqueue("test.echo")
-        running = claim("host-a:1")
-        running.ctx.intent("publish", "webhook", {"url": f"{url}/hook", "json": {"n": i}})
-        running.commit(None)
-        keys.append(f"{job.pk}:publish")
-    return keys
-
-
 def _pump_until(pool: relay.Relay, done: Any, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not done():
@@ -62,7 +50,7 @@ def test_a_call_thread_that_cannot_start_frees_its_slot_and_stops_no_other_deliv
     _FirstStartFails.failed = []
     monkeypatch.setattr(relay.threading, "Thread", _FirstStartFails)
     with receiver() as r:
-        keys = _commit_intents(r.url, 3)
+        keys = commit_webhook_intents(r.url, 3)
         pool = relay.Relay("relay-threads", threads=3, per_lane=3, reserved=0)
         started = pool.pump()  # raised before, with the slot taken and two claims left idle
         assert _FirstStartFails.failed and started == 2
