@@ -107,7 +107,8 @@ class Heartbeater:
 
     def hold_many(self, leases: Sequence[tuple[Fence, float]]) -> list[Held]:
         """Hold a batch's claimed attempts, each with its lease (one lock for the batch)."""
-        helds = [Held(fence, lease_seconds) for fence, lease_seconds in leases]
+        now = time.monotonic()
+        helds = [Held(fence, lease_seconds, now) for fence, lease_seconds in leases]
         if not helds:
             return helds
         shortest = min(h.lease_seconds for h in helds)
@@ -116,9 +117,7 @@ class Heartbeater:
                 self._held[held.fence.job_id] = held
             self._waiting = True
             self._min_half_lease = min(self._min_half_lease, shortest / 2.0)
-            # A shorter lease than the one held here means beating more often -- starting now,
-            # not after the longer wait the thread is already in.
-            if shortest / 3.0 < self.interval:
+            if shortest / 3.0 < self.interval:  # beat more often, now (not after this wait)
                 self.interval = shortest / 3.0
                 self._wake.set()
         return helds
@@ -127,18 +126,27 @@ class Heartbeater:
         with self._lock:
             self._held.pop(fence.job_id, None)
 
-    def start(self, held: Held) -> bool:
-        """The runner is about to run this job; False if it was handed back meanwhile.
-
-        While its hand-off is in flight, waits for it (its round trips are bounded): a hand-off
-        that failed leaves the job held, and the runner runs it after all."""
+    def start(self, held: Held, *running: Any) -> float | None:
+        """The runner is about to run this job; None if it was handed back meanwhile. With
+        `running` (timeout, on_timeout), its handler starts now (`running`, under the same lock;
+        returns when), else 0.0. While its hand-off is in flight, waits for it (bounded round
+        trips): a hand-off that failed leaves the job held, and the runner runs it after all."""
         with self._lock:
             while held.fence.job_id in self._handing:
                 self._hand_offs_settled.wait(1.0)
             if self._held.get(held.fence.job_id) is not held:
-                return False
+                return None
             held.started = True
-            return True
+            return self._running.start(held, *running) if running else 0.0
+
+    def running(
+        self, held: Held, timeout: float | None, on_timeout: Callable[[], None] | None
+    ) -> float:
+        """Name the job whose handler runs now (returns when); with a `timeout`, the thread
+        calls `on_timeout` once if it is still running then (jobs.worker.running). Not woken
+        for it (a thread switch a job): it looks every FLUSH_SECONDS, then plans with it."""
+        with self._lock:
+            return self._running.start(held, timeout, on_timeout)
 
     def holds(self, held: Held) -> bool:
         with self._lock:
@@ -152,24 +160,15 @@ class Heartbeater:
                 del self._held[h.fence.job_id]
         return taken
 
-    def running(
-        self,
-        held: Held | None,
-        timeout: float | None = None,
-        on_timeout: Callable[[], None] | None = None,
-    ) -> None:
-        """Name the job whose handler runs now; with a `timeout`, the thread calls `on_timeout`
-        once if it is still running then (jobs.worker.running). No lock, and the thread is not
-        woken for it (a thread switch per job would cost the hot path): it looks at least every
-        FLUSH_SECONDS and then plans its wake-up with the deadline in it."""
-        self._running.start(held, timeout, on_timeout)
-
-    def returned(self, held: Held) -> bool:
+    def returned(self, held: Held, success: Finished | None = None) -> bool:
         """The runner's handler of `held` returned (or raised): True if its attempt is still the
-        runner's to end, False if its timeout took it first (the thread fails it). Exactly one
-        of this and `take_timed_out` has the attempt."""
+        runner's to end (a `success` then waits for its commit: `finished`), False if its timeout
+        took it first (the thread fails it). Exactly one of this and `take_timed_out` has it."""
         with self._lock:
-            return self._running.returned(held)
+            ours = self._running.returned(held)
+            if ours and success is not None:
+                self._successes.add_locked(success)
+            return ours
 
     def take_timed_out(self, held: Held) -> bool:
         """The running handler overran its timeout: take its job (the runner leaves it). False
@@ -228,9 +227,8 @@ class Heartbeater:
                 self._hand_offs_settled.notify_all()
 
     def finished(self, held: Held, claimed: Claimed, result: Any) -> None:
-        """A success to commit soon; its lease stays beaten until then. The thread is not woken
-        for it (a wake-up per batch would cost the hot path a thread switch): it looks every
-        FLUSH_SECONDS, so a success waits at most twice that."""
+        """A success to commit soon (its lease beaten until then). The thread is not woken for
+        it (a thread switch): it looks every FLUSH_SECONDS; a success waits at most twice that."""
         self._successes.add(Finished(held, claimed, result, time.monotonic()))
 
     def flush(self) -> None:
@@ -247,12 +245,14 @@ class Heartbeater:
     def commit_soon(self) -> None:
         """The runner's batch is over: this thread commits its successes at once while the
         runner claims the next batch (jobs.worker.successes; on PostgreSQL only -- SQLite has one
-        writer at a time); the runner commits them itself while the last hand-over is on its way."""
-        if self.pipelined and self._thread.is_alive() and self._successes.hand_over():
-            if self._successes.handed_over:
-                self._wake.set()
-        else:
+        writer at a time). While a hand-over waits behind the thread's commit on its way, the
+        runner commits both, not waiting for that one (a drain's first opens the connection)."""
+        if not (self.pipelined and self._thread.is_alive()):
             self.flush()
+        elif not self._successes.hand_over():
+            self._successes.commit(self._let_go, wait=False)
+        elif self._successes.handed_over:
+            self._wake.set()
 
     @property
     def at_risk(self) -> bool:

@@ -24,12 +24,12 @@ attempt (jobs.worker.running).
 Shutdown (jobs.worker.shutdown): once a stop is requested a drain claims nothing more and hands
 back the jobs it has not started; when the grace ends with a handler still running, the drain's
 background thread beats once (it ran), hands every held job back (fenced) and ends this worker
-process after ABANDON_SECONDS: the abandoned handler's writes in between change zero rows."""
+process after ABANDON_SECONDS (jobs.worker.hand_back): the abandoned handler's writes in between
+change zero rows."""
 
 import contextvars
 import logging
 import os
-import sys
 import time
 import traceback
 from collections.abc import Sequence
@@ -39,15 +39,15 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from jobs.context import Held, JobContext, close_side_connection, refused_at_commit
-from jobs.core import bounds, identity, policy, registry, transitions
+from jobs.core import bounds, identity, policy, transitions
 from jobs.core.conf import jobs_settings
 from jobs.core.connectivity import OutageLog, bounded
 from jobs.core.exceptions import InvalidPayload, LeaseLost, PermanentFailure, UnknownKind
 from jobs.core.registry import Handler, get_handler
 from jobs.core.sql.rows import JSONText
 from jobs.core.transitions import Claimed
-from jobs.worker import completer, hygiene, shutdown, watchdog
-from jobs.worker.heartbeat import Heartbeater
+from jobs.worker import completer, hand_back, hygiene, shutdown, watchdog
+from jobs.worker.heartbeat import Finished, Heartbeater
 from jobs.worker.listener import IdleWait
 
 logger = logging.getLogger("jobs.runner")
@@ -55,10 +55,6 @@ logger = logging.getLogger("jobs.runner")
 # A worker process's outages, logged once (then reminders, then the recovery) across its drains.
 _WORKER_OUTAGE = OutageLog("worker drain (claim)", logger)
 _LISTEN_OUTAGE = OutageLog("worker LISTEN connection", logger)
-
-# After the grace period's hand-back, how long an abandoned handler may still run (its writes
-# are rejected and recorded meanwhile) before its worker process ends.
-ABANDON_SECONDS = 0.25
 
 
 def worker_identity() -> str:
@@ -124,6 +120,7 @@ def _classify(handler: Handler, ctx: JobContext) -> Outcome:
 
 
 _RETURNED_NONE = Outcome(True, JSONText("null"))
+_FAILED_UNCLASSIFIED = Outcome(False)
 _DAEMONIC = "daemonic processes are not allowed to have children"
 _DAEMONIC_HINT = (
     "(a handler runs in a django-q2 worker process, which is daemonic: multiprocessing's "
@@ -164,9 +161,9 @@ def drain(
         with Heartbeater(
             interval,
             completer.commit,
-            _hand_back_at_shutdown,
-            _hand_back_unstarted,
-            _hand_off_waiting,
+            hand_back.at_grace_over,
+            hand_back.unstarted,
+            hand_back.waiting,
         ) as beats:
             while time.monotonic() < deadline and not beats.at_risk and not shutdown.requested():
                 try:
@@ -244,10 +241,10 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     try:
         while unstarted and not beats.at_risk and not shutdown.requested():
             current = unstarted.pop(0)
-            if not beats.start(current[1]):
+            commit_now = run_one(*current, beats, kinds)
+            if commit_now is None:
                 current = None  # handed back by a stop meanwhile
                 continue
-            commit_now = run_one(*current, beats, kinds)
             current, ran = None, ran + 1
             if commit_now:
                 # It ran long enough to be confirmed (so a kill now would charge it): commit
@@ -269,35 +266,48 @@ def run_batch(batch: Sequence[Claimed], beats: Heartbeater) -> int:
     return ran
 
 
-def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> bool:
+def run_one(claimed: Claimed, held: Held, beats: Heartbeater, kinds: _Kinds) -> bool | None:
     """Run one job and end its attempt, or hand its success over; True if that success must be
-    committed before the next handler starts (confirmed: see run_batch). Quick jobs, never
-    confirmed, keep their batched commit."""
+    committed before the next handler starts (confirmed: see run_batch), None if a stop handed
+    it back before it started. Quick jobs, never confirmed, keep their batched commit."""
     handler, seconds = kinds[claimed.kind]
-    if handler is None:
+
+    def on_timeout() -> None:
+        watchdog.time_out(beats, claimed, held, seconds or 0.0)
+
+    if handler is not None and not claimed.attempts_released:
+        since = beats.start(held, seconds, on_timeout)  # and named running, under one lock
+    elif beats.start(held) is None:
+        return None
+    elif handler is None:
         beats.release(claimed.fence)
         why = kinds.errors.get(claimed.kind, f"no handler is registered for kind {claimed.kind!r}")
         completer.fail(claimed, why, held=held)
         return False
-    if claimed.attempts_released:
-        if not _confirm_running(claimed, beats):
-            return False
+    elif not _confirm_running(claimed, beats):
+        return False
+    else:
         held.confirmed = True
-    beats.running(held, seconds, lambda: watchdog.time_out(beats, claimed, held, seconds or 0.0))
-    watchdog.started(claimed.fence.job_id, claimed.fence.attempt, seconds, held.lease_seconds)
+        since = beats.running(held, seconds, on_timeout)
+    if since is None:
+        return None
+    fence = claimed.fence
+    watchdog.started(fence.job_id, fence.attempt, seconds, held.lease_seconds, since)
+    outcome = _FAILED_UNCLASSIFIED  # until execute returns (a BaseException propagates)
     try:
         outcome = execute(handler, JobContext(held, claimed.kind, claimed.payload))
-    finally:
-        ours = beats.returned(held)  # or its timeout's: decided once, under the drain's lock
+    finally:  # ours or its timeout's, decided once under the drain's lock (a success with it)
+        success = outcome.succeeded and not outcome.lost
+        done = Finished(held, claimed, outcome.result, time.monotonic()) if success else None
+        ours = beats.returned(held, done)
         watchdog.ended()
     if not ours:
         return False  # failed by the background thread, which is ending this process
-    if outcome.succeeded and not outcome.lost:
-        beats.finished(held, claimed, outcome.result)
+    if success:
         return held.confirmed
-    beats.release(claimed.fence)
+    beats.release(fence)
     if outcome.lost or held.lost.is_set():
-        completer.discard(claimed.fence, held)
+        completer.discard(fence, held)
     else:
         completer.fail(claimed, outcome.error, permanent=outcome.permanent, held=held)
     return False
@@ -356,44 +366,3 @@ def _release(unstarted: list[tuple[Claimed, Held]], beats: Heartbeater) -> None:
         beats.release(claimed.fence)
         completer.release(claimed)
     unstarted.clear()
-
-
-def _hand_off_waiting(waiting: list[Held]) -> list[Held]:
-    """On the drain's background thread: jobs of this batch that waited behind a handler running
-    longer than HANDOFF_SECONDS go back to the queue (fenced, uncharged), so that a free worker
-    -- woken by the requeue's NOTIFY -- takes them now rather than after the slow one. The
-    runner's `beats.start` then refuses them. Returns those whose hand-back was decided; the
-    others (the database did not answer) stay held, beaten, and are tried again."""
-    return [
-        h
-        for h in waiting
-        if completer.hand_back(h.fence, "(waited behind a slow batch-mate)", logging.INFO)
-    ]
-
-
-def _hand_back_unstarted(beats: Heartbeater) -> None:
-    """On the drain's background thread, as soon as a stop is requested: jobs claimed but not
-    started go back at once, not after the running handler or the grace period."""
-    for h in beats.take_unstarted():
-        completer.hand_back(h.fence)
-
-
-def _hand_back_at_shutdown(beats: Heartbeater) -> None:
-    """On the drain's background thread, once the grace period of a stop is over."""
-    try:
-        beats.flush()  # successes already finished are committed, not handed back
-        beats.beat_now()  # confirms the abandoned handler: it ran (its task's result counts it)
-    except Exception:  # noqa: BLE001  best effort: an unsettled success's lease decides
-        logger.exception("could not commit finished successes, or beat, at shutdown")
-    for h in beats.held():
-        completer.hand_back(h.fence)
-    if beats.stopped(ABANDON_SECONDS):
-        return  # the handler returned meanwhile and the drain ended on its own
-    logger.warning(
-        "shutdown grace period over: abandoning the running handler; worker process %s exits",
-        os.getpid(),
-    )
-    registry.before_exit()  # what this process's daemonic threads still owe (jobs.tasks' notices)
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(0)  # the handler cannot be interrupted safely; its jobs are handed back

@@ -9,10 +9,10 @@ was once handed over by the runner and committed, then "failed" by the thread, w
 fail deleted the committed attempt's outputs.
 
 Never: writes anything or ends an attempt itself; takes no lock of its own -- `Heartbeater`
-calls `returned`, `take` and `timed_out` under its lock.
+calls `start`, `returned`, `take` and `timed_out` under its lock.
 
-Hazards: `start` is plain assignments (a handler starts without a lock on the runner's hot
-path), the handler named before its deadline, so a due deadline always finds its handler; the
+Hazards: `start` is plain assignments, the handler named before its deadline, so a due
+deadline always finds its handler; the
 deadline and its callback are one tuple, so the thread never pairs one handler's deadline with
 another's callback.
 """
@@ -35,13 +35,15 @@ class Running:
 
     def start(
         self, held: Held | None, timeout: float | None, on_timeout: Callable[[], None] | None
-    ) -> None:
-        self.since = time.monotonic()
+    ) -> float:
+        """(Under the lock.) Returns when it started (time.monotonic())."""
+        self.since = since = time.monotonic()
         self.held = held
         if held is not None and timeout is not None and on_timeout is not None:
             self._deadline = (self.since + timeout, on_timeout)
         else:
             self._deadline = None
+        return since
 
     def returned(self, held: Held) -> bool:
         """(Under the lock.) The handler of `held` returned, or raised: True if its attempt is

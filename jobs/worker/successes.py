@@ -11,8 +11,10 @@ Hazards: a success handed over is committed later than its batch's end, never lo
 that follows: at most one commit is on its way in the background thread and one batch's
 successes wait behind it (a batch that ends while one is on its way is handed over all the
 same: the thread commits it next, and the runner goes on claiming instead of committing it
-itself; the end of a batch after that, with both places taken, commits on the runner's thread,
-which so never runs more than two batches ahead of its commits); and `commit(wait=True)` --
+itself; the end of a batch after that, with both places taken, commits the waiting one and its
+own on the runner's thread -- without waiting for the one on its way, which at a drain's start
+is also the thread opening its connection: until 2026-12-07 the runner's next claim waited
+~11 ms for it); and `commit(wait=True)` --
 every thread's but the background one's -- waits for it, so "flushed" still means "committed"
 to whoever asks (the drain's end, a confirmed job, a stop). A worker that dies before the commit
 leaves the job to its lease, as before: up to three batches' successes then run again (the
@@ -55,6 +57,10 @@ class Successes:
     def add(self, item: Finished) -> None:
         with self._lock:
             self._items.append(item)
+
+    def add_locked(self, item: Finished) -> None:
+        """`add`, for a caller that holds the lock."""
+        self._items.append(item)
 
     def due_at(self) -> float | None:
         """When the oldest success must be committed at the latest (time.monotonic())."""

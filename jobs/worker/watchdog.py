@@ -124,12 +124,16 @@ def _pulse(slot: _Slot) -> None:
         time.sleep(PULSE_SECONDS)  # a pulse, not a wait for a condition
 
 
-def started(job_id: int, attempt: int, timeout: float | None, lease: float) -> None:
-    """A handler starts: it overruns at now + timeout (None: never); its lease is `lease`."""
+def started(
+    job_id: int, attempt: int, timeout: float | None, lease: float, now: float | None = None
+) -> None:
+    """A handler starts (`now`, time.monotonic(), if the caller has read it): it overruns at
+    now + timeout (None: never); its lease is `lease`."""
     slot = _slot()
     if slot is not None:
         slot.job_id, slot.attempt, slot.timeout = job_id, attempt, timeout or 0.0
-        slot.deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+        now = time.monotonic() if now is None else now
+        slot.deadline = now + timeout if timeout is not None else float("inf")
         slot.lease = lease
         slot.state = RUNNING
 

@@ -11,7 +11,7 @@ from django.db import connection, connections
 from jobs.core import transitions
 from jobs.core.states import AttemptOutcome, JobState
 from jobs.models import Attempt, Job
-from jobs.worker import completer, runner, shutdown
+from jobs.worker import completer, hand_back, runner, shutdown
 from jobs.worker.heartbeat import Heartbeater
 from tests.integration.pgproxy import PgProxy
 
@@ -65,7 +65,7 @@ def test_batch_mates_whose_hand_back_failed_stay_held_and_go_to_a_free_worker_pr
     proxied.cut_on(RELEASE_MARKER, after_reply=False)
 
     def run_the_batch() -> None:
-        with Heartbeater(1.0, completer.commit, on_hand_off=runner._hand_off_waiting) as beats:
+        with Heartbeater(1.0, completer.commit, on_hand_off=hand_back.waiting) as beats:
             runner.run_batch(batch, beats)
 
     started = time.monotonic()

@@ -145,7 +145,7 @@ def test_the_runner_commits_itself_when_one_hand_over_is_on_its_way_and_one_wait
 ):
     # Claims of 1, 4, 4 and 4 while the first hand-over is held: the second batch waits behind
     # it, and the third batch's end, finding both places taken, commits on the runner's thread
-    # -- the second batch with it -- so the runner never runs more than two batches ahead.
+    # -- the second batch with it -- so the runner never runs more than three batches ahead.
     ids = [jobs.enqueue("test.echo", {"n": n}).pk for n in range(13)]
     runner_committed = threading.Event()
     held_up = []
@@ -159,6 +159,40 @@ def test_the_runner_commits_itself_when_one_hand_over_is_on_its_way_and_one_wait
     seen = commits_by_thread(monkeypatch, before_commit)
     assert runner.drain() == 13
     assert held_up == [True], f"no batch committed on the runner's thread meanwhile: {seen}"
+    assert seen[0] == ("jobs-heartbeat", batches[0])
+    assert ("MainThread", batches[1] + batches[2]) in seen, seen
+    every_job_succeeded_once(ids)
+
+
+@override_settings(JOBS={"CLAIM_BATCH": 4, "IDLE_WAIT_SECONDS": 0.0})
+def test_the_runner_committing_itself_claims_again_without_waiting_for_the_hand_over(
+    monkeypatch, batches
+):
+    # Claims of 1, 4, 4, 4 and 4 while the first hand-over is held (as the drain's first is
+    # while the thread opens its connection): the third batch's end commits the second and
+    # third on the runner's thread and claims again at once. Until 2026-12-07 that commit then
+    # waited for the held one, and the fourth claim came only after it (here: never, until the
+    # deadline).
+    ids = [jobs.enqueue("test.echo", {"n": n}).pk for n in range(17)]
+    fourth_claimed = threading.Event()
+    held_up = []
+
+    def before_commit(thread, number):
+        if number == 1:  # the first hand-over: held until the runner has claimed a fourth time
+            held_up.append(fourth_claimed.wait(DEADLINE))
+
+    seen = commits_by_thread(monkeypatch, before_commit)
+    real_claim = runner.transitions.claim
+
+    def claim(*args, **kwargs):
+        rows = real_claim(*args, **kwargs)
+        if len(batches) >= 4:
+            fourth_claimed.set()
+        return rows
+
+    monkeypatch.setattr(runner.transitions, "claim", claim)
+    assert runner.drain() == 17
+    assert held_up == [True], f"the runner waited for the held hand-over: {seen}"
     assert seen[0] == ("jobs-heartbeat", batches[0])
     assert ("MainThread", batches[1] + batches[2]) in seen, seen
     every_job_succeeded_once(ids)
