@@ -75,9 +75,9 @@ class _Slot(ctypes.Structure):
 
 _slots = multiprocessing.RawArray(_Slot, SLOTS)
 _claim_lock = multiprocessing.Lock()
-# This process's slot index and pid, once claimed; a fork's child has none (a pid per job
-# without a system call: os.getpid() is one).
-_mine: dict[str, int] = {}
+# This process's slot (its view made once: indexing the array makes one, a microsecond a job)
+# and pid, once claimed; a fork's child has none (a pid per job without os.getpid()'s syscall).
+_mine: dict[str, "_Slot | int"] = {}
 os.register_at_fork(after_in_child=_mine.clear)
 
 
@@ -98,7 +98,7 @@ def claim_slot(sender: object = None, **kwargs: object) -> None:
                 slot.state, slot.job_id, slot.attempt = IDLE, 0, 0
                 slot.pulse = time.monotonic()
                 slot.pid = os.getpid()
-                _mine["index"], _mine["pid"] = i, slot.pid
+                _mine["slot"], _mine["pid"] = slot, slot.pid
                 threading.Thread(
                     target=_pulse, args=(slot,), name="jobs-pulse", daemon=True
                 ).start()
@@ -109,10 +109,10 @@ def claim_slot(sender: object = None, **kwargs: object) -> None:
 
 
 def _slot() -> _Slot | None:
-    index = _mine.get("index")
-    if index is None or _slots[index].pid != _mine["pid"]:
+    slot = _mine.get("slot")
+    if not isinstance(slot, _Slot) or slot.pid != _mine["pid"]:
         return None  # not a django-q2 worker (a drain run in-process), or no slot
-    return _slots[index]
+    return slot
 
 
 def _pulse(slot: _Slot) -> None:
@@ -127,8 +127,8 @@ def _pulse(slot: _Slot) -> None:
 def started(
     job_id: int, attempt: int, timeout: float | None, lease: float, now: float | None = None
 ) -> None:
-    """A handler starts (`now`, time.monotonic(), if the caller has read it): it overruns at
-    now + timeout (None: never); its lease is `lease`."""
+    """A handler starts (at `now`, time.monotonic(), if read): it overruns at now + timeout
+    (None: never); its lease is `lease`."""
     slot = _slot()
     if slot is not None:
         slot.job_id, slot.attempt, slot.timeout = job_id, attempt, timeout or 0.0
