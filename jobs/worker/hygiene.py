@@ -144,11 +144,12 @@ class _Kept:
     (read once per connection: the drain's lives for many jobs, compared after each handler),
     libpq's look-up of them, the alarm the last handler left, and the execute wrapper's mark."""
 
-    __slots__ = ("conn", "raw", "params", "status", "alarm", "touched", "settings")
+    __slots__ = ("conn", "raw", "pgconn", "params", "status", "alarm", "touched", "settings")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.raw: Any = None
+        self.pgconn: Any = None  # libpq's connection of `raw` (None: not psycopg)
         self.params: tuple[bytes | None, ...] = ()
         self.status: Any = None  # pgconn.parameter_status of `raw` (None: not psycopg)
         self.alarm: bool | None = None  # None: ask the kernel (a drain's first job)
@@ -157,7 +158,7 @@ class _Kept:
 
     def see(self, raw: Any) -> None:
         pgconn = getattr(raw, "pgconn", None)
-        self.raw, self.params = raw, _params(raw)
+        self.raw, self.pgconn, self.params = raw, pgconn, _params(raw)
         self.status = None if pgconn is None else pgconn.parameter_status
 
 
@@ -299,7 +300,7 @@ def after(found: Before) -> str:
         and conn.autocommit
         and not conn.in_atomic_block
         # IDLE: also CONNECTION_OK (libpq answers UNKNOWN for a connection gone bad)
-        and raw.pgconn.transaction_status == _IDLE
+        and kept.pgconn.transaction_status == _IDLE
         and len(kept.settings) == 1
         and status(_READ_ONLY) == kept.params[0]
         and status(_TIME_ZONE) == kept.params[1]
