@@ -109,7 +109,7 @@ def _watch(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any
                 "jobs. Refused, never sent. Use SET LOCAL or set_config(..., true) inside "
                 "transaction.atomic(), or pg_advisory_xact_lock: " + text[:200]
             )
-        conn.jobs_session_touched = True
+        conn.jobs_hygiene.touched = True
     return execute(sql, params, many, context)
 
 
@@ -129,10 +129,6 @@ def _text_of(sql: Any, context: Any) -> str | None:
 # for this wrapper: its statement is ours and touches no session state.
 _watch.transparent = True  # type: ignore[attr-defined]
 
-# The driver's connection last seen before a handler, and its parameters then: read once per
-# connection (the drain's connection lives for many jobs), compared after each handler.
-_seen: list[Any] = [None, ()]
-
 
 def _params(raw: Any) -> tuple[bytes | None, ...]:
     pgconn = getattr(raw, "pgconn", None)  # libpq itself: no object made per look
@@ -140,6 +136,30 @@ def _params(raw: Any) -> tuple[bytes | None, ...]:
         return ()  # not psycopg (SQLite)
     status = pgconn.parameter_status
     return status(_READ_ONLY), status(_TIME_ZONE), status(_AUTHORIZATION), status(_DATE_STYLE)
+
+
+class _Kept:
+    """What hygiene keeps on Django's connection of a thread (`conn.jobs_hygiene`) between its
+    jobs: the driver's connection last seen before a handler and its reported parameters then
+    (read once per connection: the drain's lives for many jobs, compared after each handler),
+    libpq's look-up of them, the alarm the last handler left, and the execute wrapper's mark."""
+
+    __slots__ = ("conn", "raw", "pgconn", "params", "status", "alarm", "touched", "settings")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.raw: Any = None
+        self.pgconn: Any = None  # libpq's connection of `raw` (None: not psycopg)
+        self.params: tuple[bytes | None, ...] = ()
+        self.status: Any = None  # pgconn.parameter_status of `raw` (None: not psycopg)
+        self.alarm: bool | None = None  # None: ask the kernel (a drain's first job)
+        self.touched = False
+        self.settings = connections.settings  # DATABASES' aliases (the same dict for good)
+
+    def see(self, raw: Any) -> None:
+        pgconn = getattr(raw, "pgconn", None)
+        self.raw, self.pgconn, self.params = raw, pgconn, _params(raw)
+        self.status = None if pgconn is None else pgconn.parameter_status
 
 
 # Django's connection of the thread running handlers, kept per thread (asgiref's lookup costs
@@ -155,47 +175,49 @@ def _forked() -> None:
 
 os.register_at_fork(after_in_child=_forked)
 
-Before = tuple[Any, bool, int]  # the drain's connection, an alarm was pending, _forks then
+Before = tuple[Any, _Kept, bool, int]  # the drain's connection, its _Kept, alarm pending, _forks
+_getitimer, _alarm, _REAL = signal.getitimer, signal.alarm, signal.ITIMER_REAL
 
 
-# Whether an alarm was pending when the last handler of this thread's drain returned, kept on
-# the thread's connection object (Django's are per thread): what the next one finds.
-_ALARM = "jobs_alarm_pending"
-
-
-def _thread_connection() -> Any:
-    conn = getattr(_thread, "conn", None)
-    if conn is None:
-        conn = _thread.conn = connections[DEFAULT_DB_ALIAS]
-    return conn
+def _kept() -> _Kept:
+    try:
+        return _thread.kept  # type: ignore[no-any-return]
+    except AttributeError:
+        conn: Any = connections[DEFAULT_DB_ALIAS]  # the wrapper marks its `jobs_hygiene`
+        kept = _thread.kept = conn.jobs_hygiene = _Kept(conn)
+        return kept
 
 
 def drain_starts() -> None:
     """A drain begins on this thread: what ran before it (another django-q2 task, say) may have
     set an alarm, so its first handler's `before` asks the kernel, not what the last job left."""
-    _thread_connection().__dict__.pop(_ALARM, None)
+    _kept().alarm = None
 
 
 def _alarm_pending() -> bool:
-    return signal.getitimer(signal.ITIMER_REAL)[0] > 0  # a system call (~0.5 us here)
+    return _getitimer(_REAL)[0] > 0  # a system call (~0.5 us here)
 
 
 def before() -> Before:
     """The connection, the process's alarm and its forks as the handler finds them. Whether an
     alarm is pending is what `after` left for the drain's previous job (only the runner's own
     code runs in between), asked of the kernel at a drain's first job: one system call a job."""
-    conn = _thread_connection()
+    try:
+        kept = _thread.kept
+    except AttributeError:
+        kept = _kept()
+    conn = kept.conn
     raw = conn.connection
-    if raw is not None and raw is not _seen[0]:
-        _seen[:] = [raw, _params(raw)]
+    if raw is not kept.raw and raw is not None:
+        kept.see(raw)
     conn.execute_wrappers.append(_watch)
-    pending = conn.__dict__.get(_ALARM)
-    return conn, _alarm_pending() if pending is None else pending, _forks[0]
+    pending = kept.alarm
+    return conn, kept, _alarm_pending() if pending is None else pending, _forks[0]
 
 
 def in_forked_child(found: Before) -> bool:
     """This process is a child the handler forked (it came back into the drain)."""
-    return _forks[0] != found[2]
+    return _forks[0] != found[3]
 
 
 def _open_transaction(conn: Any, raw: Any) -> str:
@@ -251,31 +273,39 @@ def _other_aliases(conn: Any) -> str:
 def after(found: Before) -> str:
     """Look at what the handler left; reset the connection if it is unfit. Returns why the job
     must fail ("" if it need not): a transaction it left open, whose writes are rolled back."""
-    conn, alarm_pending, _ = found
+    conn, kept, alarm_pending, _ = found
     wrappers = conn.execute_wrappers
     if wrappers and wrappers[-1] is _watch:
         wrappers.pop()
     elif _watch in wrappers:  # the handler left a wrapper of its own on top
         wrappers.remove(_watch)
-    state = conn.__dict__
-    touched = state.pop("jobs_session_touched", False)
-    pending = signal.getitimer(signal.ITIMER_REAL)[0] > 0  # the one system call a job
-    if pending and not alarm_pending:
-        _cancel_alarm()
-        pending = False
-    state[_ALARM] = pending  # what the drain's next handler finds
+    touched = kept.touched
+    if touched:
+        kept.touched = False
+    # The one system call a job. With no alarm pending before the handler, any now is its own:
+    # alarm(0) asks and cancels at once (an int back, not getitimer's tuple of floats).
+    if alarm_pending:  # not the handler's (pytest-timeout's, say): looked at, left alone
+        kept.alarm = _getitimer(_REAL)[0] > 0  # what the drain's next handler finds
+    else:
+        left_for = _alarm(0)
+        if left_for:
+            _cancelled_alarm(left_for)
+        kept.alarm = False
     raw = conn.connection
-    pgconn = getattr(raw, "pgconn", None)
+    status = kept.status
     if (  # what nearly every job leaves: the checks below, answered in one look
-        pgconn is not None
-        and raw is _seen[0]
+        raw is kept.raw
+        and status is not None  # psycopg's (its libpq), not SQLite's
         and not touched
         and conn.autocommit
         and not conn.in_atomic_block
-        and pgconn.status == 0  # CONNECTION_OK
-        and pgconn.transaction_status == _IDLE
-        and len(connections.settings) == 1
-        and _params(raw) == _seen[1]
+        # IDLE: also CONNECTION_OK (libpq answers UNKNOWN for a connection gone bad)
+        and kept.pgconn.transaction_status == _IDLE
+        and len(kept.settings) == 1
+        and status(_READ_ONLY) == kept.params[0]
+        and status(_TIME_ZONE) == kept.params[1]
+        and status(_AUTHORIZATION) == kept.params[2]
+        and status(_DATE_STYLE) == kept.params[3]
     ):
         return ""
     if _lost(conn, raw):
@@ -286,7 +316,7 @@ def after(found: Before) -> str:
         logger.warning("the worker's connection was lost under a handler; it was closed")
         raw = None
     left = _left_open(conn, raw)
-    if len(connections.settings) > 1:
+    if len(kept.settings) > 1:
         elsewhere = _other_aliases(conn)
         if elsewhere and not left:
             logger.warning(
@@ -295,7 +325,7 @@ def after(found: Before) -> str:
             return f"the handler returned {elsewhere}: its writes there were rolled back"
     # A connection the handler opened anew (it closed the drain's) is held to the parameters
     # of the one it replaced: a new connection from the same settings reports the same ones.
-    changed = not left and raw is not None and _seen[0] is not None and _params(raw) != _seen[1]
+    changed = not left and raw is not None and kept.raw is not None and _params(raw) != kept.params
     changed = changed or (touched and not left and conn.connection is not None)
     if not left and not changed:
         return ""
@@ -311,18 +341,17 @@ def after(found: Before) -> str:
     return f"the handler returned {left}: its writes there were rolled back"
 
 
-def _cancel_alarm() -> None:
+def _cancelled_alarm(seconds: int) -> None:
     """An alarm the handler set and left pending (signal.alarm / setitimer as a deadline of its
     own, not cancelled because it raised first) would go off in a later job -- its SIGALRM
-    handler's exception failing that job -- or kill the worker mid-drain (no handler). One the
-    handler found pending (not its own: pytest-timeout's, say) is left alone."""
-    delay = signal.setitimer(signal.ITIMER_REAL, 0)[0]
-    if delay > 0:
-        logger.warning(
-            "a handler left an alarm (SIGALRM) pending for %.1f s: cancelled, so that it cannot "
-            "go off in another job",
-            delay,
-        )
+    handler's exception failing that job -- or kill the worker mid-drain (no handler): `after`
+    cancelled it. One the handler found pending (not its own: pytest-timeout's, say) is left
+    alone."""
+    logger.warning(
+        "a handler left an alarm (SIGALRM) pending for ~%d s: cancelled, so that it cannot go "
+        "off in another job",
+        seconds,
+    )
 
 
 def _reset(conn: Any) -> None:

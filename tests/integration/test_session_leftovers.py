@@ -146,3 +146,62 @@ def test_a_set_not_given_as_text_is_seen(compose: str) -> None:
     with connection.cursor() as cur:  # a fresh session: the worker's own timeout
         cur.execute("SHOW statement_timeout")
         assert cur.fetchone()[0] != "123456ms"
+
+
+# Each of the reported session parameters the drain depends on, changed where the execute
+# wrapper cannot see it: only libpq's record of what the server reported catches these.
+REPORTED = {
+    "default_transaction_read_only": ("on", "SHOW default_transaction_read_only"),
+    "TimeZone": ("'Asia/Tokyo'", "SHOW TimeZone"),
+    "DateStyle": ("'German, DMY'", "SHOW DateStyle"),
+    "session_authorization": ("pg_monitor", "SELECT session_user"),
+}
+
+
+@pytest.mark.parametrize("through", ["driver", "server_function"])
+@pytest.mark.parametrize("parameter", REPORTED)
+def test_a_reported_parameter_changed_unseen_by_the_watch_still_costs_the_connection(
+    parameter: str, through: str
+) -> None:
+    """The driver's own cursor (`connection.connection`) or a server-side statement (a DO block:
+    its SET is a literal to the text watch) skips the execute wrapper; the parameter the server
+    reported is compared after every job, and the connection closed (the job's work stands)."""
+    value, show = REPORTED[parameter]
+    sql = (
+        f"SET SESSION AUTHORIZATION {value}"
+        if parameter == "session_authorization"
+        else f"SET {parameter} = {value}"
+    )
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.cursor() as cur:
+        cur.execute(show)
+        before = cur.fetchone()[0]
+    found = hygiene.before()
+    if through == "driver":
+        raw.execute(sql)
+    else:
+        with connection.cursor() as cur:
+            cur.execute("DO $$BEGIN EXECUTE %s; END$$" % ("'" + sql.replace("'", "''") + "'"))
+    assert not raw.closed
+    assert hygiene.after(found) == ""  # not the job's failure
+    assert connection.connection is None and raw.closed  # the next job gets a fresh session
+    with connection.cursor() as cur:
+        cur.execute(show)
+        assert cur.fetchone()[0] == before
+
+
+def test_a_handler_that_leaves_the_reported_parameters_keeps_its_connection_job_after_job():
+    """The look after each handler compares; a job that changed nothing costs no reconnect,
+    also after the drain's connection was replaced (its parameters read anew)."""
+    connection.ensure_connection()
+    for _ in range(3):
+        raw = connection.connection
+        for _ in range(3):
+            found = hygiene.before()
+            with connection.cursor() as cur:
+                cur.execute("SELECT 1")
+            assert hygiene.after(found) == ""
+            assert connection.connection is raw
+        connection.close()
+        connection.ensure_connection()
