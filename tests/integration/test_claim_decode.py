@@ -8,7 +8,7 @@ from django.db import connection
 import jobs
 from jobs.core import transitions
 from jobs.core.sql import ClaimedRow, CommitRow, driver_for
-from jobs.core.sql.rows import JSONText, commit_arrays
+from jobs.core.sql.rows import JSONText, commit_arrays, loads_many
 from jobs.core.states import JobState
 from jobs.core.transitions import Claimed, Fence
 from jobs.models import Job
@@ -83,3 +83,20 @@ def test_the_commit_sends_its_integers_as_array_literals_and_encodes_each_result
 def test_a_commit_array_literal_only_ever_holds_integers():
     with pytest.raises(ValueError):
         commit_arrays([CommitRow("1},{2", 1, None, "")])  # type: ignore[arg-type]
+
+
+def test_payloads_decode_together_as_each_would_alone():
+    texts = ['{"n":1}', "{}", "[1,2]", '"x"', "null"]
+    decoded = loads_many(texts)
+    assert decoded == [{"n": 1}, {}, [1, 2], "x", None]
+    assert loads_many(["{}", "{}"])[0] is not loads_many(["{}", "{}"])[1]
+
+
+def test_texts_that_are_not_one_json_value_each_are_refused_not_misread():
+    for texts in (["1,2", "3"], ["[1", "2]"], ["", "{}"], ["{}", " "]):
+        with pytest.raises(ValueError):
+            loads_many(texts)
+
+
+def test_values_already_decoded_pass_through():
+    assert loads_many([{"a": 1}, '{"b":2}']) == [{"a": 1}, {"b": 2}]

@@ -18,6 +18,7 @@ from jobs.core.exceptions import LeaseLost
 from jobs.core.registry import handler_leases
 from jobs.core.sql import ClaimedRow, CommitRow, FenceRow, IntentRow, loads
 from jobs.core.sql import queues as sql_queues
+from jobs.core.sql.rows import loads_many
 from jobs.core.states import AttemptOutcome, Write
 from jobs.core.transitions.fence import (
     Claimed,
@@ -146,15 +147,14 @@ _new_tuple = tuple.__new__
 
 
 def _decoded_all(rows: Sequence[ClaimedRow], worker: str) -> list[Claimed]:
-    """The claimed jobs, each with its fence and its payload decoded, in claim order: one pass,
-    no object between the row and its Claimed (~11k instructions a job, decoding one by one)."""
+    """The claimed jobs, each with its fence and its payload decoded, in claim order: the
+    payloads in one json.loads, no object between a row and its Claimed (~11k instructions a job
+    fewer than decoding row by row, and ~12k more for a small non-empty payload)."""
     try:
+        payloads = loads_many([r[3] for r in rows])
         return [
-            _new_tuple(
-                Claimed,
-                (Fence(i, a, worker), kind, {} if p == "{}" else loads(p), most, lease, released),
-            )
-            for i, a, kind, p, most, lease, released in rows
+            _new_tuple(Claimed, (Fence(i, a, worker), kind, payload, most, lease, released))
+            for (i, a, kind, _, most, lease, released), payload in zip(rows, payloads, strict=True)
         ]
     except (ValueError, RecursionError):
         # Some payload will not decode: one by one, so each such job fails on its own.
