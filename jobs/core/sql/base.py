@@ -27,8 +27,10 @@ from jobs.core.sql.rows import (  # noqa: F401 -- the row types, re-exported for
     FenceRow,
     IntentRow,
     claimed_rows,
+    commit_arrays,
     dumps,
     expiry_evidence,
+    fetch_claimed,
     loads,
 )
 from jobs.core.states import AttemptOutcome, EventType, JobState

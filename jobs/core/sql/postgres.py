@@ -17,9 +17,10 @@ from jobs.core.sql.base import (
     QUEUED,
     RUNNING,
     Driver,
-    claimed_rows,
+    commit_arrays,
     dumps,
     expiry_evidence,
+    fetch_claimed,
     lease_expression,
     queue_filter,
 )
@@ -156,7 +157,7 @@ class PostgresDriver(Driver):
             """,
             params,
         )
-        return claimed_rows(cur.fetchall())
+        return fetch_claimed(cur)
 
     def heartbeat(self, cur, fences, confirm):  # type: ignore[no-untyped-def]
         # The fences travel as three arrays, not a VALUES row of three parameters per job: one
@@ -203,13 +204,7 @@ class PostgresDriver(Driver):
         # per connection; psycopg converts a text that long on every call, and a VALUES row per
         # job made one text per batch size, each re-prepared as the prepared-statement cache
         # turned over).
-        params: dict[str, Any] = {
-            "worker": worker,
-            "ids": [r.id for r in rows],
-            "attempts": [r.attempt for r in rows],
-            "results": [dumps(r.result) for r in rows],
-            "refs": [r.ref for r in rows],
-        }
+        params: dict[str, Any] = {"worker": worker, **commit_arrays(rows)}
         intents = intents_cte(rows, params)
         f = array_format(cur)
         cur.execute(

@@ -18,6 +18,7 @@ from jobs.core.exceptions import LeaseLost
 from jobs.core.registry import handler_leases
 from jobs.core.sql import ClaimedRow, CommitRow, FenceRow, IntentRow, loads
 from jobs.core.sql import queues as sql_queues
+from jobs.core.sql.rows import loads_many
 from jobs.core.states import AttemptOutcome, Write
 from jobs.core.transitions.fence import (
     Claimed,
@@ -52,7 +53,7 @@ def claim(
                 raise
             logger.warning("claim statement refused (%s); claiming one by one", exc)
             rows = _claim_one_by_one(worker, limit, lease_seconds, queues, leases)
-        claimed = [c for c in (_decoded(r, worker) for r in rows) if c is not None]
+        claimed = _decoded_all(rows, worker)
         if claimed or not rows:
             return claimed
         # Every row taken was failed on the spot: the queue may hold more, look again.
@@ -138,6 +139,26 @@ def _claim_one_by_one(
                 # Refused even as a failure: it stays queued, and the rows after it move on.
                 logger.error("job %s: refused to claim and to fail: %s", job_id, refused)
     return rows
+
+
+# Claimed and CommitRow are named tuples: made by tuple.__new__ from a tuple of all their fields
+# they skip the generated __new__ (a Python frame) -- one per job claimed, one per job committed.
+_new_tuple = tuple.__new__
+
+
+def _decoded_all(rows: Sequence[ClaimedRow], worker: str) -> list[Claimed]:
+    """The claimed jobs, each with its fence and its payload decoded, in claim order: the
+    payloads in one json.loads, no object between a row and its Claimed (~11k instructions a job
+    fewer than decoding row by row, and ~12k more for a small non-empty payload)."""
+    try:
+        payloads = loads_many([r[3] for r in rows])
+        return [
+            _new_tuple(Claimed, (Fence(i, a, worker), kind, payload, most, lease, released))
+            for (i, a, kind, _, most, lease, released), payload in zip(rows, payloads, strict=True)
+        ]
+    except (ValueError, RecursionError):
+        # Some payload will not decode: one by one, so each such job fails on its own.
+        return [c for c in (_decoded(r, worker) for r in rows) if c is not None]
 
 
 def _decoded(row: ClaimedRow, worker: str) -> Claimed | None:
@@ -227,7 +248,10 @@ def commit_many(
             raise ValueError("one commit statement speaks for one worker")
         job_intents = by_job.get(f.job_id)
         rows.append(
-            CommitRow(f.job_id, f.attempt, result, ref, tuple(job_intents) if job_intents else ())
+            _new_tuple(
+                CommitRow,
+                (f.job_id, f.attempt, result, ref, tuple(job_intents) if job_intents else ()),
+            )
         )
     with fenced_statement(), hot_cursor() as cur:
         committed = driver().commit(cur, worker, rows)
