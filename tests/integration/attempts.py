@@ -59,3 +59,19 @@ def expire_and_reap(job_id: int) -> None:
             [job_id],
         )
     assert reaper.reap("reaper:1") == 1
+
+
+# Valid jsonb that Python's json cannot decode (beyond its recursion limit): a payload that no
+# enqueue would let in, written to the table as a raw row.
+UNDECODABLE = "[" * 5000 + "]" * 5000
+
+
+def insert_undecodable_job(priority: int = 5) -> int:
+    """A test.echo job whose payload the worker cannot decode; returns its id."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO jobs_job (kind, payload, priority) VALUES ('test.echo', %s::jsonb, %s) "
+            "RETURNING id",
+            [UNDECODABLE, priority],
+        )
+        return int(cur.fetchone()[0])

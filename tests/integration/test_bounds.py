@@ -18,6 +18,7 @@ from jobs.core.registry import handler
 from jobs.core.states import JobState
 from jobs.models import Job, JobEvent
 from jobs.worker import runner
+from tests.integration.attempts import insert_undecodable_job
 
 pytestmark = pytest.mark.django_db
 
@@ -276,14 +277,7 @@ def test_a_container_subclass_is_checked_as_the_encoder_reads_it():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_raw_row_whose_payload_cannot_be_decoded_fails_and_the_queue_moves_on():
-    nested = "[" * 5000 + "]" * 5000  # valid jsonb, beyond Python's recursion limit
-    with connection.cursor() as cur:
-        cur.execute(
-            "INSERT INTO jobs_job (kind, payload, priority) VALUES ('test.echo', %s::jsonb, 5) "
-            "RETURNING id",
-            [nested],
-        )
-        bad_id = cur.fetchone()[0]
+    bad_id = insert_undecodable_job()  # valid jsonb, beyond Python's recursion limit
     good = jobs.enqueue("test.echo", {"n": 1})
     runner.drain()
     bad = Job.objects.values("state", "error").get(pk=bad_id)  # the payload stays undecoded

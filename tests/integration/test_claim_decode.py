@@ -12,21 +12,15 @@ from jobs.core.sql.rows import JSONText, commit_arrays, loads_many
 from jobs.core.states import JobState
 from jobs.core.transitions import Claimed, Fence
 from jobs.models import Job
+from tests.integration.attempts import insert_undecodable_job
 
 WORKER = "host-a:101"
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_with_one_undecodable_payload_claims_the_others_and_fails_that_one():
-    nested = "[" * 5000 + "]" * 5000  # valid jsonb, beyond Python's recursion limit
     first = jobs.enqueue("test.echo", {"n": 1}, priority=9)
-    with connection.cursor() as cur:
-        cur.execute(
-            "INSERT INTO jobs_job (kind, payload, priority) VALUES ('test.echo', %s::jsonb, 5) "
-            "RETURNING id",
-            [nested],
-        )
-        bad_id = cur.fetchone()[0]
+    bad_id = insert_undecodable_job()  # valid jsonb, beyond Python's recursion limit
     last = jobs.enqueue("test.echo", {}, priority=1)
     claimed = transitions.claim(WORKER, limit=3, lease_seconds=30)
     assert [(c.fence, c.payload) for c in claimed] == [
