@@ -4,7 +4,8 @@
     .venv/bin/python bench/instructions.py [--small 200] [--large 2200] [--before REF]
 
 Runs under `valgrind --tool=callgrind --separate-threads=yes`, on a database of its own
-(palisade_bench_instr, dropped and recreated; `--server` or BENCH_PG for another server):
+(palisade_bench_instr, dropped and recreated: `--db` or BENCH_INSTR_DB for another, so that
+two people measuring at once do not drop each other's; `--server` or BENCH_PG for another server):
 
   runner   `jobs.worker.runner.drain()` in one process until the queue is empty (the draining
            thread and the drain's background thread, which commits)
@@ -43,7 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
-DB = "palisade_bench_instr"
+DB = os.environ.get("BENCH_INSTR_DB", "palisade_bench_instr")  # one per engineer measuring
 
 
 def child(system: str) -> None:
@@ -147,6 +148,12 @@ def main() -> None:
     p.add_argument("--before", help="a git ref: also measure the runner on that tree")
     p.add_argument("--server", default=SERVER)
     p.add_argument(
+        "--db",
+        default=DB,
+        help="the database to drop, recreate and drain (default palisade_bench_instr, or "
+        "BENCH_INSTR_DB): two people measuring at once each need their own",
+    )
+    p.add_argument(
         "--floor",
         type=float,
         help="the SQL floor's instructions a job from an earlier run (its loop is not run again)",
@@ -155,11 +162,13 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install -y valgrind)")
     import psycopg
+    from psycopg import sql
 
+    db = sql.Identifier(args.db)
     with psycopg.connect(f"{args.server}/postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DB}")
-    url = f"{args.server}/{DB}"
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(db))
+    url = f"{args.server}/{args.db}"
     trees: list[tuple[str, Path, str]] = [("runner", ROOT, "runner")]
     if args.floor is None:
         trees.append(("sql", ROOT, "sql"))
