@@ -28,6 +28,7 @@ import jobs
 from jobs.core import bounds, transitions
 from jobs.core.sql import plans, rows
 from jobs.core.states import JobState
+from jobs.core.transitions import fence
 from jobs.core.transitions import worker as transitions_worker
 from jobs.core.transitions.fence import HOT_PREPARED_MAX
 from jobs.models import Job, RejectedWrite
@@ -75,10 +76,70 @@ def test_claim_and_commit_are_prepared_with_a_generic_plan(fresh_plans: None) ->
     assert set(statements) >= {"promoted", "done"}, statements
     for name in ("promoted", "done"):
         generic, custom = statements[name]
-        # PostgreSQL tries five custom plans, then keeps the generic one when it is no worse;
-        # a claim whose LIMIT were a parameter would be re-planned on every execution.
-        assert generic >= 10 and custom <= 5, (name, generic, custom)
+        # Planned once, at its first execution (jobs.core.transitions.fence._plan_once): by
+        # default PostgreSQL makes a custom plan for each of a statement's first five runs.
+        assert generic == 19 and custom == 0, (name, generic, custom)  # run 1: unnamed
     assert Job.objects.filter(state="succeeded").count() == 80
+
+
+def test_a_drains_claims_are_one_statement_whatever_their_batch_size() -> None:
+    """A drain's batch grows 1, 2, 4, ... as it starts: one text for every size, so one
+    prepared statement, planned once -- not a text (and plans) per size."""
+    connection.close()
+    Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(40)])
+    for size in (1, 2, 4, 8, 16):
+        claimed = transitions.claim(W, limit=size, lease_seconds=30)
+        assert len(claimed) == size
+        assert transitions.commit_many([(c.fence, None, "") for c in claimed]) == []
+    claims = [(g, c) for g, c, s in _prepared() if "jobs_pick" in s]
+    assert claims == [(4, 0)]  # prepared at its second run: the first ran unnamed
+
+
+def _plan_cache_mode() -> str:
+    with connection.cursor() as cur:
+        cur.execute("SHOW plan_cache_mode")
+        return str(cur.fetchone()[0])
+
+
+def test_planned_once_only_where_the_application_sends_no_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The setting is the session's: not where Django's cursors bind on the server (the
+    application's statements would get generic plans too), nor where prepared statements are
+    off."""
+    connection.close()
+    Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(4)])
+    assert transitions.claim(W, limit=1, lease_seconds=30)
+    assert _plan_cache_mode() == "force_generic_plan"
+    connection.close()
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"server_side_binding": True})
+    assert transitions.claim(W, limit=1, lease_seconds=30)
+    assert _plan_cache_mode() == "auto"
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {})
+    connection.close()
+    monkeypatch.setattr(fence, "_plan_once", lambda conn, raw: pytest.fail("not prepared"))
+    jobs_off = {"PREPARED_STATEMENTS": False}
+    monkeypatch.setattr(fence, "jobs_settings", lambda: type("S", (), jobs_off)())
+    assert transitions.claim(W, limit=1, lease_seconds=30)
+    assert _plan_cache_mode() == "auto"
+
+
+def test_not_planned_once_through_a_pooler() -> None:
+    """Behind a pooler the session is a shared server connection: the setting would stay on it
+    for other clients. A pooler answers the start-up itself with a pid of its own; the setting
+    is made only where the server's pid is the one the start-up gave."""
+    connection.close()
+    connection.ensure_connection()
+    raw = connection.connection
+
+    class Pooled:  # the start-up's pid as a pooler makes it up
+        info = type("Info", (), {"backend_pid": raw.info.backend_pid + 1})()
+        execute = raw.execute
+
+    fence._plan_once(connection, Pooled())
+    assert _plan_cache_mode() == "auto"
+    fence._plan_once(connection, raw)
+    assert _plan_cache_mode() == "force_generic_plan"
 
 
 def test_other_cursors_of_the_connection_prepare_nothing() -> None:
@@ -201,20 +262,19 @@ def test_a_connection_keeps_a_bounded_number_of_prepared_statements(
     connection.close()
     Job.objects.bulk_create([Job(kind="demo.noop", payload={}) for _ in range(1200)])
     counts = []
-    for generation in range(12):
+    for generation in range(24):
         monkeypatch.setattr(plans, "tag", lambda g=generation: f"\n/* plan test.{g} */")
-        for size in (1, 2, 4, 8, 1, 2, 4, 8):  # each text twice: prepared on its second run
+        for size in (1, 2, 4, 8):  # each text four times: prepared on its second run
             claimed = transitions.claim(W, limit=size, lease_seconds=30)
             assert transitions.commit_many([(c.fence, None, "") for c in claimed]) == []
         counts.append(len(_prepared()))
-    # the claim for each of 4 batch sizes (its LIMIT is in its text) and one commit for all:
-    # the commit's rows travel as arrays, so its text is the same whatever the batch size
-    assert counts[0] == 5
+    # one claim whatever the batch size (its size is a parameter) and one commit (its rows
+    # travel as arrays): two texts a generation
+    assert counts[0] == 2
     # psycopg deallocates the least recently used one each time a new text first runs, while it
-    # holds more than the cap. A generation's last new text is its claim of 8 (the commit's text
-    # is new at its first batch and prepared at its second); the four claims are prepared on
-    # their second runs after it, so the count settles at the cap plus four, not at 12 x 5.
-    assert counts[-3:] == [HOT_PREPARED_MAX + 4] * 3, counts
+    # holds more than the cap; both of a generation's texts are prepared on their second runs,
+    # after that: the count settles at the cap plus two, not at 24 x 2.
+    assert counts[-3:] == [HOT_PREPARED_MAX + 2] * 3, counts
 
 
 def test_no_redundant_job_id_indexes() -> None:

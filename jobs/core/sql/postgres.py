@@ -80,10 +80,11 @@ def pick(limit: int, queues: Sequence[str] | None, only: str, params: dict[str, 
                  ORDER BY priority DESC, run_at, id
                  LIMIT {limit}
                    FOR UPDATE SKIP LOCKED"""
-    return f"""
+    params["limit"] = limit  # a parameter of the function: the plan is the same whatever it is
+    return """
                 SELECT pick_id AS id, pick_queue AS queue, pick_priority AS priority,
                        pick_run_at AS run_at
-                  FROM jobs_pick({limit}, ARRAY(SELECT queue::text FROM blocked))"""
+                  FROM jobs_pick(%(limit)s::int, ARRAY(SELECT queue::text FROM blocked))"""
 
 
 class PostgresDriver(Driver):
@@ -114,9 +115,9 @@ class PostgresDriver(Driver):
         return int(cur.fetchone()[0])
 
     def claim(self, cur, worker, limit, lease, queues, kind_leases, only_id=None, locked=()):  # type: ignore[no-untyped-def]
-        # The limit is part of the text, not a parameter: a prepared claim then gets a generic
-        # plan as good as a custom one (with `LIMIT $n` PostgreSQL plans for an unknown, large
-        # limit, so it re-plans every execution -- half the claim's server time). It is an int.
+        # Through jobs_pick the limit is a parameter (one text whatever the batch size, planned
+        # once: jobs.core.transitions.fence._plan_once); inline it is part of the text (with
+        # `LIMIT $n` PostgreSQL plans for an unknown, large limit). It is an int.
         limit = int(limit)
         params: dict[str, Any] = {"worker": worker, "lease": lease}
         only = ""

@@ -186,6 +186,8 @@ def hot_cursor() -> Iterator[Any]:
         with conn.cursor() as cur:
             yield cur
         return
+    if not getattr(raw, "_jobs_plan_once", False) and not conn.in_atomic_block:
+        _plan_once(conn, raw)
     if raw.prepared_max is None or raw.prepared_max > HOT_PREPARED_MAX:  # None: unlimited
         raw.prepared_max = HOT_PREPARED_MAX
     with conn.wrap_database_errors:
@@ -210,6 +212,30 @@ def hot_cursor() -> Iterator[Any]:
     finally:
         if not raw.closed:
             raw.prepare_threshold = saved
+
+
+# Makes the session plan a prepared statement once, its generic plan at its first execution,
+# where PostgreSQL would make a custom plan for each of its first five (plan_cache_mode auto):
+# the claim's batch size is a parameter (1, 2, 4, ... as a drain starts: one text, planned
+# once), and the commit is planned once per connection and plan generation. Only where the
+# session is the connection's own server process (the pid PostgreSQL reports is the one the
+# start-up message gave): behind a pooler it would stay on a server connection others use.
+_PLAN_ONCE = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false) WHERE pg_backend_pid() = %s"
+)
+
+
+def _plan_once(conn: Any, raw: Any) -> None:
+    """Once per connection, in autocommit (a transaction's rollback would undo it). Not where
+    Django's cursors bind parameters on the server (OPTIONS server_side_binding): the
+    application's own statements on this connection would be planned generically too. Django's
+    default cursors send their values in the text, which PostgreSQL plans for those values
+    whatever this says (a statement without parameters has no custom plan to make)."""
+    raw._jobs_plan_once = True
+    if conn.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+        return
+    with conn.wrap_database_errors:
+        raw.execute(_PLAN_ONCE, (raw.info.backend_pid,), prepare=False)
 
 
 def _names_are_random(raw: Any) -> bool:
