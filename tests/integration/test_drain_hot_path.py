@@ -1,8 +1,11 @@
 """The drain's hot path does less per job without giving up a fence (issue 20, the drain).
 
 - The claim and the commit run as prepared statements with a generic plan (planned once per
-  connection, not on every batch), on Django's own connection, whose other cursors prepare
-  nothing; JOBS["PREPARED_STATEMENTS"] = False (or JOBS_PREPARED_STATEMENTS=0) turns it off.
+  connection, at their first run: no custom plans first, and one claim text whatever its batch
+  size), on Django's own connection, whose other cursors prepare nothing;
+  JOBS["PREPARED_STATEMENTS"] = False (or JOBS_PREPARED_STATEMENTS=0) turns it off. The session
+  setting that plans them once is not made where Django binds on the server, nor through a
+  pooler.
   A stale presentation through the prepared commit is still rejected and recorded.
 - No redundant single-column job_id index on jobs_attempt / jobs_jobevent (migration 0016).
 - An idle drain keeps what its next claim must know fresh while it waits, so the claim a NOTIFY

@@ -154,7 +154,7 @@ def hot_cursor() -> Iterator[Any]:
     connection (Django's default cursor interpolates the parameters into the text and prepares
     nothing), and PostgreSQL then reuses the statement's generic plan: the claim and the commit
     are parsed and planned once per connection instead of on every batch (planning was about
-    half of their server time). It is still Django's cursor wrapper on Django's connection:
+    half of their server time) -- once, not five times: `_plan_once`. It is still Django's cursor wrapper on Django's connection:
     errors become django.db errors, execute wrappers and query logging apply. Only these
     statements are prepared: the connection's own `prepare_threshold` (Django's default: None,
     nothing prepared) is back in force for every other cursor once this one is done. psycopg
