@@ -154,12 +154,12 @@ def hot_cursor() -> Iterator[Any]:
     connection (Django's default cursor interpolates the parameters into the text and prepares
     nothing), and PostgreSQL then reuses the statement's generic plan: the claim and the commit
     are parsed and planned once per connection instead of on every batch (planning was about
-    half of their server time) -- once, not five times: `_plan_once`. It is still Django's cursor wrapper on Django's connection:
-    errors become django.db errors, execute wrappers and query logging apply. Only these
-    statements are prepared: the connection's own `prepare_threshold` (Django's default: None,
-    nothing prepared) is back in force for every other cursor once this one is done. psycopg
-    keeps at most `prepared_max` (100) statements per connection. JOBS["PREPARED_STATEMENTS"] =
-    False, or SQLite: Django's cursor.
+    half of their server time) -- once, not five times: `_plan_once`. It is still Django's
+    cursor wrapper on Django's connection: errors become django.db errors, execute wrappers and
+    query logging apply. Only these statements are prepared: the connection's own
+    `prepare_threshold` (Django's default: None, nothing prepared) is back in force for every
+    other cursor once this one is done. psycopg keeps at most `prepared_max` (100) statements
+    per connection. JOBS["PREPARED_STATEMENTS"] = False, or SQLite: Django's cursor.
 
     Behind a transaction pooler that keeps no prepared statements, a statement prepared on one
     server connection is executed on another. Names are random per connection, so it can never
