@@ -165,6 +165,17 @@ def test_a_handler_that_ignores_everything_is_abandoned_when_the_grace_period_en
     cluster = start_qcluster(JOBS_SHUTDOWN_GRACE_SECONDS="1")
     job = enqueue("test.sleep", {"seconds": 60}, lease_seconds=60)
     wait_for_attempt(job.pk, 1)
+    # Signalled once the handler runs, as in the test below: a claimed job whose handler has
+    # not started is handed back at once, with nothing to abandon (clean-clone CI of 33ff330:
+    # the signal arrived between the claim and the handler's start).
+    wait_until(
+        lambda: Attempt.objects.filter(
+            job=job, number=1, running_confirmed_at__isnull=False
+        ).exists(),
+        timeout=10,
+        what="the handler to run",
+        job_id=job.pk,
+    )
     os.kill(cluster.proc.pid, signal.SIGTERM)
     took = wait_gone(cluster, 1 + SHUTDOWN_MARGIN_SECONDS + 5)
     print(f"abandoned: group gone {took:.2f} s after SIGTERM (grace 1 s)")
