@@ -157,6 +157,19 @@ def test_jobs_claimed_but_not_started_are_handed_back_as_soon_as_sigterm_arrives
     wait_for_outcome(long.pk, 1, {"released"}, timeout=3 + 3)
 
 
+def _wait_for_the_handler_to_run(job: Job) -> None:
+    """Until the job's first attempt is confirmed running (its first beat): a stop signalled
+    after the claim but before the handler starts hands the job back at once, unstarted."""
+    wait_until(
+        lambda: Attempt.objects.filter(
+            job=job, number=1, running_confirmed_at__isnull=False
+        ).exists(),
+        timeout=10,
+        what="the handler to run",
+        job_id=job.pk,
+    )
+
+
 def test_a_handler_that_ignores_everything_is_abandoned_when_the_grace_period_ends(
     start_qcluster,
 ):
@@ -168,14 +181,7 @@ def test_a_handler_that_ignores_everything_is_abandoned_when_the_grace_period_en
     # Signalled once the handler runs, as in the test below: a claimed job whose handler has
     # not started is handed back at once, with nothing to abandon (clean-clone CI of 33ff330:
     # the signal arrived between the claim and the handler's start).
-    wait_until(
-        lambda: Attempt.objects.filter(
-            job=job, number=1, running_confirmed_at__isnull=False
-        ).exists(),
-        timeout=10,
-        what="the handler to run",
-        job_id=job.pk,
-    )
+    _wait_for_the_handler_to_run(job)
     os.kill(cluster.proc.pid, signal.SIGTERM)
     took = wait_gone(cluster, 1 + SHUTDOWN_MARGIN_SECONDS + 5)
     print(f"abandoned: group gone {took:.2f} s after SIGTERM (grace 1 s)")
@@ -194,14 +200,7 @@ def test_sigterm_to_the_whole_group_keeps_the_grace_period_too(start_qcluster):
     # Signalled once the handler runs (its first beat confirms it), not merely once the job is
     # claimed: a claimed job whose handler has not started is handed back at once, as a stop
     # does (clean-clone CI of 8dd7454 on a fast machine: released 0.06 s after the signal).
-    wait_until(
-        lambda: Attempt.objects.filter(
-            job=job, number=1, running_confirmed_at__isnull=False
-        ).exists(),
-        timeout=10,
-        what="the handler to run",
-        job_id=job.pk,
-    )
+    _wait_for_the_handler_to_run(job)
     os.killpg(cluster.pgid, signal.SIGTERM)
     signalled = time.monotonic()
     wait_for_outcome(job.pk, 1, {"released"}, timeout=1.5 + 3)
