@@ -30,6 +30,7 @@ from django.db import (
 )
 
 from jobs.core.conf import jobs_settings
+from jobs.core.connectivity import direct_session
 from jobs.core.exceptions import LeaseLost
 from jobs.core.sql import Driver, driver_for
 from jobs.core.sql.operator import rejection_context
@@ -217,12 +218,8 @@ def hot_cursor() -> Iterator[Any]:
 # Makes the session plan a prepared statement once, its generic plan at its first execution,
 # where PostgreSQL would make a custom plan for each of its first five (plan_cache_mode auto):
 # the claim's batch size is a parameter (1, 2, 4, ... as a drain starts: one text, planned
-# once), and the commit is planned once per connection and plan generation. Only where the
-# session is the connection's own server process (the pid PostgreSQL reports is the one the
-# start-up message gave): behind a pooler it would stay on a server connection others use.
-_PLAN_ONCE = (
-    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false) WHERE pg_backend_pid() = %s"
-)
+# once), and the commit is planned once per connection and plan generation.
+_PLAN_ONCE = "SET plan_cache_mode = force_generic_plan"
 
 
 def _plan_once(conn: Any, raw: Any) -> None:
@@ -230,12 +227,15 @@ def _plan_once(conn: Any, raw: Any) -> None:
     Django's cursors bind parameters on the server (OPTIONS server_side_binding): the
     application's own statements on this connection would be planned generically too. Django's
     default cursors send their values in the text, which PostgreSQL plans for those values
-    whatever this says (a statement without parameters has no custom plan to make)."""
+    whatever this says (a statement without parameters has no custom plan to make). Only on a
+    direct session (connectivity.direct_session): behind a pooler the setting would stay on a
+    server connection other clients use."""
     raw._jobs_plan_once = True
     if conn.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
         return
     with conn.wrap_database_errors:
-        raw.execute(_PLAN_ONCE, (raw.info.backend_pid,), prepare=False)
+        if direct_session(raw):
+            raw.execute(_PLAN_ONCE, prepare=False)
 
 
 def _names_are_random(raw: Any) -> bool:
