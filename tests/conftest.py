@@ -72,14 +72,23 @@ def make_job(db: None) -> Callable[..., Job]:
                     f"lease_expires_at = {clock.later('lease')} WHERE id = %(id)s",
                     {"lease": lease_in, "id": job.pk},
                 )
-            Attempt.objects.create(
+            planted = Attempt.objects.create(
                 job=job,
                 number=attempt,
                 worker=worker,
                 claimed_at=job.created_at,
-                running_confirmed_at=job.created_at if confirmed else None,
                 outcome=AttemptOutcome.RUNNING,
             )
+            # Claimed on the database clock, as a claim is: on SQLite that clock has
+            # milliseconds, and Python's microseconds within the same one sort after it (a
+            # rescue right after could not see the attempt claimed "before" it).
+            confirmed_at = clock.now if confirmed else "NULL"
+            with connection.cursor() as cur:
+                cur.execute(
+                    f"UPDATE jobs_attempt SET claimed_at = {clock.now}, "
+                    f"running_confirmed_at = {confirmed_at} WHERE id = %(id)s",
+                    {"id": planted.pk},
+                )
         elif state != JobState.QUEUED:
             with connection.cursor() as cur:
                 cur.execute(
