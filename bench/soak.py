@@ -678,6 +678,7 @@ def main() -> None:
             server = args.server.rstrip("/")
         run(args, server, rows_wanted, window, started, load_start, pg)
     finally:
+        stop_all()  # whatever run() spawned, however it ended
         if pg is not None:
             if pg.log.exists():  # kept for reading after the folder is gone
                 (RESULTS_DIR / "logs").mkdir(parents=True, exist_ok=True)
@@ -784,10 +785,13 @@ def run(
         for thread in (stream, probe, pruner, vacuumer, activity):
             if thread is not None:
                 thread.stopping.set()
+        # The cluster first: a second Ctrl-C in the joins below (timeout(1) relays one) must not
+        # leave it running against a server that main() then removes -- an orphan that retries
+        # its connection for good, on the cores the next benchmark measures.
+        stop(cluster)
         for thread in (stream, probe, pruner, vacuumer, activity):
             if thread is not None:
                 thread.join(timeout=120)
-        stop(cluster)
         stop_all()
         conn.close()
     prunes = pruner.runs if pruner is not None else []
