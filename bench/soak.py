@@ -792,7 +792,6 @@ def run(
         for thread in (stream, probe, pruner, vacuumer, activity):
             if thread is not None:
                 thread.join(timeout=120)
-        stop_all()
         conn.close()
     prunes = pruner.runs if pruner is not None else []
     autovacuum_log: list[dict[str, Any]] = []
