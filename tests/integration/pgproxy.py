@@ -73,6 +73,7 @@ class PgProxy:
         self._armed: bool | None = None  # None: pass through; else cut mode (after_reply)
         self._marker = b"COMMIT"
         self._hold_after_cut = False
+        self._away_after_cut: tuple[str, int] | None = None
         self._lock = threading.Lock()
         self._pairs: set[_Pair] = set()
         self._flowing = threading.Event()
@@ -85,10 +86,21 @@ class PgProxy:
 
     # -- faults ----------------------------------------------------------------------------
 
-    def cut_on(self, marker: bytes, *, after_reply: bool, then_hold: bool = False) -> None:
-        """Cut the next message holding `marker`; `then_hold`: and go silent at that moment."""
+    def cut_on(
+        self,
+        marker: bytes,
+        *,
+        after_reply: bool,
+        then_hold: bool = False,
+        then_away: tuple[str, int] | None = None,
+    ) -> None:
+        """Cut the next message holding `marker`; `then_hold`: and go silent at that moment;
+        `then_away`: and, before the client can see the cut, relay new connections to that
+        address (a closed port: every reconnect refused) and reset every other connection --
+        the database gone at the moment of the cut, until the test sets `upstream` back."""
         with self._lock:
             self._marker, self._armed, self._hold_after_cut = marker, after_reply, then_hold
+            self._away_after_cut = then_away
 
     def hold(self) -> None:
         """Relay nothing more, in either direction, on any connection (sockets stay open)."""
@@ -165,7 +177,6 @@ class PgProxy:
                     return
                 if _carries(pair, data, self._marker) and self._armed is not None:
                     after_reply = self._take_arm()
-                    self.cuts += 1
                     if after_reply:
                         pair.relay_on = False  # swallow the server's answer
                         server.sendall(data)
@@ -176,6 +187,13 @@ class PgProxy:
                     # holding its row lock) after a bare close().
                     if self._hold_after_cut:
                         self.hold()  # the client cannot learn the outcome until heal()/reset()
+                    # Counted once the cut is in place (hold included) and before the client can
+                    # see it: a test that waits for the cut and then heals or resets must not run
+                    # between the two (its reset undone by a hold applied after it).
+                    self.cuts += 1
+                    if self._away_after_cut is not None:
+                        self.upstream = self._away_after_cut
+                        self.reset()  # this connection too: the client sees a reset
                     for s in (client, server):
                         s.shutdown(socket.SHUT_RDWR)
                     return
@@ -198,7 +216,10 @@ class PgProxy:
         except OSError:
             return
         finally:
-            self._end(pair)
+            # A cut connection is ended by the cutting thread, once its hold, count and "away"
+            # are in place: ended here, the client saw the cut (and could reconnect) first.
+            if pair.relay_on:
+                self._end(pair)
 
     def _end(self, pair: _Pair) -> None:
         with self._lock:
