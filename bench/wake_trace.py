@@ -145,8 +145,12 @@ def child(args: argparse.Namespace) -> int:
         events.clear()
         sender = threading.Thread(target=burst, args=(args.server.rstrip("/"), args.jobs))
         sender.start()
-        ran = runner.drain(budget_seconds=1.5 + args.jobs / 4000, idle_wait=True)
+        # The drain returns at its budget's end (it waits for more work until then): a budget
+        # too short for this machine leaves jobs behind, and the rate would be a partial one's.
+        ran = runner.drain(budget_seconds=1.5 + args.jobs / 1000, idle_wait=True)
         sender.join()
+        if ran != args.jobs:
+            raise SystemExit(f"the drain ran {ran} of {args.jobs} jobs within its budget")
         events.sort(key=lambda e: e[2])
         first = next(e for e in events if e[0] == "claim" and e[1] > 0)
         t0 = first[2]
