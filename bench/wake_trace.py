@@ -76,6 +76,9 @@ def instrument(events: list[Event]) -> None:
     release = listener.Waker.release
 
     def timed_release(self: Any) -> None:
+        if not self._waiting:  # nothing to give back: returns at once (after every batch)
+            release(self)
+            return
         t0 = time.perf_counter()
         release(self)
         events.append(("wake-up release", 0, t0, time.perf_counter()))
