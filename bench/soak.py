@@ -76,7 +76,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -167,15 +167,23 @@ class Stream(threading.Thread):
         self.sent = 0
         self.stopping = threading.Event()
         self.error: BaseException | None = None
+        self._pace: tuple[float, int, float] | None = None  # since when, sent then, rate
+
+    def set_rate(self, rate: float) -> None:
+        """From now on, `rate` jobs/s (what was due before and not sent is dropped)."""
+        self.rate = rate
+        self._pace = (time.monotonic(), self.sent, rate)  # one assignment: read whole
 
     def run(self) -> None:
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                started = time.monotonic()
+                if self._pace is None:
+                    self._pace = (time.monotonic(), 0, self.rate)
                 while not self.stopping.wait(self.tick):
-                    due = int(self.rate * (time.monotonic() - started)) - self.sent
+                    since, sent_then, rate = self._pace
+                    due = sent_then + int(rate * (time.monotonic() - since)) - self.sent
                     # After a stall, at most five ticks' worth at once: a stream, not a flood.
-                    n = min(due, max(1, int(self.rate * self.tick * 5)))
+                    n = min(due, max(1, int(rate * self.tick * 5)))
                     if n > 0:
                         conn.execute(STREAM, {"n": n})
                         self.sent += n
@@ -321,6 +329,58 @@ def measure_drain(conn: psycopg.Connection[Any], n: int, procs: list[Any]) -> fl
     )
     first, last = conn.execute("SELECT min(claimed_at), max(ended_at) FROM jobs_attempt").fetchone()
     return n / (last - first).total_seconds()
+
+
+# A capacity step kept up when, over its second half, the workers finished at least this share
+# of the stream, and the backlog at its end was at most this many seconds of the stream.
+KEPT_UP_SHARE = 0.95
+KEPT_UP_BACKLOG_SECONDS = 2.0
+BACKLOG = "SELECT count(*) FROM jobs_job WHERE state = 'queued' AND run_at <= now()"
+FINISHED_SINCE = "SELECT count(*) FROM jobs_job WHERE finished_at >= %s AND finished_at < %s"
+
+
+def find_capacity(
+    conn: psycopg.Connection[Any],
+    stream: Stream,
+    drain: float,
+    loads: Sequence[float],
+    step_seconds: float,
+    healthy: Callable[[], None],
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """The highest stream the workers keep up with, everything of the soak running beside them
+    (the stream's inserts, the prune, autovacuum, the probe): the stream steps through `loads`
+    (fractions of the drain measured on empty tables), `step_seconds` each, and stops at the
+    first step not kept up (KEPT_UP_SHARE, KEPT_UP_BACKLOG_SECONDS). Returns the last rate kept
+    up (None if the first was not) and every step's figures. At step resolution: the capacity
+    is at least that rate and below the next step's."""
+    steps: list[dict[str, Any]] = []
+    capacity: float | None = None
+    for load in loads:
+        rate = drain * load
+        stream.set_rate(rate)
+        began = time.monotonic()
+        half_at = None
+        while time.monotonic() - began < step_seconds:
+            healthy()
+            if half_at is None and time.monotonic() - began >= step_seconds / 2:
+                half_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+            time.sleep(0.5)
+        end_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+        finished = conn.execute(FINISHED_SINCE, [half_at, end_at]).fetchone()[0]
+        backlog = conn.execute(BACKLOG).fetchone()[0]
+        drained = finished / (end_at - half_at).total_seconds()
+        kept_up = drained >= KEPT_UP_SHARE * rate and backlog <= KEPT_UP_BACKLOG_SECONDS * rate
+        steps.append({
+            "load": load, "rate": round(rate, 1), "drained_per_s": round(drained, 1),
+            "backlog": backlog, "kept_up": kept_up,
+        })  # fmt: skip
+        print(f"capacity step: stream {rate:.0f} jobs/s ({load:.0%} of the drain): drained "
+              f"{drained:.0f}/s in its second half, backlog {backlog} at its end: "
+              f"{'kept up' if kept_up else 'fell behind'}", flush=True)  # fmt: skip
+        if not kept_up:
+            break
+        capacity = rate
+    return capacity, steps
 
 
 class Pruner(threading.Thread):
@@ -593,6 +653,17 @@ def own_server(changed: Sequence[str] = ()) -> PrivatePostgres:
     return pg
 
 
+def loads(text: str) -> tuple[float, ...]:
+    """`0.2,0.3,...`: rising fractions, each in (0, 2]."""
+    try:
+        found = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not found or any(not 0 < x <= 2 for x in found) or list(found) != sorted(set(found)):
+        raise argparse.ArgumentTypeError(f"fractions in (0, 2], rising: {text!r}")
+    return found
+
+
 def pg_setting(text: str) -> str:
     """NAME=VALUE for postgresql.conf: a name (dotted for an extension's: auto_explain.x) and a
     plain word or comma list (written quoted)."""
@@ -618,7 +689,21 @@ def main() -> None:
     p.add_argument(
         "--rate", type=float, default=None, help="jobs/s (default: --load x the drain measured)"
     )
-    p.add_argument("--load", type=float, default=0.7, help="fraction of the measured drain")
+    p.add_argument(
+        "--load", type=float, default=0.7,
+        help="fraction of the measured drain (with --find-capacity: of the capacity found)",
+    )  # fmt: skip
+    p.add_argument(
+        "--find-capacity", action="store_true",
+        help="first step the stream through --step-loads to find the highest it keeps up with "
+        "(everything of the soak beside it), then soak at --load x that",
+    )  # fmt: skip
+    p.add_argument(
+        "--step-loads", type=loads, default=(0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+        help="with --find-capacity: the steps, fractions of the drain on empty tables, rising "
+        "(default 0.2,0.3,0.4,0.5,0.6,0.7)",
+    )  # fmt: skip
+    p.add_argument("--step-minutes", type=float, default=3.0, help="with --find-capacity")
     p.add_argument("--measure-jobs", type=int, default=4000, help="jobs for the first drain")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--retention-minutes", type=float, default=5.0, help="prune's cut-off")
@@ -661,6 +746,8 @@ def main() -> None:
         p.error("--prune-batch must be 1..10000, --prune-pause 0..3600 (as prune takes them)")
     if args.retention_minutes * 60 < args.interval:
         p.error("--retention-minutes must cover one --interval (drained jobs are counted late)")
+    if args.find_capacity and (args.rate is not None or args.step_minutes * 60 < 20):
+        p.error("--find-capacity sets the rate itself (no --rate); --step-minutes >= 1/3")
     if args.interval < 10 or args.vacuum_every < 0 or args.workers < 1:
         p.error("--interval must be at least 10 s, --vacuum-every >= 0, --workers >= 1")
     window = max(1, min(args.window, rows_wanted // 2))
@@ -715,13 +802,18 @@ def run(
     vacuumer: Vacuumer | None = None
     activity: ActivitySampler | None = None
     rows: list[dict[str, Any]] = []
+    capacity: float | None = None
+    steps: list[dict[str, Any]] = []
     try:
         drain = measure_drain(conn, args.measure_jobs, [cluster])
         print(f"drain: {drain:.0f} jobs/s ({args.measure_jobs} jobs, {args.workers} workers)")
         rate = args.rate if args.rate is not None else drain * args.load
-        print(f"stream: {rate:.0f} jobs/s ({rate / drain:.0%} of the drain); "
-              f"warm-up {args.warmup_minutes:g} min, "
-              f"then {rows_wanted} rows of {args.interval:g} s", flush=True)  # fmt: skip
+        if args.find_capacity:
+            rate = drain * args.step_loads[0]
+        else:
+            print(f"stream: {rate:.0f} jobs/s ({rate / drain:.0%} of the drain); "
+                  f"warm-up {args.warmup_minutes:g} min, "
+                  f"then {rows_wanted} rows of {args.interval:g} s", flush=True)  # fmt: skip
         stream, probe = Stream(dsn, rate), ClaimProbe(dsn)
         pruner = Pruner(
             env, args.retention_minutes / 1440, args.prune_every, args.prune_batch, args.prune_pause
@@ -731,16 +823,37 @@ def run(
         for thread in (stream, probe, pruner, vacuumer, activity):
             if thread is not None:
                 thread.start()
-        measuring_at = time.monotonic() + args.warmup_minutes * 60
-        next_sample = time.monotonic()
-        last: dict[str, Any] = {}
-        while len(rows) < rows_wanted:
+
+        def healthy() -> None:
             failed = (
                 stream.error or probe.error or pruner.error or activity.error
                 or (vacuumer and vacuumer.error)
             )  # fmt: skip
             if failed or cluster.poll() is not None:
                 raise RuntimeError(f"stopped: {failed or 'qcluster exited'}")
+
+        if args.find_capacity:
+            capacity, steps = find_capacity(
+                conn, stream, drain, args.step_loads, args.step_minutes * 60, healthy
+            )
+            if capacity is None:
+                raise SystemExit(
+                    f"the first capacity step ({args.step_loads[0]:.0%} of the drain) already "
+                    "fell behind: start lower (--step-loads)"
+                )
+            rate = capacity * args.load
+            stream.set_rate(rate)
+            last_kept = steps[-1]["kept_up"]
+            print(f"capacity beside the stream: {'at least ' if last_kept else ''}"
+                  f"{capacity:.0f} jobs/s ({capacity / drain:.0%} of the drain on empty tables)"
+                  f"; stream: {rate:.0f} jobs/s ({args.load:.0%} of it, {rate / drain:.0%} of "
+                  f"the drain); warm-up {args.warmup_minutes:g} min, then {rows_wanted} rows of "
+                  f"{args.interval:g} s", flush=True)  # fmt: skip
+        measuring_at = time.monotonic() + args.warmup_minutes * 60
+        next_sample = time.monotonic()
+        last: dict[str, Any] = {}
+        while len(rows) < rows_wanted:
+            healthy()
             if time.monotonic() < measuring_at:
                 if last and time.monotonic() >= next_sample:
                     sample_dead(conn, last)
@@ -808,7 +921,8 @@ def run(
     print(f"machine: {uptime()}")
     write_report(
         args.output, started, load_start, args, drain_jobs_per_s=drain, rate=rate,
-        window=window, rows=rows, prunes=prunes, verdict=compared, autovacuum=autovacuum,
+        capacity_jobs_per_s=capacity, capacity_steps=steps, window=window, rows=rows,
+        prunes=prunes, verdict=compared, autovacuum=autovacuum,
         server="own" if pg else server, settings=settings, autovacuum_log=autovacuum_log,
     )  # fmt: skip
 
