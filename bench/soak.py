@@ -5,6 +5,7 @@
         [--warmup-minutes 6] [--retention-minutes 5] [--prune-every 60] [--interval 60]
         [--prune-batch 1000] [--prune-pause 0]
         [--vacuum-every 0] [--server URL] [--pg-setting NAME=VALUE ...]
+        [--find-capacity [--step-loads 0.2,0.3,...] [--step-minutes 3] [--load 0.7]]
 
 Hours long (on a quiet machine): `bench/soak.py --minutes 480 --warmup-minutes 10`.
 
@@ -31,6 +32,12 @@ What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
    of a drain measured on empty tables is more than the workers keep up with: on 2026-12-06 a
    5,278 jobs/s stream grew a backlog of 277,000 jobs in nine minutes. The soaks of record in
    docs/benchmarks.md give `--rate` (or a lower `--load`) and say which.
+   `--find-capacity` measures what the workers keep up with beside the stream instead: before
+   the warm-up the stream steps through `--step-loads` (fractions of the drain above),
+   `--step-minutes` each, with the prune, autovacuum and the probe running; a step is kept up
+   when over its second half the workers finished at least 95 % of the stream and its backlog
+   at the end was at most 2 s of it. The capacity is the last step kept up (at step
+   resolution: at least that, below the next), and the soak's stream `--load` x the capacity.
 3. Retention, as docs/operations.md says to run it: `manage.py jobs prune --older-than-days D`
    every `--prune-every` seconds (start to start, in a thread of its own, like cron; one that
    outlasts the period is followed by the next at once), D = `--retention-minutes` / 1440,
