@@ -23,7 +23,8 @@ The settings that matter are read back with SHOW and printed and written with th
 What it runs, on a database of its own (palisade_bench_soak, or BENCH_SOAK_DB):
 
 1. The drain: `--measure-jobs` demo.noop jobs inserted, then `manage.py qcluster` (`--workers`
-   workers, claim batch 8) started; drain = N / (last finish - first claim), database clock.
+   workers, the default claim batch, up to 64) started; drain = N / (last finish - first
+   claim), database clock.
    Measured with `--rate` too (the stream's share of it is printed).
 2. The stream: the same qcluster keeps running while a thread enqueues demo.noop jobs at `--rate`
    (default 70 % of the drain just measured), open loop: every 100 ms it inserts the jobs due by
