@@ -756,6 +756,8 @@ def main() -> None:
         p.error("--retention-minutes must cover one --interval (drained jobs are counted late)")
     if args.find_capacity and (args.rate is not None or args.step_minutes * 60 < 20):
         p.error("--find-capacity sets the rate itself (no --rate); --step-minutes >= 1/3")
+    if args.find_capacity and args.retention_minutes < args.step_minutes:
+        p.error("--retention-minutes must cover a --step-minutes (a step counts its jobs finished)")
     if args.interval < 10 or args.vacuum_every < 0 or args.workers < 1:
         p.error("--interval must be at least 10 s, --vacuum-every >= 0, --workers >= 1")
     window = max(1, min(args.window, rows_wanted // 2))
