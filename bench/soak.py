@@ -171,22 +171,20 @@ class Stream(threading.Thread):
 
     def __init__(self, dsn: str, rate: float, tick: float = 0.1) -> None:
         super().__init__(daemon=True)
-        self.dsn, self.rate, self.tick = dsn, rate, tick
+        self.dsn, self.tick = dsn, tick
         self.sent = 0
         self.stopping = threading.Event()
         self.error: BaseException | None = None
-        self._pace: tuple[float, int, float] | None = None  # since when, sent then, rate
+        self.set_rate(rate)  # started right after it is made: the pace counts from here
 
     def set_rate(self, rate: float) -> None:
         """From now on, `rate` jobs/s (what was due before and not sent is dropped)."""
-        self.rate = rate
-        self._pace = (time.monotonic(), self.sent, rate)  # one assignment: read whole
+        self._pace = (time.monotonic(), self.sent, rate)  # since when, sent then, rate: one
+        # assignment, read whole by the thread
 
     def run(self) -> None:
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                if self._pace is None:
-                    self._pace = (time.monotonic(), 0, self.rate)
                 while not self.stopping.wait(self.tick):
                     since, sent_then, rate = self._pace
                     due = sent_then + int(rate * (time.monotonic() - since)) - self.sent
